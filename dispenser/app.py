@@ -1,0 +1,182 @@
+"""The dispenser's HTTP API: OpenG2P-compatible routes plus native batch routes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dispenser import envelope
+from shared import hot_store
+from shared.errors import InvalidInput, KeydispenserError, PoolEmpty, UnknownIdType
+from shared.hot_store import HotStore
+from shared.idtypes import IdType, build_id_types
+from shared.settings import ID_TYPE_NAME, Settings
+
+log = logging.getLogger(__name__)
+
+
+class Dispenser:
+    """Pops keys from the hot tier; never touches PostgreSQL."""
+
+    def __init__(self, settings: Settings, hot: HotStore) -> None:
+        self.settings = settings
+        self.hot = hot
+        self.id_types = build_id_types(settings, generating=False)
+        self._last_nudge: dict[str, float] = {}
+
+    def id_type(self, name: str) -> IdType:
+        if not ID_TYPE_NAME.match(name):
+            raise InvalidInput(f"id_type must match {ID_TYPE_NAME.pattern}")
+        found = self.id_types.get(name)
+        if found is None:
+            raise UnknownIdType(name)
+        return found
+
+    async def take(self, name: str, count: int) -> list[str]:
+        id_type = self.id_type(name)
+        keys, remaining = await self.hot.pop(name, count)
+        if remaining < id_type.config.hot.low:
+            await self._nudge(name)
+        if not keys:
+            raise PoolEmpty(name, self.settings.dispenser.retry_after_s)
+        return keys
+
+    async def _nudge(self, name: str) -> None:
+        """Wake keysync, at most once per nudge interval per type."""
+        now = time.monotonic()
+        if now - self._last_nudge.get(name, 0.0) < self.settings.dispenser.nudge_interval_s:
+            return
+        self._last_nudge[name] = now
+        await self.hot.nudge(name)
+
+
+def _dispenser(request: Request) -> Dispenser:
+    found: Dispenser = request.app.state.dispenser
+    return found
+
+
+async def allocate_one(request: Request) -> Response:
+    keys = await _dispenser(request).take(request.path_params["id_type"], 1)
+    return envelope.ok({"id": keys[0]})
+
+
+async def allocate_batch(request: Request) -> Response:
+    dispenser = _dispenser(request)
+    count = _count(request.query_params.get("count", "1"), dispenser.settings.dispenser.max_batch)
+    keys = await dispenser.take(request.path_params["id_type"], count)
+    return JSONResponse({"keys": keys})
+
+
+def _count(raw: str, maximum: int) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidInput(f"count must be an integer from 1 to {maximum}")
+    return int(raw)
+
+
+async def validate(request: Request) -> Response:
+    id_type = _dispenser(request).id_type(request.path_params["id_type"])
+    value = request.path_params["id_value"]
+    return envelope.ok({"id": value, "valid": id_type.validate(value)})
+
+
+async def health(request: Request) -> Response:
+    await _dispenser(request).hot.ping()
+    return envelope.ok({"status": "UP"})
+
+
+async def version(request: Request) -> Response:
+    return envelope.ok({"version": metadata.version("keydispenser")})
+
+
+async def config(request: Request) -> Response:
+    types = {
+        name: {
+            "kind": t.config.kind,
+            "length": t.config.length,
+            "filter_profile": t.config.filter_profile,
+            "filters": t.config.filters.model_dump(),
+        }
+        for name, t in _dispenser(request).id_types.items()
+    }
+    return envelope.ok({"id_types": types})
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready only when Redis answers and every type has hot inventory."""
+    dispenser = _dispenser(request)
+    depths: dict[str, Any] = {}
+    try:
+        await dispenser.hot.ping()
+        for name in dispenser.id_types:
+            depths[name] = await dispenser.hot.depth(name)
+    except KeydispenserError as exc:
+        return JSONResponse({"ready": False, "error": str(exc)}, status_code=503)
+    ready = all(depth > 0 for depth in depths.values())
+    return JSONResponse({"ready": ready, "hot_depth": depths}, status_code=200 if ready else 503)
+
+
+async def on_domain_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, KeydispenserError)
+    if not isinstance(exc, PoolEmpty | InvalidInput | UnknownIdType):
+        log.warning("request_failed", extra={"path": request.url.path, "error": str(exc)})
+    return envelope.from_domain(exc)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: envelope.ROUTE_NOT_FOUND, 405: envelope.METHOD_NOT_ALLOWED}.get(
+        exc.status_code, f"IDG-{exc.status_code}"
+    )
+    return envelope.error(exc.status_code, code, str(exc.detail), exc.headers)
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("request_crashed", extra={"path": request.url.path})
+    return envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+
+
+ROUTES = [
+    Route("/v1/idgenerator/health", health, methods=["GET"]),
+    Route("/v1/idgenerator/version", version, methods=["GET"]),
+    Route("/v1/idgenerator/config", config, methods=["GET"]),
+    Route("/v1/idgenerator/{id_type}/id", allocate_one, methods=["POST"]),
+    Route("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
+    Route("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+]
+
+
+def create_app(settings: Settings, hot: HotStore | None = None) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = hot or HotStore(hot_store.connect(settings.redis_url))
+        app.state.dispenser = Dispenser(settings, store)
+        try:
+            yield
+        finally:
+            await store.close()
+
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={
+            KeydispenserError: on_domain_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+    )

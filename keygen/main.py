@@ -1,0 +1,132 @@
+"""keygen: leases counter ranges and fills the cold inventory up to its high watermark."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from shared.cold_store import ColdStore, LeasedRange
+from shared.errors import KeyspaceExhausted, StoreUnavailable
+from shared.idtypes import IdType, build_id_types
+from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
+from shared.schema import check
+from shared.settings import Settings
+from shared.sql import KEYGEN_CHANNEL
+
+log = logging.getLogger(__name__)
+
+
+class Keygen:
+    def __init__(self, settings: Settings, cold: ColdStore, stop: asyncio.Event) -> None:
+        self._settings = settings
+        self._cold = cold
+        self._stop = stop
+        self._types = build_id_types(settings)
+        self._exhausted: set[str] = set()
+        self._filling: set[str] = set()
+        self._wake = asyncio.Event()
+        self._name = instance_name()
+
+    def wake(self, *_: object) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        outage = Outage("postgres")
+        while not self._stop.is_set():
+            try:
+                worked = await self.step()
+                outage.succeeded()
+            except StoreUnavailable as exc:
+                await sleep_or_stop(self._stop, outage.failed(exc))
+                continue
+            if not worked:
+                await self._idle()
+
+    async def step(self) -> bool:
+        """One range for every type that needs keys (round-robin); False when none did."""
+        worked = False
+        for id_type in self._types.values():
+            if self._stop.is_set():
+                break
+            if await self._needs_keys(id_type):
+                await self._lease_and_generate(id_type)
+                worked = True
+        return worked
+
+    async def _needs_keys(self, id_type: IdType) -> bool:
+        """Below the low watermark a type starts filling; at the high one it stops."""
+        if id_type.name in self._exhausted:
+            return False
+        marks = id_type.config.cold
+        depth = await self._cold.depth(id_type.name, marks.high)
+        if depth < marks.low:
+            self._filling.add(id_type.name)
+        elif depth >= marks.high:
+            self._filling.discard(id_type.name)
+        return id_type.name in self._filling
+
+    async def _idle(self) -> None:
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait(
+            {waiter, stopper},
+            timeout=self._settings.keygen.poll_interval_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        waiter.cancel()
+        stopper.cancel()
+
+    async def _lease_and_generate(self, id_type: IdType) -> None:
+        try:
+            leased = await self._cold.lease_range(id_type, self._name)
+        except KeyspaceExhausted:
+            self._exhausted.add(id_type.name)
+            log.error("keyspace_exhausted", extra={"id_type": id_type.name})
+            return
+        await self.generate_range(id_type, leased)
+
+    async def generate_range(self, id_type: IdType, leased: LeasedRange) -> None:
+        """Generate a range in bounded slices off the event loop; commit each slice."""
+        step = self._settings.keygen.slice_size
+        accepted = candidates = 0
+        for start in range(leased.start, leased.stop, step):
+            stop = min(start + step, leased.stop)
+            keys, tried = await asyncio.to_thread(id_type.generate, start, stop)
+            await self._cold.insert_keys(id_type, leased, keys, tried, final=stop == leased.stop)
+            accepted += len(keys)
+            candidates += tried
+        log.info(
+            "range_filled",
+            extra={
+                "id_type": id_type.name,
+                "range_start": leased.start,
+                "range_end": leased.stop,
+                "candidates": candidates,
+                "accepted": accepted,
+            },
+        )
+
+
+async def serve(settings: Settings) -> None:
+    stop = stop_on_signals()
+    cold = await connect_with_retry(
+        lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
+    )
+    if cold is None:
+        return
+    try:
+        async with cold.connection() as conn:
+            await check(conn, build_id_types(settings))
+        keygen = Keygen(settings, cold, stop)
+        async with cold.connection() as listener:
+            await listener.add_listener(KEYGEN_CHANNEL, keygen.wake)
+            log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
+            await keygen.run()
+    finally:
+        await cold.close()
+    log.info("keygen_stopped")
+
+
+def main(settings: Settings) -> None:
+    asyncio.run(serve(settings))

@@ -1,0 +1,97 @@
+"""keysync: moves keys cold -> hot when a hot list falls below its low watermark.
+
+Order matters: the DELETE ... RETURNING commits first, then the keys are pushed.
+A crash in between loses at most that batch; pushing first could duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from shared import hot_store
+from shared.cold_store import ColdStore
+from shared.errors import StoreUnavailable
+from shared.hot_store import HotStore
+from shared.idtypes import build_id_types
+from shared.runtime import Outage, connect_with_retry, sleep_or_stop, stop_on_signals
+from shared.schema import check
+from shared.settings import IdTypeConfig, Settings
+
+log = logging.getLogger(__name__)
+
+
+class Keysync:
+    def __init__(self, settings: Settings, cold: ColdStore, hot: HotStore) -> None:
+        self._settings = settings
+        self._cold = cold
+        self._hot = hot
+
+    async def refill_all(self) -> None:
+        for name, config in self._settings.id_types.items():
+            await self.refill(name, config)
+
+    async def refill(self, name: str, config: IdTypeConfig) -> int:
+        """Top a hot list up to its high watermark when below its low one; returns moved."""
+        depth = await self._hot.depth(name)
+        if depth >= config.hot.low:
+            return 0
+        moved = 0
+        while depth < config.hot.high:
+            keys = await self._cold.take_batch(
+                name, min(config.sync_batch, config.hot.high - depth)
+            )
+            if not keys:
+                await self._cold.wake_keygen(name)
+                log.warning("cold_empty", extra={"id_type": name, "hot_depth": depth})
+                break
+            depth = await self._push(name, keys)
+            moved += len(keys)
+        log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
+        return moved
+
+    async def _push(self, name: str, keys: list[str]) -> int:
+        try:
+            return await self._hot.push(name, keys)
+        except StoreUnavailable:
+            # Already deleted from the cold table and committed: wasted, never reissued.
+            log.error("batch_lost", extra={"id_type": name, "keys": len(keys)})
+            raise
+
+
+async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: asyncio.Event) -> None:
+    pg_outage, redis_outage = Outage("postgres"), Outage("redis")
+    while not stop.is_set():
+        try:
+            await keysync.refill_all()
+            pg_outage.succeeded()
+            redis_outage.succeeded()
+            await waker.wait_for_nudge(settings.keysync.poll_interval_s)
+        except StoreUnavailable as exc:
+            outage = redis_outage if exc.store == "redis" else pg_outage
+            await sleep_or_stop(stop, outage.failed(exc))
+
+
+async def serve(settings: Settings) -> None:
+    stop = stop_on_signals()
+    cold = await connect_with_retry(
+        lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
+    )
+    if cold is None:
+        return
+    hot = HotStore(hot_store.connect(settings.redis_url))
+    waker = HotStore(hot_store.connect(settings.redis_url))
+    try:
+        async with cold.connection() as conn:
+            await check(conn, build_id_types(settings, generating=False), keyspace=False)
+        log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
+        await run(Keysync(settings, cold, hot), waker, settings, stop)
+    finally:
+        await cold.close()
+        await hot.close()
+        await waker.close()
+    log.info("keysync_stopped")
+
+
+def main(settings: Settings) -> None:
+    asyncio.run(serve(settings))

@@ -1,0 +1,145 @@
+"""The ``keydispenser`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import asyncpg
+
+from shared import hot_store, logs
+from shared.cold_store import ColdStore
+from shared.errors import ConfigError, KeydispenserError
+from shared.hot_store import HotStore
+from shared.idtypes import build_id_types
+from shared.schema import migrate
+from shared.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+PROCESSES = ("keygen", "keysync", "dispenser")
+_STATUS_CAP = 10_000_000
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="keydispenser", description=__doc__)
+    top.add_argument("--config", help="YAML configuration file (default: $KD_CONFIG or built-in)")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("migrate", help="create or update the schema (idempotent)")
+    for name in PROCESSES:
+        commands.add_parser(name, help=f"run a {name} process")
+    status = commands.add_parser("status", help="inventory and keyspace headroom per type")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    up = commands.add_parser("up", help="the whole stack on this machine, embedded servers")
+    up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
+    up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
+    up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")
+    up.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        logs.configure(args.command, settings.log_level)
+        _dispatch(args, settings)
+    except ConfigError as exc:
+        print(f"keydispenser: configuration error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeydispenserError as exc:
+        print(f"keydispenser: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
+    if args.command in PROCESSES:
+        # Imported by name: the process packages never import one another.
+        importlib.import_module(f"{args.command}.main").main(settings)
+    elif args.command == "migrate":
+        version = asyncio.run(run_migrate(settings))
+        print(f"schema at version {version}; id types: {', '.join(sorted(settings.id_types))}")
+    elif args.command == "status":
+        report = asyncio.run(collect_status(settings))
+        print(json.dumps(report, indent=2) if args.json else format_status(report))
+    elif args.command == "up":
+        from shared.up import up
+
+        up(settings, args)
+
+
+async def ensure_database(dsn: str) -> None:
+    """Create the DSN's database when it does not exist yet."""
+    try:
+        conn = await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        name = unquote(urlsplit(dsn).path.lstrip("/"))
+        admin = await asyncpg.connect(dsn, database="postgres")
+        try:
+            await admin.execute(f'CREATE DATABASE "{name.replace(chr(34), "")}"')
+        except asyncpg.DuplicateDatabaseError:
+            pass
+        finally:
+            await admin.close()
+    else:
+        await conn.close()
+
+
+async def run_migrate(settings: Settings) -> int:
+    id_types = build_id_types(settings)
+    try:
+        await ensure_database(settings.postgres_dsn)
+        conn = await asyncpg.connect(settings.postgres_dsn)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise KeydispenserError(f"postgres_dsn: cannot connect: {exc}") from exc
+    try:
+        return await migrate(conn, id_types)
+    finally:
+        await conn.close()
+
+
+async def collect_status(settings: Settings) -> dict[str, Any]:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    hot = HotStore(hot_store.connect(settings.redis_url))
+    report: dict[str, Any] = {}
+    try:
+        for name, id_type in build_id_types(settings, generating=False).items():
+            state = await cold.sequence_state(id_type)
+            ranges = await cold.range_stats(name)
+            rate = ranges["accepted"] / ranges["candidates"] if ranges["candidates"] else None
+            report[name] = {
+                "hot_depth": await hot.depth(name),
+                "cold_depth": await cold.depth(name, _STATUS_CAP),
+                "ranges_leased": ranges["leased"],
+                "ranges_filled": ranges["filled"],
+                "counters_leased": state.leased_counters,
+                "counters_headroom": state.headroom,
+                "headroom_fraction": state.headroom / state.domain,
+                "acceptance_rate": rate,
+                "estimated_keys_left": None if rate is None else int(state.headroom * rate),
+            }
+    finally:
+        await cold.close()
+        await hot.close()
+    return report
+
+
+def format_status(report: dict[str, Any]) -> str:
+    columns = ("hot_depth", "cold_depth", "ranges_leased", "ranges_filled", "counters_headroom")
+    lines = ["id_type".ljust(16) + "".join(c.rjust(20) for c in (*columns, "headroom_%"))]
+    for name, row in report.items():
+        cells = [str(row[c]) for c in columns] + [f"{100 * row['headroom_fraction']:.4f}"]
+        lines.append(name.ljust(16) + "".join(cell.rjust(20) for cell in cells))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The cold tier: durable key inventory in PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from shared import sql
+from shared.errors import KeyspaceExhausted, StoreUnavailable
+from shared.idtypes import IdType
+
+log = logging.getLogger(__name__)
+
+# Driver errors that mean "the database is not reachable right now".
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.InterfaceError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+)
+
+
+@dataclass(frozen=True)
+class LeasedRange:
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """Counters of a type's domain already leased, and the domain's size."""
+
+    leased_counters: int
+    domain: int
+
+    @property
+    def headroom(self) -> int:
+        return self.domain - self.leased_counters
+
+
+@asynccontextmanager
+async def translated(operation: str) -> AsyncIterator[None]:
+    """Turn driver connection errors into StoreUnavailable."""
+    try:
+        yield
+    except CONNECTION_ERRORS as exc:
+        raise StoreUnavailable("postgres", f"{operation} failed: {exc}") from exc
+
+
+class ColdStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> ColdStore:
+        async with translated("connect"):
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        async with translated("acquire"), self._pool.acquire() as conn:
+            yield conn
+
+    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
+        """Lease the next ``range_size`` counters; KeyspaceExhausted at MAXVALUE."""
+        statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
+        try:
+            async with translated("lease_range"):
+                row = await self._pool.fetchrow(
+                    statement,
+                    id_type.name,
+                    id_type.config.range_size,
+                    id_type.domain_size,
+                    lessee,
+                )
+        except asyncpg.SequenceGeneratorLimitExceededError as exc:
+            raise KeyspaceExhausted(id_type.name) from exc
+        return LeasedRange(int(row["range_start"]), int(row["range_end"]))
+
+    async def insert_keys(
+        self,
+        id_type: IdType,
+        leased: LeasedRange,
+        keys: Sequence[str],
+        candidates: int,
+        *,
+        final: bool,
+    ) -> None:
+        """Bulk-load keys of a range (COPY) and account for them, atomically.
+
+        ``final`` marks the range filled: every key of it is now in the cold table.
+        """
+        async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():
+            await conn.copy_records_to_table(
+                f"kd_cold_{id_type.name}", records=[(k,) for k in keys], columns=["key"]
+            )
+            await conn.execute(
+                sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
+            )
+
+    async def take_batch(self, id_type: str, size: int) -> list[str]:
+        """Remove and return up to ``size`` keys; committed when this returns."""
+        async with translated("take_batch"):
+            rows = await self._pool.fetch(sql.for_type(sql.TAKE_BATCH, id_type), size)
+        return [row["key"] for row in rows]
+
+    async def depth(self, id_type: str, cap: int) -> int:
+        """Cold keys of a type, counted up to ``cap``."""
+        async with translated("depth"):
+            value = await self._pool.fetchval(sql.for_type(sql.COUNT_COLD_UP_TO, id_type), cap)
+        return int(value)
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState:
+        async with translated("sequence_state"):
+            row = await self._pool.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
+        leased = int(row["last_value"]) + id_type.config.range_size if row["is_called"] else 0
+        return SequenceState(min(leased, id_type.domain_size), id_type.domain_size)
+
+    async def range_stats(self, id_type: str) -> dict[str, int]:
+        async with translated("range_stats"):
+            row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, id_type)
+        return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
+
+    async def wake_keygen(self, id_type: str) -> None:
+        async with translated("wake_keygen"):
+            await self._pool.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, id_type)

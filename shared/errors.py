@@ -1,0 +1,62 @@
+"""One root error type; every adapter translates driver errors into these."""
+
+from __future__ import annotations
+
+
+class KeydispenserError(Exception):
+    """Root of every error keydispenser raises on purpose."""
+
+
+class ConfigError(KeydispenserError):
+    """Configuration is invalid; the message names the field."""
+
+
+class SchemaError(KeydispenserError):
+    """The database schema is missing or older than this code expects."""
+
+
+class KeyspaceChanged(KeydispenserError):
+    """A start-up tried to change an immutable keyspace field of an ID type."""
+
+    def __init__(self, id_type: str, field: str, stored: object, configured: object) -> None:
+        super().__init__(
+            f"id_types.{id_type}.{field}: keyspace of '{id_type}' is immutable once keys exist "
+            f"(stored {stored!r}, configured {configured!r}); create a new ID type instead"
+        )
+        self.id_type = id_type
+        self.field = field
+
+
+class KeyspaceExhausted(KeydispenserError):
+    """Every counter of an ID type's domain has been leased."""
+
+    def __init__(self, id_type: str) -> None:
+        super().__init__(f"keyspace of '{id_type}' is exhausted: its sequence reached MAXVALUE")
+        self.id_type = id_type
+
+
+class UnknownIdType(KeydispenserError):
+    def __init__(self, id_type: str) -> None:
+        super().__init__(f"unknown id_type '{id_type}'")
+        self.id_type = id_type
+
+
+class PoolEmpty(KeydispenserError):
+    """The hot list of an ID type is empty right now; retry shortly."""
+
+    def __init__(self, id_type: str, retry_after_s: int) -> None:
+        super().__init__(f"no keys of type '{id_type}' available right now; retry later")
+        self.id_type = id_type
+        self.retry_after_s = retry_after_s
+
+
+class InvalidInput(KeydispenserError):
+    """A request value is malformed (not merely invalid as an ID)."""
+
+
+class StoreUnavailable(KeydispenserError):
+    """PostgreSQL or Redis could not be reached or failed."""
+
+    def __init__(self, store: str, detail: str) -> None:
+        super().__init__(f"{store}: {detail}")
+        self.store = store

@@ -1,0 +1,78 @@
+"""Process plumbing shared by keygen, keysync and dispenser: signals, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from shared.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def instance_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (graceful shutdown)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep up to ``seconds``, returning early when ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+class Outage:
+    """Logs a store outage once when it starts and once when it ends; backs off."""
+
+    def __init__(self, store: str, *, first_delay_s: float = 0.2, max_delay_s: float = 5.0) -> None:
+        self._store = store
+        self._first = first_delay_s
+        self._max = max_delay_s
+        self._delay = first_delay_s
+        self._down = False
+
+    def failed(self, exc: StoreUnavailable) -> float:
+        """Record a failure; returns how long to wait before retrying."""
+        if not self._down:
+            self._down = True
+            log.error("store_unavailable", extra={"store": self._store, "error": str(exc)})
+        delay = self._delay
+        self._delay = min(self._delay * 2, self._max)
+        return delay
+
+    def succeeded(self) -> None:
+        if self._down:
+            log.info("store_recovered", extra={"store": self._store})
+        self._down = False
+        self._delay = self._first
+
+
+async def connect_with_retry(
+    connect: Callable[[], Awaitable[T]], store: str, stop: asyncio.Event
+) -> T | None:
+    """Retry ``connect`` with backoff until it works or ``stop`` is set (None)."""
+    outage = Outage(store)
+    while not stop.is_set():
+        try:
+            result = await connect()
+        except StoreUnavailable as exc:
+            await sleep_or_stop(stop, outage.failed(exc))
+            continue
+        outage.succeeded()
+        return result
+    return None

@@ -1,0 +1,110 @@
+"""Schema: versioned migration files plus per-type objects from the configuration."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import resources
+
+import asyncpg
+
+from shared import sql
+from shared.errors import KeyspaceChanged, SchemaError
+from shared.idtypes import IdType
+
+log = logging.getLogger(__name__)
+_MIGRATION_LOCK = 0x6B64_6D69  # "kdmi"
+
+
+def migration_files() -> list[tuple[int, str]]:
+    """(version, SQL) for every file in shared/migrations, in order."""
+    folder = resources.files("shared").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
+    return sorted(found)
+
+
+def latest_version() -> int:
+    return migration_files()[-1][0]
+
+
+async def migrate(conn: asyncpg.Connection, id_types: dict[str, IdType]) -> int:
+    """Apply pending migrations and ensure every type's objects; idempotent."""
+    async with conn.transaction():
+        await conn.execute(sql.LOCK_MIGRATIONS, _MIGRATION_LOCK)
+        version = await _current_version(conn)
+        for number, text in migration_files():
+            if number > version:
+                await conn.execute(text)
+                await conn.execute(sql.INSERT_SCHEMA_VERSION, number)
+                log.info("migration_applied", extra={"version": number})
+        for id_type in id_types.values():
+            await _ensure_type(conn, id_type)
+    return latest_version()
+
+
+async def check(
+    conn: asyncpg.Connection, id_types: dict[str, IdType], *, keyspace: bool = True
+) -> None:
+    """Refuse to start on a missing/old schema or (``keyspace``) a changed keyspace.
+
+    Processes without the permutation key (keysync) check presence only.
+    """
+    version = await _current_version(conn)
+    if version < latest_version():
+        raise SchemaError(
+            f"database schema is at version {version}, code needs {latest_version()}: "
+            "run `keydispenser migrate`"
+        )
+    for id_type in id_types.values():
+        stored = await _stored_fingerprint(conn, id_type.name)
+        if stored is None:
+            raise SchemaError(
+                f"id_types.{id_type.name}: not in the database yet: run `keydispenser migrate`"
+            )
+        if keyspace:
+            _compare(id_type, stored)
+
+
+async def _current_version(conn: asyncpg.Connection) -> int:
+    if not await conn.fetchval(sql.SELECT_TABLE_EXISTS, "kd_schema_version"):
+        return 0
+    return int(await conn.fetchval(sql.SELECT_SCHEMA_VERSION))
+
+
+async def _stored_fingerprint(conn: asyncpg.Connection, name: str) -> dict[str, object] | None:
+    raw = await conn.fetchval(sql.SELECT_FINGERPRINT, name)
+    return None if raw is None else dict(json.loads(raw))
+
+
+def _compare(id_type: IdType, stored: dict[str, object]) -> None:
+    for field, value in id_type.fingerprint.as_dict().items():
+        if stored.get(field) != value:
+            raise KeyspaceChanged(id_type.name, field, stored.get(field), value)
+
+
+async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
+    numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
+    await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
+    await conn.execute(sql.for_type(sql.CREATE_COLD_TABLE, id_type.name))
+    stored = await _stored_fingerprint(conn, id_type.name)
+    fingerprint = json.dumps(id_type.fingerprint.as_dict(), sort_keys=True)
+    if stored is None:
+        await conn.execute(sql.UPSERT_FINGERPRINT, id_type.name, fingerprint)
+        return
+    try:
+        _compare(id_type, stored)
+    except KeyspaceChanged:
+        if await _has_leased(conn, id_type.name):
+            raise
+        # No key was ever generated: the keyspace may still be redefined.
+        await conn.execute(sql.for_type(sql.ALTER_SEQUENCE, id_type.name, **numbers))
+        await conn.execute(sql.UPSERT_FINGERPRINT, id_type.name, fingerprint)
+        log.warning("keyspace_redefined", extra={"id_type": id_type.name})
+
+
+async def _has_leased(conn: asyncpg.Connection, name: str) -> bool:
+    row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, name))
+    return bool(row["is_called"])

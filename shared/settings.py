@@ -1,0 +1,168 @@
+"""Configuration: a YAML file plus KD_-prefixed environment overrides (env wins).
+
+Built once in each process's ``main()`` and passed down; nothing here is global.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from shared.errors import ConfigError
+
+ID_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+BASE62_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# Counter domains must fit PostgreSQL bigint sequences (and uint64 arithmetic).
+LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 19), "base62": (1, 10)}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Watermarks(_Strict):
+    low: int = Field(ge=0)
+    high: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> Watermarks:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+class FilterLimits(_Strict):
+    """Limits of the ten filters; names follow the OpenG2P ID Generator."""
+
+    not_start_with: tuple[str, ...] = ("0", "1")
+    sequence: int = Field(default=3, ge=2)
+    repeating_digit: int = Field(default=2, ge=2)
+    repeating_block: int = Field(default=2, ge=1)
+    conjugative_even: int = Field(default=3, ge=1)
+    first_equals_last: int = Field(default=5, ge=1)
+    first_equals_reverse: int = Field(default=5, ge=1)
+    restricted_numbers: tuple[str, ...] = ()
+
+
+class IdTypeConfig(_Strict):
+    kind: Literal["numeric", "base62"]
+    length: int
+    filter_profile: Literal["openg2p", "none"] = "openg2p"
+    filters: FilterLimits = FilterLimits()
+    range_size: int = Field(default=100_000, ge=1, le=10_000_000)
+    hot: Watermarks = Watermarks(low=5_000, high=20_000)
+    cold: Watermarks = Watermarks(low=200_000, high=600_000)
+    sync_batch: int = Field(default=5_000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _length_in_range(self) -> IdTypeConfig:
+        lo, hi = LENGTH_LIMITS[self.kind]
+        if not lo <= self.length <= hi:
+            raise ValueError(f"length {self.length} out of range for kind {self.kind} ({lo}..{hi})")
+        return self
+
+    @property
+    def domain_size(self) -> int:
+        """Number of counters: the last numeric digit is the check digit."""
+        if self.kind == "numeric":
+            return int(10 ** (self.length - 1))
+        return int(62**self.length)
+
+
+class DispenserConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_batch: int = Field(default=1_000, ge=1, le=100_000)
+    retry_after_s: int = Field(default=1, ge=1)
+    nudge_interval_s: float = Field(default=0.05, gt=0)
+
+
+class KeysyncConfig(_Strict):
+    poll_interval_s: float = Field(default=0.5, gt=0)
+
+
+class KeygenConfig(_Strict):
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    slice_size: int = Field(default=100_000, ge=1_000)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/keydispenser"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    permutation_key: SecretStr | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    id_types: dict[str, IdTypeConfig] = Field(default_factory=dict)
+    dispenser: DispenserConfig = DispenserConfig()
+    keysync: KeysyncConfig = KeysyncConfig()
+    keygen: KeygenConfig = KeygenConfig()
+
+    @model_validator(mode="after")
+    def _names_are_identifiers(self) -> Settings:
+        for name in self.id_types:
+            if not ID_TYPE_NAME.match(name):
+                raise ValueError(f"id_types.{name}: name must match {ID_TYPE_NAME.pattern}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Order is priority: explicit arguments, then the environment, then YAML.
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    def require_permutation_key(self) -> bytes:
+        if self.permutation_key is None or not self.permutation_key.get_secret_value():
+            raise ConfigError(
+                "permutation_key: missing; set KD_PERMUTATION_KEY to a long random secret"
+            )
+        return self.permutation_key.get_secret_value().encode()
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("shared").joinpath("default.yaml")))
+
+
+def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Read the YAML file (KD_CONFIG, else the shipped default) and the environment."""
+    path = Path(config_path or os.environ.get("KD_CONFIG") or default_config_path())
+    if not path.is_file():
+        raise ConfigError(f"KD_CONFIG: configuration file not found: {path}")
+    bound = type(
+        "BoundSettings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": path}}
+    )
+    try:
+        settings: Settings = bound(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+    except ValueError as exc:  # YAML syntax errors and the like
+        raise ConfigError(f"{path}: {exc}") from exc
+    return settings
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"]) or "(root)"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{field}: {message}")
+    return "invalid configuration: " + "; ".join(lines)

@@ -1,0 +1,113 @@
+"""Every SQL statement keydispenser runs.
+
+Values are always bind parameters ($1..$n, documented above each constant).
+Identifiers derived from ID-type names are validated and quoted by ``ident``
+and substituted through ``str.format`` as ``{cold}`` / ``{seq}`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared.settings import ID_TYPE_NAME
+
+
+def ident(name: str) -> str:
+    """A safely quoted identifier; refuses anything but a validated type-derived name."""
+    if not ID_TYPE_NAME.match(name.removeprefix("kd_cold_").removeprefix("kd_seq_")):
+        raise ValueError(f"refusing unsafe identifier {name!r}")
+    return '"' + name + '"'
+
+
+def cold_table(id_type: str) -> str:
+    return ident(f"kd_cold_{id_type}")
+
+
+def sequence(id_type: str) -> str:
+    return ident(f"kd_seq_{id_type}")
+
+
+def for_type(statement: str, id_type: str, **numbers: int) -> str:
+    """``statement`` with the type's quoted identifiers (and integers) filled in."""
+    ints = {name: int(value) for name, value in numbers.items()}
+    return statement.format(cold=cold_table(id_type), seq=sequence(id_type), **ints)
+
+
+# $1: lock id. Serialises concurrent `migrate` runs.
+LOCK_MIGRATIONS: Final = "SELECT pg_advisory_xact_lock($1)"
+
+# No parameters.
+SELECT_SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM kd_schema_version"
+
+# $1: version applied.
+INSERT_SCHEMA_VERSION: Final = "INSERT INTO kd_schema_version (version) VALUES ($1)"
+
+# $1: relation name. Whether a table exists (before migrations, kd_schema_version may not).
+SELECT_TABLE_EXISTS: Final = "SELECT to_regclass($1) IS NOT NULL"
+
+# $1: id type. The stored fingerprint (jsonb as text), if any.
+SELECT_FINGERPRINT: Final = "SELECT fingerprint::text FROM kd_id_types WHERE name = $1"
+
+# $1: id type, $2: fingerprint json. Records or replaces a fingerprint.
+UPSERT_FINGERPRINT: Final = """
+INSERT INTO kd_id_types (name, fingerprint) VALUES ($1, $2::jsonb)
+ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, updated_at = now()
+"""
+
+# Identifiers only ({seq}); the numbers are computed integers from validated config.
+CREATE_SEQUENCE: Final = (
+    "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint INCREMENT BY {increment} "
+    "MINVALUE 0 MAXVALUE {maxvalue} START WITH 0 NO CYCLE"
+)
+ALTER_SEQUENCE: Final = (
+    "ALTER SEQUENCE {seq} INCREMENT BY {increment} MAXVALUE {maxvalue} RESTART WITH 0"
+)
+
+# The cold table is an insert-then-delete queue: vacuum it eagerly.
+CREATE_COLD_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS {cold} (key text PRIMARY KEY)
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
+"""
+
+# No parameters. State of a type's sequence: last value handed out and whether any was.
+SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"
+
+# $1: id type, $2: range size, $3: domain size, $4: lessee. Leases one range.
+LEASE_RANGE: Final = """
+INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
+SELECT $1, v, LEAST(v + $2, $3), $4 FROM (SELECT nextval('{seq}') AS v) AS lease
+RETURNING range_start, range_end
+"""
+
+# $1: id type, $2: range start, $3: candidates, $4: accepted (both added to the
+# range's totals), $5: true when this was the range's last slice (marks it filled).
+ACCOUNT_RANGE: Final = """
+UPDATE kd_ranges
+SET candidates = coalesce(candidates, 0) + $3,
+    accepted = coalesce(accepted, 0) + $4,
+    filled_at = CASE WHEN $5 THEN now() ELSE filled_at END
+WHERE id_type = $1 AND range_start = $2
+"""
+
+# $1: batch size. Claims and removes up to $1 keys; concurrent callers skip each other's rows.
+TAKE_BATCH: Final = """
+DELETE FROM {cold}
+WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1 FOR UPDATE SKIP LOCKED))
+RETURNING key
+"""
+
+# $1: cap. Cold inventory, counted up to $1 rows so the cost stays bounded.
+COUNT_COLD_UP_TO: Final = "SELECT count(*) FROM (SELECT 1 FROM {cold} LIMIT $1) AS capped"
+
+# $1: id type. Range bookkeeping for status.
+SELECT_RANGE_STATS: Final = """
+SELECT count(*) AS leased,
+       count(filled_at) AS filled,
+       coalesce(sum(candidates), 0) AS candidates,
+       coalesce(sum(accepted), 0) AS accepted
+FROM kd_ranges WHERE id_type = $1
+"""
+
+# $1: channel, $2: payload. Wakes keygen processes listening on the channel.
+NOTIFY: Final = "SELECT pg_notify($1, $2)"
+KEYGEN_CHANNEL: Final = "kd_keygen_wake"

@@ -1,0 +1,146 @@
+"""``keydispenser up``: the whole stack on one machine, embedded servers by default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import FrameType
+
+from pydantic import SecretStr
+
+from shared.embedded import EmbeddedPostgres, EmbeddedRedis
+from shared.errors import KeydispenserError
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+CHILDREN = ("keygen", "keysync", "dispenser")
+_RESTART_DELAY_S = 1.0
+
+
+def permutation_key(settings: Settings, data_dir: Path) -> str:
+    """The configured secret, else one created once and kept in the data directory."""
+    if settings.permutation_key is not None:
+        return settings.permutation_key.get_secret_value()
+    path = data_dir / "permutation.key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+class Stack:
+    def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        self.settings = settings
+        self.args = args
+        self.data_dir = Path(args.data_dir).resolve()
+        self.postgres: EmbeddedPostgres | None = None
+        self.redis: EmbeddedRedis | None = None
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def start_servers(self) -> tuple[str, str]:
+        dsn = self.args.postgres_dsn or os.environ.get("KD_POSTGRES_DSN")
+        if not dsn:
+            self.postgres = EmbeddedPostgres(self.data_dir / "postgres")
+            self.postgres.start()
+            dsn = self.postgres.dsn("keydispenser")
+            log.info("embedded_postgres_started", extra={"port": self.postgres.port})
+        url = self.args.redis_url or os.environ.get("KD_REDIS_URL")
+        if not url:
+            self.redis = EmbeddedRedis(self.data_dir / "redis")
+            self.redis.start()
+            url = self.redis.url
+            log.info("embedded_redis_started", extra={"port": self.redis.port})
+        return dsn, url
+
+    def child_env(self, dsn: str, url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            KD_POSTGRES_DSN=dsn,
+            KD_REDIS_URL=url,
+            KD_PERMUTATION_KEY=permutation_key(self.settings, self.data_dir),
+            KD_DISPENSER__PORT=str(self.args.port),
+        )
+        if self.args.config:
+            env["KD_CONFIG"] = str(Path(self.args.config).resolve())
+        return env
+
+    def spawn(self, name: str, env: dict[str, str]) -> None:
+        command = [sys.executable, "-m", "shared.cli", name]
+        self.children[name] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+
+    def supervise(self, env: dict[str, str]) -> None:
+        """Restart a child that dies until asked to stop."""
+        while not self.stopping:
+            for name, child in list(self.children.items()):
+                if child.poll() is not None and not self.stopping:
+                    log.error("child_exited", extra={"child": name, "code": child.returncode})
+                    time.sleep(_RESTART_DELAY_S)
+                    self.spawn(name, env)
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if self.redis:
+            self.redis.stop()
+        if self.postgres:
+            self.postgres.stop()
+
+
+def wait_until_serving(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
+            if reply.status == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def up(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.cli import run_migrate
+
+    stack = Stack(settings, args)
+    stack.data_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stack.stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        dsn, url = stack.start_servers()
+        env = stack.child_env(dsn, url)
+        key = SecretStr(env["KD_PERMUTATION_KEY"])
+        asyncio.run(
+            run_migrate(settings.model_copy(update={"postgres_dsn": dsn, "permutation_key": key}))
+        )
+        for name in CHILDREN:
+            stack.spawn(name, env)
+        base = f"http://{settings.dispenser.host}:{args.port}"
+        if not wait_until_serving(f"{base}/healthz", 30):
+            raise KeydispenserError("dispenser did not start; see its log above")
+        print(f"keydispenser is up: {base}  (Ctrl-C stops everything)", flush=True)
+        print(f"  try: curl -X POST {base}/v1/idgenerator/farmer/id", flush=True)
+        stack.supervise(env)
+    finally:
+        stack.shutdown()
