@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -53,10 +54,10 @@ def ok(response: Any) -> JSONResponse:
 
 
 def error(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     body = envelope(None, [{"errorCode": code, "message": message}])
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
 def from_domain(exc: KeydispenserError) -> JSONResponse:

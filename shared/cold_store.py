@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from shared import sql
-from shared.errors import KeyspaceExhausted, StoreUnavailable
+from shared.errors import KeydispenserError, KeyspaceExhausted, StoreUnavailable
 from shared.idtypes import IdType
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,13 @@ async def translated(operation: str) -> AsyncIterator[None]:
         raise StoreUnavailable("postgres", f"{operation} failed: {exc}") from exc
 
 
+def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
+    """The row of a statement that always returns exactly one."""
+    if row is None:
+        raise KeydispenserError(f"postgres: {operation} returned no row")
+    return row
+
+
 class ColdStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -86,6 +93,7 @@ class ColdStore:
                 )
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc
+        row = one_row(row, "lease_range")
         return LeasedRange(int(row["range_start"]), int(row["range_end"]))
 
     async def insert_keys(
@@ -124,12 +132,14 @@ class ColdStore:
     async def sequence_state(self, id_type: IdType) -> SequenceState:
         async with translated("sequence_state"):
             row = await self._pool.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
+        row = one_row(row, "sequence_state")
         leased = int(row["last_value"]) + id_type.config.range_size if row["is_called"] else 0
         return SequenceState(min(leased, id_type.domain_size), id_type.domain_size)
 
     async def range_stats(self, id_type: str) -> dict[str, int]:
         async with translated("range_stats"):
             row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, id_type)
+        row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
 
     async def wake_keygen(self, id_type: str) -> None:

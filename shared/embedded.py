@@ -119,7 +119,10 @@ class EmbeddedPostgres:
             check=False,
         )
         if check and result.returncode != 0:
-            raise EmbeddedServerError(f"{program} failed: {result.stderr.strip()}")
+            hint = f" (it runs as user {self._user}: every parent directory must let it in)"
+            raise EmbeddedServerError(
+                f"{program} failed: {result.stderr.strip()}" + (hint if self._user else "")
+            )
 
 
 @dataclass

@@ -9,6 +9,7 @@ from importlib import resources
 import asyncpg
 
 from shared import sql
+from shared.cold_store import one_row
 from shared.errors import KeyspaceChanged, SchemaError
 from shared.idtypes import IdType
 
@@ -106,5 +107,5 @@ async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
 
 
 async def _has_leased(conn: asyncpg.Connection, name: str) -> bool:
-    row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, name))
+    row = one_row(await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, name)), "state")
     return bool(row["is_called"])

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -154,8 +155,8 @@ def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides
         settings: Settings = bound(**overrides)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
-    except ValueError as exc:  # YAML syntax errors and the like
-        raise ConfigError(f"{path}: {exc}") from exc
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return settings
 
 

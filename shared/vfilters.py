@@ -5,6 +5,8 @@ Twin of ``shared.filters``; returns a boolean mask of rows to REJECT.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import numpy.typing as npt
 
@@ -13,6 +15,11 @@ from shared.settings import FilterLimits
 
 Digits = npt.NDArray[np.uint8]
 Mask = npt.NDArray[np.bool_]
+
+
+def _rows(flags: Mask) -> Mask:
+    """Rows with any True value."""
+    return cast(Mask, flags.any(axis=1))
 
 
 def _has_run(flags: Mask, width: int) -> Mask:
@@ -24,7 +31,7 @@ def _has_run(flags: Mask, width: int) -> Mask:
     acc = flags[:, :span].copy()
     for k in range(1, width):
         acc &= flags[:, k : k + span]
-    return acc.any(axis=1)
+    return _rows(acc)
 
 
 def _contains(digits: Digits, pattern: str) -> Mask:
@@ -37,7 +44,7 @@ def _contains(digits: Digits, pattern: str) -> Mask:
     acc = np.ones((n, span), dtype=np.bool_)
     for k, ch in enumerate(pattern):
         acc &= digits[:, k : k + span] == int(ch)
-    return acc.any(axis=1)
+    return _rows(acc)
 
 
 def _sequence(digits: Digits, limit: int) -> Mask:

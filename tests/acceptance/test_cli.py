@@ -1,0 +1,108 @@
+"""The real `keydispenser` command: config errors, migrate, status, graceful stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.settings import Settings
+from tests.acceptance.harness import Stack, process_env, run_cli, write_config
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("id_types:\n  t:\n    kind: numeric\n    length: 40\n", "id_types.t"),
+        (
+            "id_types:\n  t:\n    kind: numeric\n    length: 10\n    hot: {low: 5, high: 1}\n",
+            "id_types.t.hot",
+        ),
+        ("id_types: [", "config.yaml"),
+    ],
+)
+def test_bad_config_exits_non_zero_naming_the_field(
+    tmp_path: Path, yaml_text: str, field: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml_text)
+    result = run_cli("--config", str(path), "migrate", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert field in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_permutation_key_is_refused(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    del env["KD_PERMUTATION_KEY"]
+    result = run_cli("keygen", env=env)
+    assert result.returncode == 2
+    assert "permutation_key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_database_is_a_clear_error(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(
+        settings,
+        write_config(settings, tmp_path / "c.yaml"),
+        KD_POSTGRES_DSN="postgresql://postgres@127.0.0.1:1/none",
+    )
+    result = run_cli("migrate", env=env)
+    assert result.returncode == 1
+    assert "postgres_dsn" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_migrate_then_status(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    migrated = run_cli("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "schema at version" in migrated.stdout
+    status = run_cli("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert set(report) == {"farmer", "shortlink"}
+    assert report["farmer"]["hot_depth"] == 0
+    assert report["farmer"]["counters_headroom"] == 10**9
+    table = run_cli("status", env=env)
+    assert "farmer" in table.stdout and "headroom" in table.stdout
+
+
+@pytest.mark.parametrize("command", ["keygen", "keysync", "dispenser"])
+def test_processes_stop_cleanly_on_sigterm(
+    settings: Settings, tmp_path: Path, command: str
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"), KD_DISPENSER__PORT="0")
+    stack = Stack(tmp_path)
+    child = stack.spawn(command, env, command)
+    try:
+        started = {
+            "keygen": "keygen_started",
+            "keysync": "keysync_started",
+            "dispenser": "Application startup complete",
+        }[command]
+        _wait_for_log(tmp_path / f"{command}.log", started)
+        child.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal once its graceful shutdown has finished.
+        assert child.wait(15) in (0, -signal.SIGTERM)
+        stopped = {
+            "keygen": "keygen_stopped",
+            "keysync": "keysync_stopped",
+            "dispenser": "Application shutdown complete",
+        }[command]
+        assert stopped in (tmp_path / f"{command}.log").read_text()
+    finally:
+        stack.close()
+
+
+def _wait_for_log(path: Path, text: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in {path}: {path.read_text() if path.exists() else ''}")

@@ -1,0 +1,134 @@
+"""Real servers for the suite: KD_TEST_POSTGRES_DSN / KD_TEST_REDIS_URL when set,
+else embedded PostgreSQL and a Redis-compatible server started once per session."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from shared.embedded import EmbeddedPostgres, EmbeddedRedis
+from shared.idtypes import build_id_types
+from shared.schema import migrate
+from shared.settings import Settings, load_settings
+
+TEST_SECRET = "test-permutation-secret"
+EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Servers:
+    postgres_admin_dsn: str
+    redis_url: str
+
+    def dsn_for(self, database: str) -> str:
+        parts = urlsplit(self.postgres_admin_dsn)
+        return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def small_types() -> dict[str, Any]:
+    """The default types with watermarks small enough for tests."""
+    marks = {
+        "range_size": 20_000,
+        "hot": {"low": 200, "high": 1_000},
+        "cold": {"low": 2_000, "high": 8_000},
+        "sync_batch": 500,
+    }
+    return {
+        "farmer": {"kind": "numeric", "length": 10, **marks},
+        "shortlink": {"kind": "base62", "length": 7, **marks},
+    }
+
+
+def make_settings(servers: Servers, database: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "postgres_dsn": servers.dsn_for(database),
+        "redis_url": servers.redis_url,
+        "permutation_key": TEST_SECRET,
+        "id_types": small_types(),
+        "keygen": {"poll_interval_s": 0.2, "slice_size": 10_000},
+        "keysync": {"poll_interval_s": 0.1},
+    }
+    values.update(overrides)
+    return load_settings(EMPTY_CONFIG, **values)
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    pg_dsn = os.environ.get("KD_TEST_POSTGRES_DSN")
+    redis_url = os.environ.get("KD_TEST_REDIS_URL")
+    started: list[EmbeddedPostgres | EmbeddedRedis] = []
+    with tempfile.TemporaryDirectory(prefix="kd-test-") as tmp:
+        os.chmod(tmp, 0o755)  # PostgreSQL runs as an unprivileged user when we are root
+        if not pg_dsn:
+            postgres = EmbeddedPostgres(Path(tmp) / "postgres")
+            postgres.start()
+            started.append(postgres)
+            pg_dsn = postgres.dsn("postgres")
+        if not redis_url:
+            server = EmbeddedRedis(Path(tmp) / "redis")
+            server.start()
+            started.append(server)
+            redis_url = server.url
+        try:
+            yield Servers(pg_dsn, redis_url)
+        finally:
+            for each in reversed(started):
+                each.stop()
+
+
+@pytest.fixture(scope="session")
+async def template_db(servers: Servers) -> AsyncIterator[str]:
+    """A database migrated with the test types; each test clones it."""
+    name = f"kd_template_{os.getpid()}"
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        settings = make_settings(servers, name)
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            await migrate(conn, build_id_types(settings))
+        finally:
+            await conn.close()
+        yield name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def database(servers: Servers, template_db: str) -> AsyncIterator[str]:
+    """A fresh database per test, cloned from the migrated template."""
+    name = f"kd_test_{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        yield name
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def redis_client(servers: Servers) -> AsyncIterator[aioredis.Redis]:
+    """A flushed Redis database per test."""
+    client = aioredis.Redis.from_url(servers.redis_url, decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
+    return make_settings(servers, database)

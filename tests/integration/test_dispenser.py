@@ -1,0 +1,164 @@
+"""Every dispenser endpoint and error envelope, over real HTTP with real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+
+from dispenser.app import create_app
+from shared import redis_keys
+from shared.embedded import free_port
+from shared.hot_store import HotStore
+from shared.settings import Settings
+
+RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        yield http
+    server.should_exit = True
+    await task
+
+
+async def fill(redis_client: aioredis.Redis, id_type: str, keys: list[str]) -> None:
+    await HotStore(redis_client).push(id_type, keys)
+
+
+def assert_envelope(body: dict[str, Any]) -> None:
+    assert set(body) == {"id", "version", "responsetime", "response", "errors"}
+    assert body["id"] == "openg2p.idgenerator"
+    assert body["version"] == "1.0"
+    assert RESPONSE_TIME.match(body["responsetime"])
+
+
+def assert_error(reply: httpx.Response, status: int, code: str) -> None:
+    assert reply.status_code == status
+    body = reply.json()
+    assert_envelope(body)
+    assert body["response"] is None
+    assert body["errors"][0]["errorCode"] == code
+    assert body["errors"][0]["message"]
+
+
+async def test_allocate_returns_keys_in_order_in_the_envelope(
+    client: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    await fill(redis_client, "farmer", ["3029384756", "2013023805"])
+    first = await client.post("/v1/idgenerator/farmer/id")
+    second = await client.post("/v1/idgenerator/farmer/id")
+    assert first.status_code == 200
+    assert_envelope(first.json())
+    assert first.json()["response"] == {"id": "3029384756"}
+    assert first.json()["errors"] == []
+    assert second.json()["response"] == {"id": "2013023805"}
+
+
+async def test_empty_pool_is_idg001_with_retry_after_and_nudges_keysync(
+    client: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    reply = await client.post("/v1/idgenerator/farmer/id")
+    assert_error(reply, 503, "IDG-001")
+    assert int(reply.headers["Retry-After"]) >= 1
+    assert await redis_client.lrange(redis_keys.keysync_wake_key(), 0, -1) == ["farmer"]
+
+
+async def test_unknown_type_is_idg003(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post("/v1/idgenerator/nosuchtype/id"), 404, "IDG-003")
+    assert_error(await client.post("/v1/keys/nosuchtype"), 404, "IDG-003")
+    assert_error(await client.get("/v1/idgenerator/nosuchtype/id/validate/123"), 404, "IDG-003")
+
+
+async def test_malformed_path_values_are_422(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post("/v1/idgenerator/Bad-Type!/id"), 422, "IDG-004")
+    assert_error(await client.get("/v1/idgenerator/farmer/id/validate/12ab45"), 422, "IDG-004")
+    long_value = "1" * 300
+    assert_error(
+        await client.get(f"/v1/idgenerator/farmer/id/validate/{long_value}"), 422, "IDG-004"
+    )
+
+
+async def test_validate(client: httpx.AsyncClient) -> None:
+    good = await client.get("/v1/idgenerator/farmer/id/validate/3029384756")
+    assert good.status_code == 200
+    assert_envelope(good.json())
+    assert good.json()["response"] == {"id": "3029384756", "valid": True}
+    for bad in ("3029384757", "302938475", "2013564809"):
+        reply = await client.get(f"/v1/idgenerator/farmer/id/validate/{bad}")
+        assert reply.status_code == 200
+        assert reply.json()["response"] == {"id": bad, "valid": False}
+    short = await client.get("/v1/idgenerator/shortlink/id/validate/aZ09xYq")
+    assert short.json()["response"]["valid"] is True
+
+
+async def test_batch_endpoint(client: httpx.AsyncClient, redis_client: aioredis.Redis) -> None:
+    await fill(redis_client, "shortlink", [f"k{i:06d}" for i in range(50)])
+    reply = await client.post("/v1/keys/shortlink", params={"count": 20})
+    assert reply.status_code == 200
+    assert reply.json() == {"keys": [f"k{i:06d}" for i in range(20)]}
+    partial = await client.post("/v1/keys/shortlink", params={"count": 1000})
+    assert len(partial.json()["keys"]) == 30  # what is left, never more
+    assert_error(await client.post("/v1/keys/shortlink", params={"count": 1}), 503, "IDG-001")
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "abc", "1001", "1.5"])
+async def test_batch_count_out_of_range_is_422(client: httpx.AsyncClient, count: str) -> None:
+    assert_error(await client.post("/v1/keys/farmer", params={"count": count}), 422, "IDG-004")
+
+
+async def test_health_version_config(client: httpx.AsyncClient) -> None:
+    health = await client.get("/v1/idgenerator/health")
+    assert health.status_code == 200 and health.json()["response"] == {"status": "UP"}
+    version = await client.get("/v1/idgenerator/version")
+    assert version.json()["response"]["version"]
+    config = (await client.get("/v1/idgenerator/config")).json()["response"]
+    assert config["id_types"]["farmer"]["length"] == 10
+    assert config["id_types"]["shortlink"]["kind"] == "base62"
+    assert "permutation" not in str(config)
+
+
+async def test_liveness_and_readiness(
+    client: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    assert (await client.get("/healthz")).status_code == 200
+    not_ready = await client.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
+    await fill(redis_client, "farmer", ["3029384756"])
+    await fill(redis_client, "shortlink", ["aZ09xYq"])
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["hot_depth"] == {"farmer": 1, "shortlink": 1}
+
+
+async def test_unknown_routes_and_methods(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/nowhere"), 404, "IDG-006")
+    assert_error(await client.get("/v1/idgenerator/farmer/id"), 405, "IDG-007")
+
+
+async def test_redis_down_is_503_in_the_envelope(settings: Settings) -> None:
+    dead = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    app = create_app(dead)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://dispenser") as http,
+    ):
+        reply = await http.post("/v1/idgenerator/farmer/id")
+    assert_error(reply, 503, "IDG-005")
+    assert reply.headers["Retry-After"] == "1"

@@ -1,0 +1,185 @@
+"""keygen fills the cold table; keysync moves exactly what it deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from keygen.main import Keygen
+from keysync.main import Keysync
+from shared import redis_keys
+from shared.checkdigit import verhoeff_valid
+from shared.cold_store import ColdStore
+from shared.hot_store import HotStore
+from shared.idtypes import build_id_types
+from shared.schema import migrate
+from shared.settings import Settings
+from tests.conftest import Servers, make_settings, small_types
+
+
+async def cold_keys(dsn: str, id_type: str) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [r[0] for r in await conn.fetch(f'SELECT key FROM "kd_cold_{id_type}"')]
+    finally:
+        await conn.close()
+
+
+async def test_keygen_fills_cold_to_high_watermark(settings: Settings) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        keygen = Keygen(settings, cold, asyncio.Event())
+        while await keygen.step():
+            pass
+        for name, config in settings.id_types.items():
+            depth = await cold.depth(name, 10**9)
+            assert config.cold.high <= depth < config.cold.high + config.range_size
+        keys = await cold_keys(settings.postgres_dsn, "farmer")
+        assert len(keys) == len(set(keys))
+        assert all(len(k) == 10 and verhoeff_valid(k) for k in keys)
+        stats = await cold.range_stats("farmer")
+        assert stats["leased"] == stats["filled"] >= 1
+        assert stats["accepted"] == len(keys)
+    finally:
+        await cold.close()
+
+
+async def test_keygen_idles_above_low_watermark(settings: Settings) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        keygen = Keygen(settings, cold, asyncio.Event())
+        while await keygen.step():
+            pass
+        assert not await keygen.step()
+    finally:
+        await cold.close()
+
+
+async def test_concurrent_keygens_never_produce_the_same_key(
+    servers: Servers, database: str
+) -> None:
+    types = small_types()
+    types["shortlink"]["cold"] = {"low": 500_000, "high": 1_000_000}
+    settings = make_settings(servers, database, id_types=types)
+    stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
+    try:
+        gens = [Keygen(settings, store, asyncio.Event()) for store in stores]
+        await asyncio.gather(*(g.step() for g in gens))
+        await asyncio.gather(*(g.step() for g in gens))
+        keys = await cold_keys(settings.postgres_dsn, "shortlink")
+        assert len(keys) == 6 * settings.id_types["shortlink"].range_size
+        assert len(set(keys)) == len(keys)
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_exhausted_keyspace_is_logged_and_generation_stops(
+    servers: Servers, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tiny = {
+        "kind": "numeric",
+        "length": 4,
+        "filter_profile": "none",
+        "range_size": 300,
+        "cold": {"low": 5_000, "high": 10_000},
+    }
+    settings = make_settings(servers, database, id_types={"tiny": tiny})
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    await migrate(conn, build_id_types(settings))
+    await conn.close()
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        keygen = Keygen(settings, cold, asyncio.Event())
+        with caplog.at_level(logging.ERROR):
+            for _ in range(10):
+                await keygen.step()
+        keys = await cold_keys(settings.postgres_dsn, "tiny")
+        assert sorted(k[:3] for k in keys) == [f"{n:03d}" for n in range(1000)]
+        assert any(r.getMessage() == "keyspace_exhausted" for r in caplog.records)
+        assert not await keygen.step()
+        state = await cold.sequence_state(build_id_types(settings)["tiny"])
+        assert state.headroom == 0
+    finally:
+        await cold.close()
+
+
+async def test_keysync_moves_exactly_what_it_deleted(
+    settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    hot = HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
+    try:
+        keygen = Keygen(settings, cold, asyncio.Event())
+        while await keygen.step():
+            pass
+        before = set(await cold_keys(settings.postgres_dsn, "farmer"))
+        moved = await Keysync(settings, cold, hot).refill("farmer", settings.id_types["farmer"])
+        after = set(await cold_keys(settings.postgres_dsn, "farmer"))
+        pushed = await redis_client.lrange(redis_keys.hot_list_key("farmer"), 0, -1)
+        assert moved == len(pushed) == settings.id_types["farmer"].hot.high
+        assert set(pushed) == before - after
+        assert not set(pushed) & after
+    finally:
+        await cold.close()
+        await hot.close()
+
+
+async def test_keysync_leaves_a_list_above_low_watermark_alone(
+    settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    hot = HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
+    try:
+        await hot.push("farmer", [f"k{i}" for i in range(settings.id_types["farmer"].hot.low)])
+        assert await Keysync(settings, cold, hot).refill("farmer", settings.id_types["farmer"]) == 0
+    finally:
+        await cold.close()
+        await hot.close()
+
+
+async def test_concurrent_keysyncs_never_push_a_key_twice(
+    settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
+    hots = [
+        HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
+        for _ in range(3)
+    ]
+    try:
+        keygen = Keygen(settings, stores[0], asyncio.Event())
+        while await keygen.step():
+            pass
+        syncs = [Keysync(settings, c, h) for c, h in zip(stores, hots, strict=True)]
+        config = settings.id_types["shortlink"]
+        await asyncio.gather(*(s.refill("shortlink", config) for s in syncs))
+        pushed = await redis_client.lrange(redis_keys.hot_list_key("shortlink"), 0, -1)
+        assert len(pushed) == len(set(pushed)) >= config.hot.high
+        assert not set(pushed) & set(await cold_keys(settings.postgres_dsn, "shortlink"))
+    finally:
+        for store in stores:
+            await store.close()
+        for h in hots:
+            await h.close()
+
+
+async def test_hot_store_push_and_pop_in_order(redis_client: aioredis.Redis) -> None:
+    hot = HotStore(redis_client)
+    keys = [f"key{i}" for i in range(9_000)]  # more than Lua's unpack limit at once
+    assert await hot.push("farmer", keys) == 9_000
+    taken, remaining = await hot.pop("farmer", 3)
+    assert taken == ["key0", "key1", "key2"] and remaining == 8_997
+    taken, remaining = await hot.pop("farmer", 10_000)
+    assert len(taken) == 8_997 and remaining == 0
+    assert await hot.pop("farmer", 1) == ([], 0)
+
+
+async def test_nudge_wakes_a_waiting_keysync(redis_client: aioredis.Redis) -> None:
+    hot = HotStore(redis_client)
+    await hot.nudge("farmer")
+    assert await hot.wait_for_nudge(1) == "farmer"
+    assert await hot.wait_for_nudge(0.1) is None

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.settings import load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_default_defines_farmer_and_shortlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KD_CONFIG", raising=False)
+    settings = load_settings()
+    assert settings.id_types["farmer"].kind == "numeric"
+    assert settings.id_types["farmer"].length == 10
+    assert settings.id_types["shortlink"].kind == "base62"
+    assert settings.id_types["shortlink"].length == 7
+
+
+def test_environment_wins_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(
+        tmp_path,
+        "redis_url: redis://file:6379/0\n"
+        "id_types:\n  farmer:\n    kind: numeric\n    length: 10\n"
+        "    hot: {low: 10, high: 100}\n",
+    )
+    monkeypatch.setenv("KD_REDIS_URL", "redis://env:6379/1")
+    monkeypatch.setenv("KD_ID_TYPES__FARMER__HOT__LOW", "42")
+    settings = load_settings(path)
+    assert settings.redis_url == "redis://env:6379/1"
+    assert settings.id_types["farmer"].hot.low == 42
+    assert settings.id_types["farmer"].hot.high == 100  # the rest of the file still applies
+
+
+def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "id_types:\n  voter:\n    kind: numeric\n    length: 12\n")
+    monkeypatch.setenv("KD_CONFIG", str(path))
+    assert list(load_settings().id_types) == ["voter"]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("id_types:\n  t:\n    kind: uuid\n    length: 10\n", "id_types.t.kind"),
+        ("id_types:\n  t:\n    kind: numeric\n    length: 30\n", "id_types.t"),
+        (
+            "id_types:\n  t:\n    kind: base62\n    length: 7\n    hot: {low: 9, high: 3}\n",
+            "id_types.t.hot",
+        ),
+        ("id_types:\n  Bad-Name:\n    kind: numeric\n    length: 10\n", "id_types.Bad-Name"),
+        (
+            "id_types:\n  t:\n    kind: numeric\n    length: 10\n    colour: red\n",
+            "id_types.t.colour",
+        ),
+        ("dispenser:\n  port: 99999\n", "dispenser.port"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, yaml_text))
+    assert field in str(caught.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="KD_CONFIG"):
+        load_settings(tmp_path / "absent.yaml")
+
+
+def test_missing_permutation_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KD_PERMUTATION_KEY", raising=False)
+    with pytest.raises(ConfigError, match="permutation_key"):
+        load_settings().require_permutation_key()
