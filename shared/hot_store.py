@@ -89,7 +89,3 @@ class HotStore:
     async def ping(self) -> bool:
         async with translated("ping"):
             return bool(await self._client.ping())
-
-    async def heartbeat(self, process: str, instance: str, ttl_s: int) -> None:
-        async with translated("heartbeat"):
-            await self._client.set(redis_keys.heartbeat_key(process, instance), "1", ex=ttl_s)

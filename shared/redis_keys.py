@@ -14,11 +14,3 @@ def keysync_wake_key() -> str:
     """A short list that dispensers push ID-type names to when a hot list runs low."""
     return f"{PREFIX}:keysync:wake"
 
-
-def heartbeat_key(process: str, instance: str) -> str:
-    """Liveness of one keygen/keysync/dispenser instance (a key with a TTL)."""
-    return f"{PREFIX}:heartbeat:{process}:{instance}"
-
-
-def heartbeat_pattern() -> str:
-    return f"{PREFIX}:heartbeat:*"
