@@ -7,6 +7,7 @@ import logging
 
 from shared.cold_store import ColdStore, LeasedRange
 from shared.errors import KeyspaceExhausted, StoreUnavailable
+from shared.generation import Generator
 from shared.idtypes import IdType, build_id_types
 from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
 from shared.schema import check
@@ -17,7 +18,9 @@ log = logging.getLogger(__name__)
 
 
 class Keygen:
-    def __init__(self, settings: Settings, cold: ColdStore, stop: asyncio.Event) -> None:
+    def __init__(
+        self, settings: Settings, cold: ColdStore, stop: asyncio.Event, generator: Generator
+    ) -> None:
         self._settings = settings
         self._cold = cold
         self._stop = stop
@@ -26,6 +29,7 @@ class Keygen:
         self._filling: set[str] = set()
         self._wake = asyncio.Event()
         self._name = instance_name()
+        self._generator = generator
 
     def wake(self, *_: object) -> None:
         self._wake.set()
@@ -49,7 +53,7 @@ class Keygen:
             if self._stop.is_set():
                 break
             if await self._needs_keys(id_type):
-                await self._lease_and_generate(id_type)
+                await self.lease_and_generate(id_type)
                 worked = True
         return worked
 
@@ -77,7 +81,7 @@ class Keygen:
         waiter.cancel()
         stopper.cancel()
 
-    async def _lease_and_generate(self, id_type: IdType) -> None:
+    async def lease_and_generate(self, id_type: IdType) -> None:
         try:
             leased = await self._cold.lease_range(id_type, self._name)
         except KeyspaceExhausted:
@@ -87,15 +91,24 @@ class Keygen:
         await self.generate_range(id_type, leased)
 
     async def generate_range(self, id_type: IdType, leased: LeasedRange) -> None:
-        """Generate a range in bounded slices off the event loop; commit each slice."""
+        """Generate a range slice by slice; the next slice is generated while the
+        current one is being copied into PostgreSQL. Each slice commits on its own."""
         step = self._settings.keygen.slice_size
+        slices = [(s, min(s + step, leased.stop)) for s in range(leased.start, leased.stop, step)]
         accepted = candidates = 0
-        for start in range(leased.start, leased.stop, step):
-            stop = min(start + step, leased.stop)
-            keys, tried = await asyncio.to_thread(id_type.generate, start, stop)
-            await self._cold.insert_keys(id_type, leased, keys, tried, final=stop == leased.stop)
-            accepted += len(keys)
-            candidates += tried
+        pending = asyncio.ensure_future(self._generator.generate(id_type, *slices[0]))
+        try:
+            for i in range(len(slices)):
+                keys, tried = await pending
+                final = i + 1 == len(slices)
+                if not final:
+                    next_slice = self._generator.generate(id_type, *slices[i + 1])
+                    pending = asyncio.ensure_future(next_slice)
+                await self._cold.insert_keys(id_type, leased, keys, tried, final=final)
+                accepted += len(keys)
+                candidates += tried
+        finally:
+            pending.cancel()
         log.info(
             "range_filled",
             extra={
@@ -115,16 +128,20 @@ async def serve(settings: Settings) -> None:
     )
     if cold is None:
         return
+    generator: Generator | None = None
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))
-        keygen = Keygen(settings, cold, stop)
+        generator = Generator(settings.keygen.threads)
+        keygen = Keygen(settings, cold, stop, generator)
         async with cold.connection() as listener:
             await listener.add_listener(KEYGEN_CHANNEL, keygen.wake)
             log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
             await keygen.run()
     finally:
         await cold.close()
+        if generator is not None:
+            generator.close()
     log.info("keygen_stopped")
 
 

@@ -29,7 +29,6 @@ _P = (
 )
 _INV = (0, 4, 3, 2, 1, 5, 6, 7, 8, 9)
 
-_D_NP = np.array(_D, dtype=np.uint8)
 _P_NP = np.array(_P, dtype=np.uint8)
 _INV_NP = np.array(_INV, dtype=np.uint8)
 
@@ -52,11 +51,15 @@ def verhoeff_valid(number: str) -> bool:
     return c == 0
 
 
-def verhoeff_digits_np(digits: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """Check digit for every row of an (n, m) matrix of decimal digits."""
-    c = np.zeros(digits.shape[0], dtype=np.uint8)
-    m = digits.shape[1]
+_D_FLAT = np.array(_D, dtype=np.uint8).ravel()
+
+
+def verhoeff_columns(cols: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Check digit for every ID of a (digits, ids) column matrix."""
+    c = np.zeros(cols.shape[1], dtype=np.uint8)
+    m = cols.shape[0]
     for i in range(m):
-        column = digits[:, m - 1 - i]
-        c = _D_NP[c, _P_NP[(i + 1) % 8, column]]
-    return _INV_NP[c]
+        permuted = _P_NP[(i + 1) % 8][cols[m - 1 - i]]
+        c = _D_FLAT[c * np.uint8(10) + permuted]
+    out: npt.NDArray[np.uint8] = _INV_NP[c]
+    return out

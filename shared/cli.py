@@ -9,10 +9,12 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
+from pydantic import SecretStr
 
 from shared import hot_store, logs
 from shared.cold_store import ColdStore
@@ -24,6 +26,7 @@ from shared.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 PROCESSES = ("keygen", "keysync", "dispenser")
+BENCHMARKS = {"keygen": "keygen.bench"}
 _STATUS_CAP = 10_000_000
 
 
@@ -36,6 +39,10 @@ def parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=f"run a {name} process")
     status = commands.add_parser("status", help="inventory and keyspace headroom per type")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    bench = commands.add_parser("bench", help="measure throughput; writes JSON results")
+    bench.add_argument("target", choices=BENCHMARKS, help="what to measure")
+    bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
+    bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
     up = commands.add_parser("up", help="the whole stack on this machine, embedded servers")
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
     up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
@@ -70,10 +77,27 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
     elif args.command == "status":
         report = asyncio.run(collect_status(settings))
         print(json.dumps(report, indent=2) if args.json else format_status(report))
+    elif args.command == "bench":
+        module = importlib.import_module(BENCHMARKS[args.target])
+        results = asyncio.run(
+            module.run(settings.model_copy(update=_bench_key(settings)), args.seconds)
+        )
+        text = json.dumps(results, indent=2)
+        print(text)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(text + "\n")
     elif args.command == "up":
         from shared.up import up
 
         up(settings, args)
+
+
+def _bench_key(settings: Settings) -> dict[str, Any]:
+    """Benchmarks generate into scratch databases: any key will do when none is set."""
+    if settings.permutation_key is not None:
+        return {}
+    return {"permutation_key": SecretStr("keydispenser-benchmark-key")}
 
 
 async def ensure_database(dsn: str) -> None:

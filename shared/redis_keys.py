@@ -13,4 +13,3 @@ def hot_list_key(id_type: str) -> str:
 def keysync_wake_key() -> str:
     """A short list that dispensers push ID-type names to when a hot list runs low."""
     return f"{PREFIX}:keysync:wake"
-

@@ -25,7 +25,11 @@ from shared.errors import ConfigError
 ID_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 BASE62_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # Counter domains must fit PostgreSQL bigint sequences (and uint64 arithmetic).
-LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 19), "base62": (1, 10)}
+LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 32), "base62": (1, 10)}
+# Numeric types longer than this many counter digits take a keyed "head" on top
+# of an 18-digit permuted tail: at most 10**18 keys each, unique by construction.
+MAX_COUNTER_DIGITS = 18
+AFFIX = re.compile(r"^[A-Za-z0-9_.:-]{0,16}$")  # safe in a URL path segment
 
 
 class _Strict(BaseModel):
@@ -53,15 +57,20 @@ class FilterLimits(_Strict):
     conjugative_even: int = Field(default=3, ge=1)
     first_equals_last: int = Field(default=5, ge=1)
     first_equals_reverse: int = Field(default=5, ge=1)
-    restricted_numbers: tuple[str, ...] = ()
+    # None: the profile's default (openg2p: none; mosip: 786, 666).
+    restricted_numbers: tuple[str, ...] | None = None
 
 
 class IdTypeConfig(_Strict):
     kind: Literal["numeric", "base62"]
     length: int
-    filter_profile: Literal["openg2p", "none"] = "openg2p"
+    filter_profile: Literal["openg2p", "mosip", "none"] = "openg2p"
     filters: FilterLimits = FilterLimits()
-    range_size: int = Field(default=100_000, ge=1, le=10_000_000)
+    prefix: str = Field(default="", pattern=AFFIX.pattern)
+    suffix: str = Field(default="", pattern=AFFIX.pattern)
+    # Warn when the share of counters never leased falls below each of these.
+    headroom_warnings: tuple[float, ...] = (0.25, 0.10, 0.01)
+    range_size: int = Field(default=1_048_576, ge=1, le=16_777_216)
     hot: Watermarks = Watermarks(low=5_000, high=20_000)
     cold: Watermarks = Watermarks(low=200_000, high=600_000)
     sync_batch: int = Field(default=5_000, ge=1, le=100_000)
@@ -71,13 +80,22 @@ class IdTypeConfig(_Strict):
         lo, hi = LENGTH_LIMITS[self.kind]
         if not lo <= self.length <= hi:
             raise ValueError(f"length {self.length} out of range for kind {self.kind} ({lo}..{hi})")
+        if self.filter_profile == "mosip":
+            for name in ("first_equals_last", "first_equals_reverse"):
+                if getattr(self.filters, name) > self.length:
+                    raise ValueError(f"filters.{name} must not exceed length for profile mosip")
         return self
+
+    @property
+    def counter_digits(self) -> int:
+        """Decimal digits drawn from the counter (numeric types)."""
+        return min(self.length - 1, MAX_COUNTER_DIGITS)
 
     @property
     def domain_size(self) -> int:
         """Number of counters: the last numeric digit is the check digit."""
         if self.kind == "numeric":
-            return int(10 ** (self.length - 1))
+            return int(10**self.counter_digits)
         return int(62**self.length)
 
 
@@ -95,7 +113,10 @@ class KeysyncConfig(_Strict):
 
 class KeygenConfig(_Strict):
     poll_interval_s: float = Field(default=2.0, gt=0)
-    slice_size: int = Field(default=100_000, ge=1_000)
+    # Candidates generated and committed at a time (a range is several slices).
+    slice_size: int = Field(default=1_048_576, ge=1_000)
+    # Generation threads; None: one per CPU.
+    threads: int | None = Field(default=None, ge=1, le=64)
 
 
 class Settings(BaseSettings):

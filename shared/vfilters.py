@@ -1,108 +1,179 @@
-"""The ten OpenG2P filters over a matrix of digits, one ID per row.
+"""The ID filters over columns of digits: ``cols[i]`` holds digit ``i`` of every ID.
 
-Twin of ``shared.filters``; returns a boolean mask of rows to REJECT.
+Twin of ``shared.filters``. Columns are contiguous, so every step is a plain
+vector operation over uint8 arrays. ``prefilter`` applies the cheapest, most
+selective rules to the ID body (check digit not yet known) so the full rule set
+and the check digit run only on the survivors.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Sequence
+from functools import reduce
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shared.filters import CYCLIC_NUMBERS
-from shared.settings import FilterLimits
+from shared.filters import CYCLIC_NUMBERS, Rules
 
-Digits = npt.NDArray[np.uint8]
+Cols = npt.NDArray[np.uint8]  # shape (digits, ids)
 Mask = npt.NDArray[np.bool_]
 
 
-def _rows(flags: Mask) -> Mask:
-    """Rows with any True value."""
-    return cast(Mask, flags.any(axis=1))
+def _none(n: int) -> Mask:
+    return np.zeros(n, dtype=np.bool_)
 
 
-def _has_run(flags: Mask, width: int) -> Mask:
-    """Rows with ``width`` consecutive True values."""
-    n, m = flags.shape
-    if width > m:
-        return np.zeros(n, dtype=np.bool_)
-    span = m - width + 1
-    acc = flags[:, :span].copy()
-    for k in range(1, width):
-        acc &= flags[:, k : k + span]
-    return _rows(acc)
-
-
-def _contains(digits: Digits, pattern: str) -> Mask:
-    """Rows whose digit string contains ``pattern`` (a string of digits)."""
-    n, m = digits.shape
-    w = len(pattern)
-    if w == 0 or w > m or not pattern.isdigit():
-        return np.zeros(n, dtype=np.bool_)
-    span = m - w + 1
-    acc = np.ones((n, span), dtype=np.bool_)
-    for k, ch in enumerate(pattern):
-        acc &= digits[:, k : k + span] == int(ch)
-    return _rows(acc)
-
-
-def _sequence(digits: Digits, limit: int) -> Mask:
-    steps = digits[:, 1:].astype(np.int8) - digits[:, :-1].astype(np.int8)
-    return _has_run(steps == 1, limit - 1) | _has_run(steps == -1, limit - 1)
-
-
-def _repeating_digit(digits: Digits, limit: int) -> Mask:
-    out = np.zeros(digits.shape[0], dtype=np.bool_)
-    for d in range(1, min(limit, digits.shape[1])):
-        out |= (digits[:, d:] == digits[:, :-d]).any(axis=1)
+def _any_run(flags: Sequence[Mask], width: int, n: int) -> Mask:
+    """IDs with ``width`` consecutive True flags."""
+    out = _none(n)
+    for start in range(len(flags) - width + 1):
+        out |= reduce(np.logical_and, flags[start : start + width])
     return out
 
 
-def _blocks(digits: Digits, width: int) -> npt.NDArray[np.int64]:
-    """Value of every length-``width`` window, as an integer per (row, start)."""
-    span = digits.shape[1] - width + 1
-    acc = np.zeros((digits.shape[0], span), dtype=np.int64)
-    for k in range(width):
-        acc = acc * 10 + digits[:, k : k + span]
+def _contains(cols: Cols, pattern: str) -> Mask:
+    m, n = cols.shape
+    if not pattern or len(pattern) > m or not pattern.isdigit():
+        return _none(n)
+    out = _none(n)
+    digits = [np.uint8(int(c)) for c in pattern]
+    for start in range(m - len(pattern) + 1):
+        out |= reduce(np.logical_and, (cols[start + k] == d for k, d in enumerate(digits)))
+    return out
+
+
+def _starts_with(cols: Cols, prefixes: Sequence[str]) -> Mask:
+    out = _none(cols.shape[1])
+    for prefix in prefixes:
+        if prefix.isdigit() and len(prefix) <= cols.shape[0]:
+            out |= reduce(np.logical_and, (cols[k] == int(c) for k, c in enumerate(prefix)))
+    return out
+
+
+def _repeats_within(cols: Cols, max_distance: int) -> Mask:
+    out = _none(cols.shape[1])
+    m = cols.shape[0]
+    for d in range(1, min(max_distance, m - 1) + 1):
+        for i in range(m - d):
+            out |= cols[i] == cols[i + d]
+    return out
+
+
+def _block_values(cols: Cols, width: int) -> list[npt.NDArray[Any]]:
+    """Every ``width``-digit window as one integer, in the narrowest dtype that fits."""
+    dtype: type[np.unsignedinteger[Any]] = np.uint64
+    for limit, narrow in ((2, np.uint8), (4, np.uint16), (9, np.uint32)):
+        if width <= limit:
+            dtype = narrow
+            break
+    ten = dtype(10)
+    acc = [cols[i].astype(dtype) for i in range(cols.shape[0] - width + 1)]
+    for k in range(1, width):
+        acc = [a * ten + cols[i + k] for i, a in enumerate(acc)]
     return acc
 
 
-def _repeating_block(digits: Digits, limit: int) -> Mask:
-    m = digits.shape[1]
-    out = np.zeros(digits.shape[0], dtype=np.bool_)
-    if limit > m:
+def _repeating_block(cols: Cols, width: int) -> Mask:
+    m, n = cols.shape
+    out = _none(n)
+    if width > m // 2:
         return out
-    blocks = _blocks(digits, limit)
-    for i in range(m - limit):
-        for j in range(i + limit, m - limit + 1):
-            out |= blocks[:, i] == blocks[:, j]
+    blocks = _block_values(cols, width)
+    for i in range(m - width):
+        for j in range(i + width, m - width + 1):
+            out |= blocks[i] == blocks[j]
     return out
 
 
-def _first_equals_last(digits: Digits, limit: int, reverse: bool) -> Mask:
-    m = digits.shape[1]
-    if m < 2 * limit:
-        return np.zeros(digits.shape[0], dtype=np.bool_)
-    tail = digits[:, m - limit :]
+def _sequence(cols: Cols, limit: int, wrap: bool) -> Mask:
+    n = cols.shape[1]
+    steps = [cols[i + 1] - cols[i] for i in range(cols.shape[0] - 1)]  # uint8: -1 is 255
+    if not wrap:
+        up = [s == 1 for s in steps]
+        down = [s == 255 for s in steps]
+        return _any_run(up, limit - 1, n) | _any_run(down, limit - 1, n)
+    # MOSIP: windows of 0123456789012... (+1 mod 10; 9->0 is 247) or 9876543210987...
+    up = [(s == 1) | (s == 247) for s in steps]
+    down = [(s == 255) | (s == 9) for s in steps]
+    out = _none(n)
+    for start in range(cols.shape[0] - limit + 1):
+        window = range(start, start + limit - 1)
+        rising = reduce(np.logical_and, (up[i] for i in window), np.ones(n, dtype=np.bool_))
+        falling = reduce(np.logical_and, (down[i] for i in window), np.ones(n, dtype=np.bool_))
+        # Past 11 digits a window fits the 20-digit strings only from some first digits.
+        if limit <= 20:
+            out |= rising & (cols[start] <= 20 - limit)
+            out |= falling & (cols[start] >= max(limit - 11, 0))
+    return out
+
+
+def _even_runs(cols: Cols, limit: int, zero_is_even: bool) -> Mask:
+    flags = [(c & 1) == 0 for c in cols]
+    if not zero_is_even:
+        flags = [f & (c != 0) for f, c in zip(flags, cols, strict=True)]
+    return _any_run(flags, limit, cols.shape[1])
+
+
+def _ends_match(cols: Cols, width: int, reverse: bool) -> Mask:
+    m = cols.shape[0]
+    tail = list(range(m - width, m))
     if reverse:
-        tail = tail[:, ::-1]
-    result: Mask = (digits[:, :limit] == tail).all(axis=1)
-    return result
+        tail.reverse()
+    pairs = zip(range(width), tail, strict=True)
+    return reduce(np.logical_and, (cols[a] == cols[b] for a, b in pairs))
 
 
-def openg2p_reject(digits: Digits, length: int, limits: FilterLimits) -> Mask:
-    """Rows rejected by any of the ten filters (profile ``openg2p``)."""
-    if digits.shape[1] != length:
-        return np.ones(digits.shape[0], dtype=np.bool_)
-    starts = [int(p) for p in limits.not_start_with if len(p) == 1 and p.isdigit()]
-    out = np.isin(digits[:, 0], starts)
-    out |= _sequence(digits, limits.sequence)
-    out |= _repeating_digit(digits, limits.repeating_digit)
-    out |= _repeating_block(digits, limits.repeating_block)
-    out |= _has_run(digits % 2 == 0, limits.conjugative_even)
-    out |= _first_equals_last(digits, limits.first_equals_last, reverse=False)
-    out |= _first_equals_last(digits, limits.first_equals_reverse, reverse=True)
-    for entry in (*limits.restricted_numbers, *CYCLIC_NUMBERS):
-        out |= _contains(digits, entry)
+def reject(cols: Cols, rules: Rules) -> Mask:
+    """IDs rejected by any filter of the profile (``cols`` includes the check digit)."""
+    m, n = cols.shape
+    if m != rules.length:
+        return np.ones(n, dtype=np.bool_)
+    if rules.profile == "none":
+        return _none(n)
+    mosip = rules.profile == "mosip"
+    if mosip:
+        out = _starts_with(cols, rules.not_start_with)
+    else:
+        firsts = [int(p) for p in rules.not_start_with if len(p) == 1 and p.isdigit()]
+        out = np.isin(cols[0], firsts)
+    out |= _sequence(cols, rules.sequence, wrap=mosip)
+    out |= _repeats_within(cols, rules.repeating_digit if mosip else rules.repeating_digit - 1)
+    out |= _repeating_block(cols, rules.repeating_block)
+    out |= _even_runs(cols, rules.conjugative_even, zero_is_even=not mosip)
+    for width, reverse in ((rules.first_equals_last, False), (rules.first_equals_reverse, True)):
+        if mosip or m >= 2 * width:
+            out |= _ends_match(cols, width, reverse)
+    for entry in (*rules.restricted, *CYCLIC_NUMBERS):
+        out |= _contains(cols, entry)
+    return out
+
+
+def prefilter(body: Cols, rules: Rules, stage: int) -> Mask:
+    """IDs whose body alone already fails; run stage 1 (cheapest, most selective),
+    drop what it rejects, then stage 2.
+
+    Sound because every rule used here looks at a window inside the body, and a
+    violation inside the body is a violation of the whole ID.
+    """
+    n = body.shape[1]
+    if rules.profile == "none":
+        return _none(n)
+    mosip = rules.profile == "mosip"
+    distance = rules.repeating_digit if mosip else rules.repeating_digit - 1
+    if stage == 1:
+        if mosip:
+            prefixes = [p for p in rules.not_start_with if len(p) < rules.length]
+            out = _starts_with(body, prefixes)
+        else:
+            firsts = [int(p) for p in rules.not_start_with if len(p) == 1 and p.isdigit()]
+            out = np.isin(body[0], firsts)
+        return out | _repeats_within(body, min(distance, 1))
+    out = _sequence(body, rules.sequence, wrap=mosip)
+    out |= _repeats_within(body, distance)
+    out |= _repeating_block(body, rules.repeating_block)
+    out |= _even_runs(body, rules.conjugative_even, zero_is_even=not mosip)
+    for entry in (*rules.restricted, *CYCLIC_NUMBERS):
+        out |= _contains(body, entry)
     return out

@@ -14,6 +14,7 @@ from keysync.main import Keysync
 from shared import redis_keys
 from shared.checkdigit import verhoeff_valid
 from shared.cold_store import ColdStore
+from shared.generation import Generator
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
 from shared.schema import migrate
@@ -32,7 +33,7 @@ async def cold_keys(dsn: str, id_type: str) -> list[str]:
 async def test_keygen_fills_cold_to_high_watermark(settings: Settings) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event())
+        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         for name, config in settings.id_types.items():
@@ -51,7 +52,7 @@ async def test_keygen_fills_cold_to_high_watermark(settings: Settings) -> None:
 async def test_keygen_idles_above_low_watermark(settings: Settings) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event())
+        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         assert not await keygen.step()
@@ -67,7 +68,7 @@ async def test_concurrent_keygens_never_produce_the_same_key(
     settings = make_settings(servers, database, id_types=types)
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
     try:
-        gens = [Keygen(settings, store, asyncio.Event()) for store in stores]
+        gens = [Keygen(settings, store, asyncio.Event(), Generator(2)) for store in stores]
         await asyncio.gather(*(g.step() for g in gens))
         await asyncio.gather(*(g.step() for g in gens))
         keys = await cold_keys(settings.postgres_dsn, "shortlink")
@@ -94,7 +95,7 @@ async def test_exhausted_keyspace_is_logged_and_generation_stops(
     await conn.close()
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event())
+        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
         with caplog.at_level(logging.ERROR):
             for _ in range(10):
                 await keygen.step()
@@ -114,7 +115,7 @@ async def test_keysync_moves_exactly_what_it_deleted(
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
     try:
-        keygen = Keygen(settings, cold, asyncio.Event())
+        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
@@ -151,7 +152,7 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
         for _ in range(3)
     ]
     try:
-        keygen = Keygen(settings, stores[0], asyncio.Event())
+        keygen = Keygen(settings, stores[0], asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         syncs = [Keysync(settings, c, h) for c, h in zip(stores, hots, strict=True)]

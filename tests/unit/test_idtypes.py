@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from shared.checkdigit import verhoeff_digit, verhoeff_valid
@@ -15,15 +16,46 @@ def numeric(length: int = 10, **extra: object) -> IdType:
     return IdType("farmer", IdTypeConfig(kind="numeric", length=length, **extra), SECRET)  # type: ignore[arg-type]
 
 
+def slow_reference(id_type: IdType, start: int, stop: int) -> list[str]:
+    """Generation written the obvious way: permute, format, check digit, scalar filters."""
+    assert id_type._permutation is not None
+    values = id_type._permutation.permute(np.arange(start, stop, dtype=np.uint64))
+    width = id_type.config.length - 1
+    out = []
+    for value in values:
+        body = f"{int(value):0{width}d}"
+        key = body + verhoeff_digit(body)
+        if not rejected_by(key, id_type.rules):
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("length", "profile"),
+    [
+        (10, "openg2p"),
+        (10, "mosip"),
+        (12, "openg2p"),
+        (7, "mosip"),
+        (16, "openg2p"),
+        (19, "mosip"),
+        (4, "none"),
+        (6, "openg2p"),
+    ],
+)
+def test_fast_generation_equals_the_obvious_one(length: int, profile: str) -> None:
+    id_type = numeric(length, filter_profile=profile)
+    stop = min(id_type.domain_size, 20_000)
+    assert id_type.generate(0, stop)[0] == slow_reference(id_type, 0, stop)
+
+
 def test_numeric_keys_are_valid_unique_and_filtered() -> None:
-    keys, candidates = numeric().generate(0, 50_000)
+    id_type = numeric()
+    keys, candidates = id_type.generate(0, 50_000)
     assert candidates == 50_000
     assert 0 < len(keys) < candidates
     assert len(set(keys)) == len(keys)
-    for key in keys[:5_000]:
-        assert len(key) == 10
-        assert verhoeff_valid(key)
-        assert rejected_by(key, 10, IdTypeConfig(kind="numeric", length=10).filters) == []
+    assert all(len(k) == 10 and id_type.validate(k) for k in keys)
 
 
 def test_disjoint_ranges_give_disjoint_keys() -> None:
@@ -44,12 +76,33 @@ def test_tiny_keyspace_is_issued_completely() -> None:
     assert {k[:3] for k in keys} == {f"{n:03d}" for n in range(1_000)}
 
 
+@pytest.mark.parametrize(("length", "profile"), [(20, "openg2p"), (24, "mosip"), (32, "none")])
+def test_long_numeric_types_generate(length: int, profile: str) -> None:
+    id_type = numeric(length, filter_profile=profile)
+    assert id_type.domain_size == 10**18
+    keys, _ = id_type.generate(10**17, 10**17 + 200_000)
+    assert keys and len(set(keys)) == len(keys)
+    assert all(len(k) == length and id_type.validate(k) for k in keys)
+    assert len({k[0] for k in keys}) > 1 or profile != "none"  # heads vary
+
+
 def test_base62_keys_have_fixed_length_and_alphabet() -> None:
     id_type = IdType("shortlink", IdTypeConfig(kind="base62", length=7), SECRET)
     keys, candidates = id_type.generate(0, 20_000)
     assert len(keys) == candidates == 20_000
     assert len(set(keys)) == 20_000
     assert all(len(k) == 7 and set(k) <= set(BASE62_ALPHABET) for k in keys)
+
+
+def test_prefix_and_suffix_are_part_of_every_key_and_checked() -> None:
+    id_type = numeric(prefix="FAR-", suffix=".x")
+    keys, _ = id_type.generate(0, 5_000)
+    assert all(k.startswith("FAR-") and k.endswith(".x") and len(k) == 16 for k in keys)
+    assert all(id_type.validate(k) for k in keys)
+    core = keys[0][4:-2]
+    assert not id_type.validate(core)  # affixes missing
+    assert not id_type.validate("FAR-" + core)
+    assert id_type.fingerprint.prefix == "FAR-"
 
 
 def test_validate_checks_length_check_digit_and_filters() -> None:
@@ -67,6 +120,8 @@ def test_validate_refuses_malformed_values() -> None:
         numeric().validate("12ab")
     with pytest.raises(InvalidInput):
         numeric().validate("")
+    with pytest.raises(InvalidInput):
+        numeric().validate("1" * 300)
 
 
 def test_generation_needs_the_secret() -> None:
@@ -79,6 +134,7 @@ def test_generation_needs_the_secret() -> None:
 def test_fingerprint_carries_the_key_digest_not_the_key() -> None:
     print_ = numeric().fingerprint.as_dict()
     assert print_["kind"] == "numeric" and print_["length"] == 10
+    assert print_["permutation"].startswith("feistel")
     assert SECRET.decode() not in str(print_)
     other = IdType("farmer", IdTypeConfig(kind="numeric", length=10), b"other").fingerprint
     assert other.permutation_key_digest != print_["permutation_key_digest"]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -47,3 +49,15 @@ def test_derived_keys_differ_per_type_and_digest_hides_key() -> None:
 def test_permute_one_matches_vector() -> None:
     perm = FeistelPermutation(b"k", 123_456)
     assert perm.permute_one(42) == int(perm.permute(np.array([42], dtype=np.uint64))[0])
+
+
+def test_generation_blocks_cover_the_slice_once() -> None:
+    from shared.generation import MAX_BLOCK, blocks
+
+    for start, stop, threads in [(0, 1, 2), (5, 100_000, 2), (0, 1 << 20, 2), (7, 3 << 21, 4)]:
+        parts = blocks(start, stop, threads)
+        assert parts[0][0] == start and parts[-1][1] == stop
+        assert all(a < b for a, b in parts)
+        assert all(b == c for (_, b), (c, _) in itertools.pairwise(parts))
+        assert all(b - a <= MAX_BLOCK for a, b in parts)
+    assert len(blocks(0, 1 << 20, 2)) == 2

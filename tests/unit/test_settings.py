@@ -48,7 +48,15 @@ def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ("yaml_text", "field"),
     [
         ("id_types:\n  t:\n    kind: uuid\n    length: 10\n", "id_types.t.kind"),
-        ("id_types:\n  t:\n    kind: numeric\n    length: 30\n", "id_types.t"),
+        ("id_types:\n  t:\n    kind: numeric\n    length: 33\n", "id_types.t"),
+        (
+            "id_types:\n  t:\n    kind: numeric\n    length: 4\n    filter_profile: mosip\n",
+            "first_equals_last",
+        ),
+        (
+            'id_types:\n  t:\n    kind: base62\n    length: 7\n    prefix: "a/b"\n',
+            "id_types.t.prefix",
+        ),
         (
             "id_types:\n  t:\n    kind: base62\n    length: 7\n    hot: {low: 9, high: 3}\n",
             "id_types.t.hot",
