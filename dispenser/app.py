@@ -17,7 +17,13 @@ from starlette.routing import Route
 
 from dispenser import envelope
 from shared import hot_store
-from shared.errors import InvalidInput, KeydispenserError, PoolEmpty, UnknownIdType
+from shared.errors import (
+    InvalidInput,
+    KeydispenserError,
+    KeyspaceExhausted,
+    PoolEmpty,
+    UnknownIdType,
+)
 from shared.hot_store import HotStore
 from shared.idtypes import IdType, build_id_types
 from shared.settings import ID_TYPE_NAME, Settings
@@ -44,12 +50,14 @@ class Dispenser:
 
     async def take(self, name: str, count: int) -> list[str]:
         id_type = self.id_type(name)
-        keys, remaining = await self.hot.pop(name, count)
-        if remaining < id_type.config.hot.low:
+        popped = await self.hot.pop(name, count)
+        if popped.exhausted:
+            raise KeyspaceExhausted(name)
+        if popped.remaining < id_type.config.hot.low:
             await self._nudge(name)
-        if not keys:
+        if not popped.keys:
             raise PoolEmpty(name, self.settings.dispenser.retry_after_s)
-        return keys
+        return popped.keys
 
     async def _nudge(self, name: str) -> None:
         """Wake keysync, at most once per nudge interval per type."""
@@ -131,7 +139,7 @@ async def readyz(request: Request) -> Response:
 
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
-    if not isinstance(exc, PoolEmpty | InvalidInput | UnknownIdType):
+    if not isinstance(exc, PoolEmpty | InvalidInput | UnknownIdType | KeyspaceExhausted):
         log.warning("request_failed", extra={"path": request.url.path, "error": str(exc)})
     return envelope.from_domain(exc)
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
 
 from shared.cold_store import ColdStore, LeasedRange
 from shared.errors import KeyspaceExhausted, StoreUnavailable
 from shared.generation import Generator
+from shared.headroom import Headroom, HeadroomWatch
 from shared.idtypes import IdType, build_id_types
+from shared.metrics import KeygenMetrics
+from shared.metrics import serve as serve_metrics
 from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
 from shared.schema import check
 from shared.settings import Settings
@@ -19,7 +26,12 @@ log = logging.getLogger(__name__)
 
 class Keygen:
     def __init__(
-        self, settings: Settings, cold: ColdStore, stop: asyncio.Event, generator: Generator
+        self,
+        settings: Settings,
+        cold: ColdStore,
+        stop: asyncio.Event,
+        generator: Generator,
+        metrics: KeygenMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._cold = cold
@@ -30,6 +42,11 @@ class Keygen:
         self._wake = asyncio.Event()
         self._name = instance_name()
         self._generator = generator
+        self.metrics = metrics or KeygenMetrics(CollectorRegistry())
+        self._watches = {
+            name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
+            for name, t in self._types.items()
+        }
 
     def wake(self, *_: object) -> None:
         self._wake.set()
@@ -63,6 +80,7 @@ class Keygen:
             return False
         marks = id_type.config.cold
         depth = await self._cold.depth(id_type.name, marks.high)
+        self.metrics.cold_depth.labels(id_type.name).set(depth)
         if depth < marks.low:
             self._filling.add(id_type.name)
         elif depth >= marks.high:
@@ -81,16 +99,57 @@ class Keygen:
         waiter.cancel()
         stopper.cancel()
 
-    async def lease_and_generate(self, id_type: IdType) -> None:
+    def exhausted(self, name: str) -> bool:
+        return name in self._exhausted
+
+    async def lease_and_generate(
+        self, id_type: IdType, progress: Callable[[int], object] | None = None
+    ) -> int:
+        """Lease one range and fill it; returns keys added (0: keyspace exhausted)."""
         try:
             leased = await self._cold.lease_range(id_type, self._name)
         except KeyspaceExhausted:
             self._exhausted.add(id_type.name)
+            self.metrics.exhausted.labels(id_type.name).set(1)
             log.error("keyspace_exhausted", extra={"id_type": id_type.name})
-            return
-        await self.generate_range(id_type, leased)
+            return 0
+        self.metrics.ranges.labels(id_type.name).inc()
+        added = await self.generate_range(id_type, leased, progress)
+        await self.watch_headroom(id_type)
+        return added
 
-    async def generate_range(self, id_type: IdType, leased: LeasedRange) -> None:
+    async def watch_headroom(self, id_type: IdType) -> Headroom:
+        """Export headroom and its forecast; warn once per threshold crossed."""
+        state = await self._cold.sequence_state(id_type)
+        stats = await self._cold.range_stats(id_type.name)
+        rate = stats["accepted"] / stats["candidates"] if stats["candidates"] else None
+        now = time.monotonic()
+        seen = self._watches[id_type.name].observe(now, state.leased_counters, rate)
+        labels = id_type.name
+        self.metrics.counters_headroom.labels(labels).set(seen.counters_left)
+        self.metrics.headroom_ratio.labels(labels).set(seen.fraction_left)
+        self.metrics.keys_left.labels(labels).set(seen.estimated_keys_left or 0)
+        self.metrics.exhaustion_eta.labels(labels).set(-1 if seen.eta_s is None else seen.eta_s)
+        for threshold in seen.crossed:
+            log.warning(
+                "keyspace_headroom_low",
+                extra={
+                    "id_type": id_type.name,
+                    "threshold": threshold,
+                    "headroom_ratio": round(seen.fraction_left, 6),
+                    "counters_left": seen.counters_left,
+                    "estimated_keys_left": seen.estimated_keys_left,
+                    "exhaustion_eta_s": None if seen.eta_s is None else round(seen.eta_s),
+                },
+            )
+        return seen
+
+    async def generate_range(
+        self,
+        id_type: IdType,
+        leased: LeasedRange,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
         """Generate a range slice by slice; the next slice is generated while the
         current one is being copied into PostgreSQL. Each slice commits on its own."""
         step = self._settings.keygen.slice_size
@@ -105,6 +164,10 @@ class Keygen:
                     next_slice = self._generator.generate(id_type, *slices[i + 1])
                     pending = asyncio.ensure_future(next_slice)
                 await self._cold.insert_keys(id_type, leased, keys, tried, final=final)
+                self.metrics.keys.labels(id_type.name).inc(len(keys))
+                self.metrics.candidates.labels(id_type.name).inc(tried)
+                if progress is not None:
+                    progress(len(keys))
                 accepted += len(keys)
                 candidates += tried
         finally:
@@ -119,6 +182,7 @@ class Keygen:
                 "accepted": accepted,
             },
         )
+        return accepted
 
 
 async def serve(settings: Settings) -> None:
@@ -133,7 +197,9 @@ async def serve(settings: Settings) -> None:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))
         generator = Generator(settings.keygen.threads)
-        keygen = Keygen(settings, cold, stop, generator)
+        metrics = KeygenMetrics(CollectorRegistry())
+        serve_metrics(metrics.registry, settings.keygen.metrics_host, settings.keygen.metrics_port)
+        keygen = Keygen(settings, cold, stop, generator, metrics)
         async with cold.connection() as listener:
             await listener.add_listener(KEYGEN_CHANNEL, keygen.wake)
             log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})

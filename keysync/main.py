@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 class Keysync:
     def __init__(self, settings: Settings, cold: ColdStore, hot: HotStore) -> None:
         self._settings = settings
+        self._types = build_id_types(settings, generating=False)
         self._cold = cold
         self._hot = hot
 
@@ -42,13 +43,22 @@ class Keysync:
                 name, min(config.sync_batch, config.hot.high - depth)
             )
             if not keys:
-                await self._cold.wake_keygen(name)
-                log.warning("cold_empty", extra={"id_type": name, "hot_depth": depth})
+                await self._cold_empty(name)
                 break
             depth = await self._push(name, keys)
             moved += len(keys)
         log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
         return moved
+
+    async def _cold_empty(self, name: str) -> None:
+        """Wake keygen; when the keyspace is used up, tell dispensers (IDG-002)."""
+        state = await self._cold.sequence_state(self._types[name])
+        if state.headroom == 0:
+            await self._hot.mark_exhausted(name)
+            log.error("keyspace_exhausted", extra={"id_type": name})
+            return
+        await self._cold.wake_keygen(name)
+        log.warning("cold_empty", extra={"id_type": name})
 
     async def _push(self, name: str, keys: list[str]) -> int:
         try:

@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=f"run a {name} process")
     status = commands.add_parser("status", help="inventory and keyspace headroom per type")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    fill = commands.add_parser("fill", help="pre-fill the cold inventory of one type")
+    fill.add_argument("--type", required=True, dest="id_type", help="ID type name")
+    fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
     bench = commands.add_parser("bench", help="measure throughput; writes JSON results")
     bench.add_argument("target", choices=BENCHMARKS, help="what to measure")
     bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
@@ -77,6 +80,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
     elif args.command == "status":
         report = asyncio.run(collect_status(settings))
         print(json.dumps(report, indent=2) if args.json else format_status(report))
+    elif args.command == "fill":
+        importlib.import_module("keygen.fill").main(settings, args.id_type, args.count)
     elif args.command == "bench":
         module = importlib.import_module(BENCHMARKS[args.target])
         results = asyncio.run(
@@ -91,6 +96,12 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
         from shared.up import up
 
         up(settings, args)
+
+
+def _positive(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
+    return int(raw)
 
 
 def _bench_key(settings: Settings) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -40,6 +41,13 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, decode_responses=True, **options)
 
 
+@dataclass(frozen=True)
+class Popped:
+    keys: list[str]
+    remaining: int
+    exhausted: bool  # only ever True when ``keys`` is empty
+
+
 class HotStore:
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
@@ -63,13 +71,16 @@ class HotStore:
             length = await self._push(keys=[redis_keys.hot_list_key(id_type)], args=list(keys))
         return int(length)
 
-    async def pop(self, id_type: str, count: int) -> tuple[list[str], int]:
-        """Take up to ``count`` keys: (keys, keys left in the hot list)."""
+    async def pop(self, id_type: str, count: int) -> Popped:
+        """Take up to ``count`` keys from the type's hot list."""
+        keys = [redis_keys.hot_list_key(id_type), redis_keys.exhausted_key(id_type)]
         async with translated("pop"):
-            taken, remaining = await self._pop(
-                keys=[redis_keys.hot_list_key(id_type)], args=[count]
-            )
-        return list(taken), int(remaining)
+            taken, remaining, exhausted = await self._pop(keys=keys, args=[count])
+        return Popped(list(taken), int(remaining), bool(exhausted))
+
+    async def mark_exhausted(self, id_type: str) -> None:
+        async with translated("mark_exhausted"):
+            await self._client.set(redis_keys.exhausted_key(id_type), "1")
 
     async def depth(self, id_type: str) -> int:
         async with translated("depth"):

@@ -117,6 +117,9 @@ class KeygenConfig(_Strict):
     slice_size: int = Field(default=1_048_576, ge=1_000)
     # Generation threads; None: one per CPU.
     threads: int | None = Field(default=None, ge=1, le=64)
+    # Prometheus metrics over HTTP; None: not served.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
 
 class Settings(BaseSettings):

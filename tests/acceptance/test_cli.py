@@ -106,3 +106,26 @@ def _wait_for_log(path: Path, text: str, timeout_s: float = 20) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{text!r} not in {path}: {path.read_text() if path.exists() else ''}")
+
+
+def test_fill_adds_keys_with_a_progress_bar(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    result = run_cli("fill", "--type", "farmer", "--count", "5000", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "added" in result.stdout
+    added = int(result.stdout.split("added ")[1].split()[0])
+    assert added >= 5000
+    assert "keys" in result.stderr  # tqdm draws on stderr
+    report = json.loads(run_cli("status", "--json", env=env).stdout)
+    assert report["farmer"]["cold_depth"] == added
+    assert 0.05 < report["farmer"]["acceptance_rate"] < 0.2
+    assert report["farmer"]["estimated_keys_left"] > 0
+
+
+def test_fill_refuses_an_unknown_type(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    result = run_cli("fill", "--type", "nosuch", "--count", "10", env=env)
+    assert result.returncode == 2
+    assert "--type" in result.stderr and "Traceback" not in result.stderr
+    bad_count = run_cli("fill", "--type", "farmer", "--count", "0", env=env)
+    assert bad_count.returncode == 2 and "--count" in bad_count.stderr

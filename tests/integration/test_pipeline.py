@@ -15,7 +15,7 @@ from shared import redis_keys
 from shared.checkdigit import verhoeff_valid
 from shared.cold_store import ColdStore
 from shared.generation import Generator
-from shared.hot_store import HotStore
+from shared.hot_store import HotStore, Popped
 from shared.idtypes import build_id_types
 from shared.schema import migrate
 from shared.settings import Settings
@@ -172,11 +172,15 @@ async def test_hot_store_push_and_pop_in_order(redis_client: aioredis.Redis) -> 
     hot = HotStore(redis_client)
     keys = [f"key{i}" for i in range(9_000)]  # more than Lua's unpack limit at once
     assert await hot.push("farmer", keys) == 9_000
-    taken, remaining = await hot.pop("farmer", 3)
-    assert taken == ["key0", "key1", "key2"] and remaining == 8_997
-    taken, remaining = await hot.pop("farmer", 10_000)
-    assert len(taken) == 8_997 and remaining == 0
-    assert await hot.pop("farmer", 1) == ([], 0)
+    popped = await hot.pop("farmer", 3)
+    assert popped == Popped(["key0", "key1", "key2"], 8_997, False)
+    popped = await hot.pop("farmer", 10_000)
+    assert len(popped.keys) == 8_997 and popped.remaining == 0
+    assert await hot.pop("farmer", 1) == Popped([], 0, False)
+    await hot.mark_exhausted("farmer")
+    assert await hot.pop("farmer", 1) == Popped([], 0, True)
+    await hot.push("farmer", ["late"])  # keys still in flight are served first
+    assert await hot.pop("farmer", 1) == Popped(["late"], 0, False)
 
 
 async def test_nudge_wakes_a_waiting_keysync(redis_client: aioredis.Redis) -> None:

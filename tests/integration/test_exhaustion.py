@@ -1,0 +1,152 @@
+"""A keyspace is issued completely, exactly once, then answers IDG-002; warnings come first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+
+from dispenser.app import create_app
+from keygen.main import Keygen
+from keysync.main import Keysync
+from shared.cold_store import ColdStore
+from shared.embedded import free_port
+from shared.generation import Generator
+from shared.hot_store import HotStore
+from shared.idtypes import build_id_types
+from shared.schema import migrate
+from shared.settings import Settings
+from tests.conftest import Servers, make_settings, small_types
+
+TINY = {
+    "kind": "numeric",
+    "length": 4,
+    "filter_profile": "none",
+    "range_size": 128,
+    "hot": {"low": 100, "high": 400},
+    "cold": {"low": 2_000, "high": 4_000},
+    "sync_batch": 150,
+    "headroom_warnings": [0.5, 0.1],
+}
+
+
+@pytest.fixture
+async def tiny_settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
+    settings = make_settings(servers, database, id_types={"tiny": TINY, **small_types()})
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await migrate(conn, build_id_types(settings))
+    finally:
+        await conn.close()
+    return settings
+
+
+@pytest.fixture
+async def http(tiny_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(tiny_settings), host="127.0.0.1", port=port, log_config=None)
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        yield client
+    server.should_exit = True
+    await task
+
+
+async def test_tiny_keyspace_is_issued_completely_then_410(
+    tiny_settings: Settings, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    cold = await ColdStore.connect(tiny_settings.postgres_dsn)
+    hot = HotStore(aioredis.Redis.from_url(tiny_settings.redis_url, decode_responses=True))
+    generator = Generator(2)
+    try:
+        keygen = Keygen(tiny_settings, cold, asyncio.Event(), generator)
+        keysync = Keysync(tiny_settings, cold, hot)
+        tiny = build_id_types(tiny_settings)["tiny"]
+        with caplog.at_level(logging.WARNING):
+            while await keygen.lease_and_generate(tiny):
+                pass
+        warned = [r for r in caplog.records if r.getMessage() == "keyspace_headroom_low"]
+        assert [r.__dict__["threshold"] for r in warned] == [0.5, 0.1]
+        assert keygen.exhausted("tiny")
+
+        taken: list[str] = []
+        for _ in range(20):
+            await keysync.refill("tiny", tiny_settings.id_types["tiny"])
+            reply = await http.post("/v1/keys/tiny", params={"count": 1000})
+            if reply.status_code != 200:
+                break
+            taken.extend(reply.json()["keys"])
+        assert reply.status_code == 410
+        assert reply.json()["errors"][0]["errorCode"] == "IDG-002"
+        assert sorted(k[:3] for k in taken) == [f"{n:03d}" for n in range(1000)]
+        assert all(tiny.validate(k) for k in taken)
+
+        single = await http.post("/v1/idgenerator/tiny/id")
+        assert single.status_code == 410
+        assert single.json()["errors"][0]["errorCode"] == "IDG-002"
+        other = await http.post("/v1/idgenerator/farmer/id")  # other types unaffected
+        assert other.json()["errors"][0]["errorCode"] == "IDG-001"
+    finally:
+        generator.close()
+        await cold.close()
+        await hot.close()
+
+
+async def test_headroom_is_exported_as_metrics(tiny_settings: Settings) -> None:
+    cold = await ColdStore.connect(tiny_settings.postgres_dsn)
+    generator = Generator(1)
+    try:
+        keygen = Keygen(tiny_settings, cold, asyncio.Event(), generator)
+        tiny = build_id_types(tiny_settings)["tiny"]
+        await keygen.lease_and_generate(tiny)
+        seen = await keygen.watch_headroom(tiny)
+        assert seen.counters_left == 1000 - 128
+        assert seen.estimated_keys_left == 1000 - 128  # profile none accepts everything
+        registry = keygen.metrics.registry
+        value = registry.get_sample_value("kd_keyspace_counters_headroom", {"id_type": "tiny"})
+        assert value == 1000 - 128
+    finally:
+        generator.close()
+        await cold.close()
+
+
+async def test_validate_endpoint_knows_affixes_and_profiles(
+    servers: Servers, database: str, redis_client: aioredis.Redis
+) -> None:
+    types = {
+        "member": {"kind": "numeric", "length": 10, "prefix": "FAR-"},
+        "uin": {"kind": "numeric", "length": 10, "filter_profile": "mosip"},
+    }
+    settings = make_settings(servers, database, id_types=types)
+    app = create_app(settings)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://dispenser") as client,
+    ):
+
+        async def valid(id_type: str, value: str) -> bool:
+            reply = await client.get(f"/v1/idgenerator/{id_type}/id/validate/{value}")
+            assert reply.status_code == 200, reply.text
+            return bool(reply.json()["response"]["valid"])
+
+        assert await valid("member", "FAR-3029384756")
+        assert not await valid("member", "3029384756")  # prefix missing
+        # 5890... wraps 8-9-0: a sequence for mosip only; check digit is right.
+        from shared.checkdigit import verhoeff_digit
+
+        wrapped = "358903742" + verhoeff_digit("358903742")
+        assert await valid("uin", "3029384756")
+        assert not await valid("uin", wrapped)
+        member_types = build_id_types(settings, generating=False)
+        assert member_types["member"].validate("FAR-3029384756")
