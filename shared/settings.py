@@ -75,6 +75,14 @@ class IdTypeConfig(_Strict):
     cold: Watermarks = Watermarks(low=200_000, high=600_000)
     sync_batch: int = Field(default=5_000, ge=1, le=100_000)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _filters_none(cls, data: Any) -> Any:
+        """``filters: none`` is shorthand for ``filter_profile: none``."""
+        if isinstance(data, dict) and data.get("filters") in ("none", None) and "filters" in data:
+            data = {k: v for k, v in data.items() if k != "filters"} | {"filter_profile": "none"}
+        return data
+
     @model_validator(mode="after")
     def _length_in_range(self) -> IdTypeConfig:
         lo, hi = LENGTH_LIMITS[self.kind]

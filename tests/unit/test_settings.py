@@ -84,3 +84,8 @@ def test_missing_permutation_key_is_named(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("KD_PERMUTATION_KEY", raising=False)
     with pytest.raises(ConfigError, match="permutation_key"):
         load_settings().require_permutation_key()
+
+
+def test_filters_none_is_shorthand_for_profile_none(tmp_path: Path) -> None:
+    path = write(tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 8\n    filters: none\n")
+    assert load_settings(path).id_types["t"].filter_profile == "none"
