@@ -16,7 +16,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dispenser import envelope
-from shared import hot_store
 from shared.errors import (
     InvalidInput,
     KeydispenserError,
@@ -172,7 +171,7 @@ ROUTES = [
 def create_app(settings: Settings, hot: HotStore | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = hot or HotStore(hot_store.connect(settings.redis_url))
+        store = hot or HotStore.from_settings(settings)
         app.state.dispenser = Dispenser(settings, store)
         try:
             yield

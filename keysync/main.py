@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import uuid
 
-from shared import hot_store
 from shared.cold_store import ColdStore
 from shared.errors import StoreUnavailable
 from shared.hot_store import HotStore
@@ -19,6 +20,7 @@ from shared.schema import check
 from shared.settings import IdTypeConfig, Settings
 
 log = logging.getLogger(__name__)
+PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
 
 
 class Keysync:
@@ -27,6 +29,7 @@ class Keysync:
         self._types = build_id_types(settings, generating=False)
         self._cold = cold
         self._hot = hot
+        self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
 
     async def refill_all(self) -> None:
         for name, config in self._settings.id_types.items():
@@ -34,7 +37,8 @@ class Keysync:
 
     async def refill(self, name: str, config: IdTypeConfig) -> int:
         """Top a hot list up to its high watermark when below its low one; returns moved."""
-        depth = await self._hot.depth(name)
+        seen = await self._hot.observe(name)
+        self._token, depth = seen.token, seen.length
         if depth >= config.hot.low:
             return 0
         moved = 0
@@ -45,7 +49,7 @@ class Keysync:
             if not keys:
                 await self._cold_empty(name)
                 break
-            depth = await self._push(name, keys)
+            depth = await self.push(name, keys)
             moved += len(keys)
         log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
         return moved
@@ -60,13 +64,39 @@ class Keysync:
         await self._cold.wake_keygen(name)
         log.warning("cold_empty", extra={"id_type": name})
 
-    async def _push(self, name: str, keys: list[str]) -> int:
-        try:
-            return await self._hot.push(name, keys)
-        except StoreUnavailable:
-            # Already deleted from the cold table and committed: wasted, never reissued.
-            log.error("batch_lost", extra={"id_type": name, "keys": len(keys)})
-            raise
+    async def push(self, name: str, keys: list[str]) -> int:
+        """Push a committed batch exactly once, or lose it (counted); never on two servers.
+
+        Each attempt is pinned to the server identity the batch is meant for. A
+        refusal is definitive (nothing was pushed), so it may re-pin; after an
+        ambiguous failure the batch may already sit on the pinned server, so
+        retries stay pinned there and the batch marker makes them idempotent.
+        """
+        batch, pin, ambiguous = uuid.uuid4().hex, self._token, False
+        deadline = time.monotonic() + PUSH_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                pushed = await self._hot.push(name, keys, batch, pin)
+            except StoreUnavailable:
+                ambiguous = True
+                if time.monotonic() > deadline:
+                    return self._lost(name, keys, "unreachable")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if pushed.status == "refused" and not ambiguous:
+                pin = pushed.token  # the primary changed before anything was pushed
+                continue
+            if pushed.status == "refused":
+                return self._lost(name, keys, "primary_changed")
+            self._token = pushed.token
+            return pushed.length
+
+    def _lost(self, name: str, keys: list[str], reason: str) -> int:
+        # Already deleted from the cold table and committed: wasted, never reissued.
+        log.error("batch_lost", extra={"id_type": name, "keys": len(keys), "reason": reason})
+        raise StoreUnavailable("redis", f"batch of {len(keys)} {name} keys lost: {reason}")
 
 
 async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: asyncio.Event) -> None:
@@ -89,8 +119,8 @@ async def serve(settings: Settings) -> None:
     )
     if cold is None:
         return
-    hot = HotStore(hot_store.connect(settings.redis_url))
-    waker = HotStore(hot_store.connect(settings.redis_url))
+    hot = HotStore.from_settings(settings)
+    waker = HotStore.from_settings(settings)
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings, generating=False), keyspace=False)

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 from pydantic import SecretStr
 
-from shared import hot_store, logs
+from shared import logs
 from shared.cold_store import ColdStore
 from shared.errors import ConfigError, KeydispenserError
 from shared.hot_store import HotStore
@@ -143,7 +143,7 @@ async def run_migrate(settings: Settings) -> int:
 
 async def collect_status(settings: Settings) -> dict[str, Any]:
     cold = await ColdStore.connect(settings.postgres_dsn)
-    hot = HotStore(hot_store.connect(settings.redis_url))
+    hot = HotStore.from_settings(settings)
     report: dict[str, Any] = {}
     try:
         for name, id_type in build_id_types(settings, generating=False).items():

@@ -1,44 +1,34 @@
-"""The hot tier: per-type Redis lists, touched only through Lua scripts."""
+"""The hot tier: per-type Redis lists, touched only through fenced Lua scripts."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from shared import redis_keys
 from shared.errors import StoreUnavailable
+from shared.redis_endpoint import RedisEndpoint, means_primary_moved
+from shared.settings import Settings
 
-# Driver errors that mean "Redis is not reachable/usable right now".
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.ReadOnlyError,
-    OSError,
-)
+log = logging.getLogger(__name__)
 _WAKE_LIST_MAX = 64
+BATCH_MARKER_TTL_S = 3_600
 
 
 def load_script(name: str) -> str:
     return resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
 
 
-@asynccontextmanager
-async def translated(operation: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except CONNECTION_ERRORS as exc:
-        raise StoreUnavailable("redis", f"{operation} failed: {exc}") from exc
-
-
-def connect(url: str, **options: Any) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, decode_responses=True, **options)
+def fenced_script(name: str) -> str:
+    """The fence prologue followed by the script's own body."""
+    return load_script("fence") + "\n" + load_script(name)
 
 
 @dataclass(frozen=True)
@@ -46,57 +36,124 @@ class Popped:
     keys: list[str]
     remaining: int
     exhausted: bool  # only ever True when ``keys`` is empty
+    discarded: int = 0  # inherited keys a fence discarded during this call
+
+
+@dataclass(frozen=True)
+class Pushed:
+    length: int
+    token: str  # identity of the server that answered: run_id:master_replid
+    status: str  # pushed | duplicate | refused
+    discarded: int = 0
+
+
+@dataclass(frozen=True)
+class Depth:
+    length: int
+    token: str
+    discarded: int = 0
+
+
+def _fence_keys(hot_list: str) -> list[str]:
+    return [
+        redis_keys.fence_key(),
+        redis_keys.hot_registry_key(),
+        redis_keys.discarded_key(),
+        hot_list,
+    ]
 
 
 class HotStore:
-    def __init__(self, client: aioredis.Redis) -> None:
-        self._client = client
-        # register_script calls EVALSHA and loads the script once on NOSCRIPT.
-        self._push = client.register_script(load_script("push"))
-        self._pop = client.register_script(load_script("pop"))
-        self._nudge = client.register_script(load_script("nudge"))
+    def __init__(self, endpoint: RedisEndpoint) -> None:
+        self._endpoint = endpoint
+        self._scripts: dict[str, AsyncScript] = {}
+        self.discarded = 0  # keys discarded by fences, seen by this process
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HotStore:
+        return cls(RedisEndpoint.from_settings(settings))
 
     @property
-    def client(self) -> aioredis.Redis:
-        return self._client
+    def endpoint(self) -> RedisEndpoint:
+        return self._endpoint
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._endpoint.close()
 
-    async def push(self, id_type: str, keys: Sequence[str]) -> int:
-        """Append keys to the type's hot list; returns its new length."""
-        if not keys:
-            return await self.depth(id_type)
-        async with translated("push"):
-            length = await self._push(keys=[redis_keys.hot_list_key(id_type)], args=list(keys))
-        return int(length)
+    @asynccontextmanager
+    async def _guard(self, operation: str) -> AsyncIterator[None]:
+        """Driver errors -> StoreUnavailable; re-resolve the primary when it may have moved."""
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            if means_primary_moved(exc):
+                self._endpoint.invalidate()
+            raise StoreUnavailable("redis", f"{operation} failed: {exc}") from exc
+
+    async def _run(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        client = await self._endpoint.client()
+        script = self._scripts.get(name)
+        if script is None:
+            body = load_script(name) if name == "nudge" else fenced_script(name)
+            script = self._scripts[name] = client.register_script(body)
+        # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
+        return await script(keys=keys, args=list(args), client=client)
+
+    def _discarded(self, count: int, operation: str) -> int:
+        if count:
+            self.discarded += count
+            log.warning("hot_lists_discarded", extra={"keys": count, "operation": operation})
+        return count
+
+    async def push(self, id_type: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
+        """Append a batch once (``batch_id``), only on the server ``pin`` names if set."""
+        names = [*_fence_keys(redis_keys.hot_list_key(id_type)), redis_keys.batch_key(batch_id)]
+        async with self._guard("push"):
+            length, discarded, token, status = await self._run(
+                "push", names, [pin, BATCH_MARKER_TTL_S, *keys]
+            )
+        return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 
     async def pop(self, id_type: str, count: int) -> Popped:
-        """Take up to ``count`` keys from the type's hot list."""
-        keys = [redis_keys.hot_list_key(id_type), redis_keys.exhausted_key(id_type)]
-        async with translated("pop"):
-            taken, remaining, exhausted = await self._pop(keys=keys, args=[count])
-        return Popped(list(taken), int(remaining), bool(exhausted))
+        """Take up to ``count`` keys from the type's hot list. Never retried."""
+        names = [*_fence_keys(redis_keys.hot_list_key(id_type)), redis_keys.exhausted_key(id_type)]
+        async with self._guard("pop"):
+            taken, remaining, exhausted, discarded = await self._run("pop", names, [count])
+        return Popped(
+            list(taken), int(remaining), bool(exhausted), self._discarded(int(discarded), "pop")
+        )
 
-    async def mark_exhausted(self, id_type: str) -> None:
-        async with translated("mark_exhausted"):
-            await self._client.set(redis_keys.exhausted_key(id_type), "1")
+    async def observe(self, id_type: str) -> Depth:
+        async with self._guard("depth"):
+            length, discarded, token = await self._run(
+                "depth", _fence_keys(redis_keys.hot_list_key(id_type)), []
+            )
+        return Depth(int(length), str(token), self._discarded(int(discarded), "depth"))
 
     async def depth(self, id_type: str) -> int:
-        async with translated("depth"):
-            return int(await self._client.llen(redis_keys.hot_list_key(id_type)))
+        return (await self.observe(id_type)).length
+
+    async def mark_exhausted(self, id_type: str) -> None:
+        async with self._guard("mark_exhausted"):
+            await (await self._endpoint.client()).set(redis_keys.exhausted_key(id_type), "1")
 
     async def nudge(self, id_type: str) -> None:
         """Wake a keysync for ``id_type`` now rather than at its next poll."""
-        async with translated("nudge"):
-            await self._nudge(keys=[redis_keys.keysync_wake_key()], args=[id_type, _WAKE_LIST_MAX])
+        async with self._guard("nudge"):
+            await self._run("nudge", [redis_keys.keysync_wake_key()], [id_type, _WAKE_LIST_MAX])
 
     async def wait_for_nudge(self, timeout_s: float) -> str | None:
         """Block until a nudge arrives (its id type) or the timeout passes (None)."""
-        async with translated("wait_for_nudge"):
-            got = await self._client.blpop([redis_keys.keysync_wake_key()], timeout=timeout_s)
+        async with self._guard("wait_for_nudge"):
+            client = await self._endpoint.client()
+            got = await client.blpop([redis_keys.keysync_wake_key()], timeout=timeout_s)
         return None if got is None else str(got[1])
 
     async def ping(self) -> bool:
-        async with translated("ping"):
-            return bool(await self._client.ping())
+        async with self._guard("ping"):
+            return bool(await (await self._endpoint.client()).ping())
+
+    async def discarded_counts(self) -> dict[str, int]:
+        async with self._guard("discarded_counts"):
+            raw = await (await self._endpoint.client()).hgetall(redis_keys.discarded_key())
+        return {str(k): int(v) for k, v in raw.items()}

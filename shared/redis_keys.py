@@ -18,3 +18,23 @@ def keysync_wake_key() -> str:
 def exhausted_key(id_type: str) -> str:
     """Set once a type's sequence is used up and its cold table is empty."""
     return f"{PREFIX}:exhausted:{id_type}"
+
+
+def fence_key() -> str:
+    """Owner token: ``run_id:master_replid`` of the server that owns the hot lists."""
+    return f"{PREFIX}:fence"
+
+
+def hot_registry_key() -> str:
+    """Set of every hot list name, so a fence can discard them all."""
+    return f"{PREFIX}:hot:registry"
+
+
+def discarded_key() -> str:
+    """Hash: hot list name -> keys discarded by fences (never reissued)."""
+    return f"{PREFIX}:discarded"
+
+
+def batch_key(batch_id: str) -> str:
+    """Marker that a keysync batch was pushed (makes retried pushes idempotent)."""
+    return f"{PREFIX}:batch:{batch_id}"

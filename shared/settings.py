@@ -130,6 +130,29 @@ class KeygenConfig(_Strict):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
 
+class SentinelConfig(_Strict):
+    """Redis behind Sentinel: the primary is looked up (and re-looked up) by name."""
+
+    sentinels: tuple[str, ...] = Field(min_length=1)  # "host:port" each
+    master_name: str = "mymaster"
+    username: str | None = None
+    password: SecretStr | None = None  # of the Redis servers
+    sentinel_password: SecretStr | None = None
+    db: int = Field(default=0, ge=0)
+    tls: bool = False
+
+    @model_validator(mode="after")
+    def _addresses(self) -> SentinelConfig:
+        for address in self.sentinels:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel address {address!r} must be host:port")
+        return self
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [(a.rpartition(":")[0], int(a.rpartition(":")[2])) for a in self.sentinels]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KD_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -137,6 +160,8 @@ class Settings(BaseSettings):
 
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/keydispenser"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # When set, Redis is found through Sentinel and redis_url is not used.
+    redis_sentinel: SentinelConfig | None = None
     permutation_key: SecretStr | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     id_types: dict[str, IdTypeConfig] = Field(default_factory=dict)

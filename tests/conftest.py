@@ -17,7 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.embedded import EmbeddedPostgres, EmbeddedRedis
+from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
+from shared.redis_endpoint import RedisEndpoint
 from shared.schema import migrate
 from shared.settings import Settings, load_settings
 
@@ -127,6 +129,14 @@ async def redis_client(servers: Servers) -> AsyncIterator[aioredis.Redis]:
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[HotStore]:
+    """A hot store on the flushed test database."""
+    store = HotStore(RedisEndpoint(servers.redis_url))
+    yield store
+    await store.close()
 
 
 @pytest.fixture

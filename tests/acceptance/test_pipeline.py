@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from shared.cold_store import ColdStore
-from shared.hot_store import HotStore, connect
+from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
 from shared.settings import Settings
 from tests.acceptance.harness import Stack, process_env, run_cli, wait_for_http, write_config
@@ -108,7 +108,7 @@ async def kill_mid_run(
 async def account(settings: Settings) -> dict[str, dict[str, int]]:
     """Per type: accepted into cold, still in cold/hot, and unfilled ranges."""
     cold = await ColdStore.connect(settings.postgres_dsn)
-    hot = HotStore(connect(settings.redis_url))
+    hot = HotStore.from_settings(settings)
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         out = {}

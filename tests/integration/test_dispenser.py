@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,8 +38,8 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     await task
 
 
-async def fill(redis_client: aioredis.Redis, id_type: str, keys: list[str]) -> None:
-    await HotStore(redis_client).push(id_type, keys)
+async def fill(hot: HotStore, id_type: str, keys: list[str]) -> None:
+    await hot.push(id_type, keys, uuid.uuid4().hex)
 
 
 def assert_envelope(body: dict[str, Any]) -> None:
@@ -58,9 +59,9 @@ def assert_error(reply: httpx.Response, status: int, code: str) -> None:
 
 
 async def test_allocate_returns_keys_in_order_in_the_envelope(
-    client: httpx.AsyncClient, redis_client: aioredis.Redis
+    client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    await fill(redis_client, "farmer", ["3029384756", "2013023805"])
+    await fill(hot, "farmer", ["3029384756", "2013023805"])
     first = await client.post("/v1/idgenerator/farmer/id")
     second = await client.post("/v1/idgenerator/farmer/id")
     assert first.status_code == 200
@@ -107,8 +108,10 @@ async def test_validate(client: httpx.AsyncClient) -> None:
     assert short.json()["response"]["valid"] is True
 
 
-async def test_batch_endpoint(client: httpx.AsyncClient, redis_client: aioredis.Redis) -> None:
-    await fill(redis_client, "shortlink", [f"k{i:06d}" for i in range(50)])
+async def test_batch_endpoint(
+    client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    await fill(hot, "shortlink", [f"k{i:06d}" for i in range(50)])
     reply = await client.post("/v1/keys/shortlink", params={"count": 20})
     assert reply.status_code == 200
     assert reply.json() == {"keys": [f"k{i:06d}" for i in range(20)]}
@@ -134,13 +137,13 @@ async def test_health_version_config(client: httpx.AsyncClient) -> None:
 
 
 async def test_liveness_and_readiness(
-    client: httpx.AsyncClient, redis_client: aioredis.Redis
+    client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
     assert (await client.get("/healthz")).status_code == 200
     not_ready = await client.get("/readyz")
     assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
-    await fill(redis_client, "farmer", ["3029384756"])
-    await fill(redis_client, "shortlink", ["aZ09xYq"])
+    await fill(hot, "farmer", ["3029384756"])
+    await fill(hot, "shortlink", ["aZ09xYq"])
     ready = await client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["hot_depth"] == {"farmer": 1, "shortlink": 1}

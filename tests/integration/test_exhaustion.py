@@ -66,7 +66,7 @@ async def test_tiny_keyspace_is_issued_completely_then_410(
     tiny_settings: Settings, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     cold = await ColdStore.connect(tiny_settings.postgres_dsn)
-    hot = HotStore(aioredis.Redis.from_url(tiny_settings.redis_url, decode_responses=True))
+    hot = HotStore.from_settings(tiny_settings)
     generator = Generator(2)
     try:
         keygen = Keygen(tiny_settings, cold, asyncio.Event(), generator)

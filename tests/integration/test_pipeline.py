@@ -113,7 +113,7 @@ async def test_keysync_moves_exactly_what_it_deleted(
     settings: Settings, redis_client: aioredis.Redis
 ) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
-    hot = HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
+    hot = HotStore.from_settings(settings)
     try:
         keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
         while await keygen.step():
@@ -134,9 +134,10 @@ async def test_keysync_leaves_a_list_above_low_watermark_alone(
     settings: Settings, redis_client: aioredis.Redis
 ) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
-    hot = HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
+    hot = HotStore.from_settings(settings)
     try:
-        await hot.push("farmer", [f"k{i}" for i in range(settings.id_types["farmer"].hot.low)])
+        low = settings.id_types["farmer"].hot.low
+        await hot.push("farmer", [f"k{i}" for i in range(low)], "batch-1")
         assert await Keysync(settings, cold, hot).refill("farmer", settings.id_types["farmer"]) == 0
     finally:
         await cold.close()
@@ -147,10 +148,7 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
     settings: Settings, redis_client: aioredis.Redis
 ) -> None:
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
-    hots = [
-        HotStore(aioredis.Redis.from_url(settings.redis_url, decode_responses=True))
-        for _ in range(3)
-    ]
+    hots = [HotStore.from_settings(settings) for _ in range(3)]
     try:
         keygen = Keygen(settings, stores[0], asyncio.Event(), Generator(2))
         while await keygen.step():
@@ -168,10 +166,10 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
             await h.close()
 
 
-async def test_hot_store_push_and_pop_in_order(redis_client: aioredis.Redis) -> None:
-    hot = HotStore(redis_client)
+async def test_hot_store_push_and_pop_in_order(hot: HotStore) -> None:
     keys = [f"key{i}" for i in range(9_000)]  # more than Lua's unpack limit at once
-    assert await hot.push("farmer", keys) == 9_000
+    pushed = await hot.push("farmer", keys, "b1")
+    assert (pushed.length, pushed.status) == (9_000, "pushed")
     popped = await hot.pop("farmer", 3)
     assert popped == Popped(["key0", "key1", "key2"], 8_997, False)
     popped = await hot.pop("farmer", 10_000)
@@ -179,12 +177,11 @@ async def test_hot_store_push_and_pop_in_order(redis_client: aioredis.Redis) -> 
     assert await hot.pop("farmer", 1) == Popped([], 0, False)
     await hot.mark_exhausted("farmer")
     assert await hot.pop("farmer", 1) == Popped([], 0, True)
-    await hot.push("farmer", ["late"])  # keys still in flight are served first
+    await hot.push("farmer", ["late"], "b2")  # keys still in flight are served first
     assert await hot.pop("farmer", 1) == Popped(["late"], 0, False)
 
 
-async def test_nudge_wakes_a_waiting_keysync(redis_client: aioredis.Redis) -> None:
-    hot = HotStore(redis_client)
+async def test_nudge_wakes_a_waiting_keysync(hot: HotStore) -> None:
     await hot.nudge("farmer")
     assert await hot.wait_for_nudge(1) == "farmer"
     assert await hot.wait_for_nudge(0.1) is None

@@ -1,0 +1,86 @@
+"""keysync's push policy: a batch lands on at most one server, at most once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+
+from keysync.main import Keysync
+from shared.errors import StoreUnavailable
+from shared.hot_store import HotStore, Pushed
+from shared.settings import Settings
+
+
+class Servers:
+    """Two server epochs; ``current`` answers. Can lose a reply after executing."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list[str]] = {"A": [], "B": []}
+        self.markers: dict[str, set[str]] = {"A": set(), "B": set()}
+        self.current = "A"
+        self.script: list[str] = []  # per call: ok | lose_reply | down | switch_to_B
+
+    async def push(self, id_type: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
+        step = self.script.pop(0) if self.script else "ok"
+        if step == "down":
+            raise StoreUnavailable("redis", "connection refused")
+        if step == "switch_to_B":
+            self.current = "B"
+        server = self.current
+        if pin and pin != server:
+            return Pushed(len(self.lists[server]), server, "refused")
+        if batch_id in self.markers[server]:
+            return Pushed(len(self.lists[server]), server, "duplicate")
+        self.markers[server].add(batch_id)
+        self.lists[server].extend(keys)
+        if step == "lose_reply":
+            raise StoreUnavailable("redis", "connection reset while reading")
+        return Pushed(len(self.lists[server]), server, "pushed")
+
+
+def keysync(servers: Servers, token: str = "A") -> Keysync:
+    settings = Settings.model_validate({"id_types": {}})
+    sync = Keysync(settings, cast(Any, None), cast(HotStore, servers))
+    sync._token = token
+    return sync
+
+
+async def test_plain_push() -> None:
+    servers = Servers()
+    assert await keysync(servers).push("t", ["k1", "k2"]) == 2
+    assert servers.lists == {"A": ["k1", "k2"], "B": []}
+
+
+async def test_stale_pin_is_refused_then_repinned() -> None:
+    servers = Servers()
+    servers.current = "B"
+    assert await keysync(servers, token="A").push("t", ["k"]) == 1
+    assert servers.lists == {"A": [], "B": ["k"]}
+
+
+async def test_lost_reply_then_retry_on_the_same_server_adds_nothing() -> None:
+    servers = Servers()
+    servers.script = ["lose_reply", "down", "ok"]
+    assert await keysync(servers).push("t", ["k1", "k2"]) == 2
+    assert servers.lists["A"] == ["k1", "k2"]
+
+
+async def test_lost_reply_then_failover_loses_the_batch_but_never_doubles_it() -> None:
+    servers = Servers()
+    servers.script = ["lose_reply", "switch_to_B"]
+    with pytest.raises(StoreUnavailable, match="lost"):
+        await keysync(servers).push("t", ["k1"])
+    assert servers.lists == {"A": ["k1"], "B": []}
+
+
+async def test_unreachable_until_the_deadline_loses_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("keysync.main.PUSH_RETRY_S", 0.2)
+    servers = Servers()
+    servers.script = ["down"] * 100
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        await keysync(servers).push("t", ["k1"])
+    assert servers.lists == {"A": [], "B": []}
