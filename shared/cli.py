@@ -46,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=BENCHMARKS, help="what to measure")
     bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
     bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
+    drill = commands.add_parser("drill", help="failover drill on loopback: Sentinel, faults, load")
+    drill.add_argument("--rounds", type=_positive, default=20, help="fault rounds")
+    drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
+    drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
+    drill.add_argument("--work-dir", help="keep servers' data and logs here")
     up = commands.add_parser("up", help="the whole stack on this machine, embedded servers")
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
     up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
@@ -87,15 +92,32 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
         results = asyncio.run(
             module.run(settings.model_copy(update=_bench_key(settings)), args.seconds)
         )
-        text = json.dumps(results, indent=2)
-        print(text)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(text + "\n")
+        print(json.dumps(results, indent=2))
+        _write_json(results, args.json)
+    elif args.command == "drill":
+        _drill(settings, args)
     elif args.command == "up":
         from shared.up import up
 
         up(settings, args)
+
+
+def _drill(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.drill.runner import format_table, run
+
+    only = [f.strip() for f in args.faults.split(",")] if args.faults else None
+    work = Path(args.work_dir).resolve() if args.work_dir else None
+    report = asyncio.run(run(settings, args.rounds, only, work))
+    _write_json(report, args.json)
+    print(format_table(report))
+    if report["duplicates"]:
+        raise KeydispenserError(f"{report['duplicates']} keys were dispensed twice")
+
+
+def _write_json(report: dict[str, Any], path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def _positive(raw: str) -> int:

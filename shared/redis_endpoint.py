@@ -16,8 +16,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import BusyLoadingError, ReadOnlyError, RedisError, TimeoutError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, TimeoutError
 
 from shared.errors import StoreUnavailable
 from shared.settings import SentinelConfig, Settings
@@ -128,8 +128,12 @@ class RedisEndpoint:
 MOVED_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, TimeoutError, OSError)
 
 
+_MOVED_TEXT = ("READONLY", "read only replica", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
 def means_primary_moved(exc: BaseException) -> bool:
+    """redis-py strips the READONLY prefix into ReadOnlyError; script errors wrap the text."""
+    if isinstance(exc, (*MOVED_ERRORS, ReadOnlyError, BusyLoadingError)):
+        return True
     text = str(exc)
-    return isinstance(exc, MOVED_ERRORS) or text.startswith(
-        ("READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING")
-    )
+    return any(marker in text for marker in _MOVED_TEXT)

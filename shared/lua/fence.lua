@@ -6,9 +6,14 @@
 -- dispensed. Such a server has a different run_id or master_replid than the one
 -- that last owned the lists, so on first use it discards every hot list it
 -- inherited (counted, never reissued) and takes ownership.
+-- Only a primary may answer, even for reads: a demoted primary still holds its
+-- old lists until it resyncs, and a caller must move on to the new primary.
 local function server_token()
   local server = redis.call('INFO', 'server')
   local replication = redis.call('INFO', 'replication')
+  if string.match(replication, 'role:(%a+)') ~= 'master' then
+    error({err = 'READONLY keydispenser: this server is a replica, not the primary'})
+  end
   return string.match(server, 'run_id:(%w+)') .. ':' ..
          string.match(replication, 'master_replid:(%w+)')
 end

@@ -1,0 +1,310 @@
+"""``keydispenser drill``: Sentinel failovers, restarts and SIGKILLs under load.
+
+Every key received is recorded; the drill passes when none was received twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import redis
+
+from shared.drill.fleet import Fleet, wait_http
+from shared.drill.load import Load
+from shared.drill.topology import MASTER, Topology
+from shared.embedded import EmbeddedPostgres, free_port
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+SETTLE_S = 2.0  # normal load between faults
+DRILL_TYPES: dict[str, Any] = {
+    "farmer": {
+        "kind": "numeric",
+        "length": 10,
+        "range_size": 262_144,
+        "hot": {"low": 3_000, "high": 8_000},
+        "cold": {"low": 30_000, "high": 60_000},
+        "sync_batch": 1_000,
+    },
+}
+
+
+@dataclass
+class Drill:
+    topology: Topology
+    fleet: Fleet
+    load: Load
+    postgres: EmbeddedPostgres | None
+    snapshot: Path
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def discarded(self) -> int:
+        try:
+            counts = self.topology.primary().client().hgetall("kd:discarded")
+        except (redis.RedisError, RuntimeError):
+            return 0
+        return sum(int(v) for v in counts.values())
+
+    async def settle_redis(self) -> None:
+        await asyncio.to_thread(self.topology.wait_for_primary, 30)
+        await asyncio.to_thread(self.topology.wait_for_replicas, 2, 30)
+
+    # --- faults: each returns a baseline of discarded keys when it changes it ------
+
+    async def primary_sigkill(self) -> int | None:
+        old = self.topology.primary()
+        self.topology.kill(old)
+        await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
+        self.topology.restart(old)  # comes back empty; Sentinel makes it a replica
+        await self.settle_redis()
+        return None
+
+    async def sentinel_failover(self) -> int | None:
+        old = self.topology.primary()
+        self.topology.sentinel_failover()  # the old primary stays up: split brain
+        await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
+        await self.settle_redis()
+        return None
+
+    async def failback(self) -> int | None:
+        first = self.topology.primary()
+        await self.sentinel_failover()
+        others = [s for s in self.topology.servers if s.port != first.port]
+        second = self.topology.primary()
+        for server in others:
+            if server.port != second.port:
+                server.client().config_set("replica-priority", 0)
+        try:
+            self.topology.sentinel_failover()
+            await asyncio.to_thread(self.topology.wait_for_primary, 30, second.port)
+        finally:
+            for server in others:
+                if server.alive():
+                    server.client().config_set("replica-priority", 100)
+        await self.settle_redis()
+        return None
+
+    async def cut_links_then_sigkill(self) -> int | None:
+        old = self.topology.primary()
+        old.command("CLIENT", "KILL", "TYPE", "replica")
+        await asyncio.sleep(0.3)  # pops now happen that no replica has seen
+        self.topology.kill(old)
+        await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
+        self.topology.restart(old)
+        await self.settle_redis()
+        return None
+
+    async def restart_from_old_snapshot(self) -> int | None:
+        primary = self.topology.primary()
+        baseline = self.discarded()
+        self.topology.snapshot(primary, self.snapshot)
+        await asyncio.sleep(1.5)  # keys dispensed after the snapshot
+        self.topology.restart(primary, snapshot=self.snapshot)
+        await self.settle_redis()
+        return baseline
+
+    def _process(self, name: str) -> Callable[[], Awaitable[int | None]]:
+        async def kill_and_restart() -> int | None:
+            self.fleet.kill(name)
+            await asyncio.sleep(0.5)
+            self.fleet.restart(name)
+            return None
+
+        return kill_and_restart
+
+    async def restart_postgres(self) -> int | None:
+        assert self.postgres is not None
+        await asyncio.to_thread(self.postgres.stop, "immediate")
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(self.postgres.start)
+        return None
+
+    def faults(self) -> dict[str, Callable[[], Awaitable[int | None]]]:
+        faults = {
+            "primary_sigkill": self.primary_sigkill,
+            "sentinel_failover": self.sentinel_failover,
+            "kill_keysync": self._process("keysync"),
+            "failback": self.failback,
+            "cut_links_then_sigkill": self.cut_links_then_sigkill,
+            "kill_keygen": self._process("keygen"),
+            "restart_from_old_snapshot": self.restart_from_old_snapshot,
+            "kill_dispenser": self._process("dispenser-0"),
+        }
+        if self.postgres is not None:
+            faults["restart_postgres"] = self.restart_postgres
+        return faults
+
+    async def round(self, number: int, name: str) -> None:
+        await asyncio.sleep(SETTLE_S)
+        before, requests = self.discarded(), self.load.requests
+        at = time.monotonic()
+        baseline = await self.faults()[name]()
+        await asyncio.sleep(1.0)  # let the first refill after the fault land
+        after = self.discarded()
+        self.results.append(
+            {
+                "round": number,
+                "fault": name,
+                "keys_discarded": max(after - (before if baseline is None else baseline), 0),
+                "requests": self.load.requests - requests,
+                "_at": at,
+            }
+        )
+        log.info("drill_round", extra={k: v for k, v in self.results[-1].items() if k[0] != "_"})
+
+    def measure_disruptions(self) -> None:
+        """Outage figures per round, from every request the load made (after the drill)."""
+        for i, row in enumerate(self.results):
+            until = self.results[i + 1]["_at"] if i + 1 < len(self.results) else float("inf")
+            began, resume = self.load.disruption(row.pop("_at"), until)
+            row["outage_began_ms"] = round(began)
+            row["resume_ms"] = round(resume)
+
+
+async def run(
+    settings: Settings, rounds: int, only: list[str] | None, work_dir: Path | None
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kd-drill-") as tmp:
+        base = work_dir or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
+        return await _drill(settings, rounds, only, base)
+
+
+async def _drill(
+    settings: Settings, rounds: int, only: list[str] | None, base: Path
+) -> dict[str, Any]:
+    topology = Topology(base / "redis")
+    postgres: EmbeddedPostgres | None = None
+    fleet: Fleet | None = None
+    load: Load | None = None
+    try:
+        topology.start()
+        admin_dsn = os.environ.get("KD_POSTGRES_DSN")
+        if not admin_dsn:
+            postgres = EmbeddedPostgres(base / "postgres")
+            postgres.start()
+            admin_dsn = postgres.dsn("postgres")
+        dsn = await _scratch_database(admin_dsn, f"kd_drill_{os.getpid()}")
+        fleet = _fleet(settings, base, dsn, topology)
+        migrated = await asyncio.to_thread(_migrate, fleet)
+        if migrated:
+            raise RuntimeError(f"migrate failed: {migrated}")
+        ports = [free_port(), free_port()]
+        fleet.spawn("keygen", "keygen")
+        fleet.spawn("keysync", "keysync")
+        for i, port in enumerate(ports):
+            fleet.spawn(f"dispenser-{i}", "dispenser", {"KD_DISPENSER__PORT": str(port)})
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url in urls:
+            await asyncio.to_thread(wait_http, f"{url}/readyz", 60)
+        load = Load(urls)
+        drill = Drill(topology, fleet, load, postgres, base / "snapshot.rdb")
+        kinds = only or list(drill.faults())
+        unknown = set(kinds) - set(drill.faults())
+        if unknown:
+            raise RuntimeError(f"unknown or unavailable faults: {sorted(unknown)}")
+        runner = asyncio.ensure_future(load.run(time.monotonic() + rounds * 40 + 60))
+        for number in range(rounds):
+            await drill.round(number + 1, kinds[number % len(kinds)])
+        await asyncio.sleep(SETTLE_S)
+        load.stop()
+        await runner
+        drill.measure_disruptions()
+        return _report(drill, kinds)
+    finally:
+        if load is not None:
+            load.stop()
+        if fleet is not None:
+            fleet.stop()
+        topology.stop()
+        if postgres is not None:
+            postgres.stop()
+
+
+def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Fleet:
+    config = base / "drill.yaml"
+    config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": {"poll_interval_s": 0.2}}))
+    key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
+    env.update(
+        KD_CONFIG=str(config),
+        KD_POSTGRES_DSN=dsn,
+        KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
+        KD_REDIS_SENTINEL=json.dumps(
+            {"sentinels": topology.sentinel_addresses(), "master_name": MASTER}
+        ),
+    )
+    (base / "logs").mkdir(exist_ok=True)
+    return Fleet(base / "logs", env)
+
+
+def _migrate(fleet: Fleet) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "migrate"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return "" if done.returncode == 0 else done.stderr
+
+
+async def _scratch_database(admin_dsn: str, name: str) -> str:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return admin_dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _report(drill: Drill, kinds: list[str]) -> dict[str, Any]:
+    by_fault: dict[str, dict[str, Any]] = {}
+    for row in drill.results:
+        entry = by_fault.setdefault(
+            row["fault"], {"rounds": 0, "keys_discarded": 0, "resume_ms_max": 0}
+        )
+        entry["rounds"] += 1
+        entry["keys_discarded"] += row["keys_discarded"]
+        entry["resume_ms_max"] = max(entry["resume_ms_max"], row["resume_ms"])
+    return {
+        "drill": "failover",
+        "rounds": len(drill.results),
+        "faults": drill.results,
+        "by_fault": by_fault,
+        "keys_dispensed": drill.load.dispensed,
+        "unique_keys": len(drill.load.keys),
+        "duplicates": drill.load.duplicates,
+        "requests": drill.load.requests,
+        "errors": dict(drill.load.errors),
+        "fault_kinds": kinds,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
+    lines = ["{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*head)]
+    for row in report["faults"]:
+        cells = (
+            row[k] for k in ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
+        )
+        lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*cells))
+    lines.append(f"keys dispensed {report['keys_dispensed']}, duplicates {report['duplicates']}")
+    return "\n".join(lines)

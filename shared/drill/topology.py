@@ -1,0 +1,207 @@
+"""A Redis primary, replicas and Sentinels on loopback ports, for failover drills."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from shared.embedded import free_port, valkey_server_binary
+
+MASTER = "kd"
+
+
+@dataclass
+class Server:
+    port: int
+    data_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dump(self) -> Path:
+        return self.data_dir / f"dump-{self.port}.rdb"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(
+            port=self.port, socket_timeout=2, socket_connect_timeout=1, decode_responses=True
+        )
+
+    def command(self, *args: Any) -> Any:
+        """A raw command (redis-py leaves execute_command untyped)."""
+        return self.client().execute_command(*args)  # type: ignore[no-untyped-call]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class Topology:
+    base: Path
+    down_after_ms: int = 1000
+    servers: list[Server] = field(default_factory=list)
+    sentinels: list[Server] = field(default_factory=list)
+
+    def start(self, replicas: int = 2, sentinels: int = 3) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        ports = [free_port() for _ in range(1 + replicas)]
+        for i, port in enumerate(ports):
+            server = Server(port, self.base / f"redis-{port}")
+            self.servers.append(server)
+            self._launch(server, replica_of=None if i == 0 else ports[0])
+        for _ in range(sentinels):
+            sentinel = Server(free_port(), self.base / "sentinels")
+            self.sentinels.append(sentinel)
+            self._launch_sentinel(sentinel, ports[0])
+        self.wait_for_primary(timeout_s=20)
+
+    def sentinel_addresses(self) -> list[str]:
+        return [f"127.0.0.1:{s.port}" for s in self.sentinels]
+
+    def _launch(self, server: Server, replica_of: int | None) -> None:
+        server.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            valkey_server_binary(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(server.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(server.data_dir),
+            "--dbfilename",
+            server.dump.name,
+            "--logfile",
+            str(server.data_dir / "server.log"),
+        ]
+        if replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
+        server.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_port(server)
+
+    def _launch_sentinel(self, sentinel: Server, primary_port: int) -> None:
+        sentinel.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = sentinel.data_dir / f"sentinel-{sentinel.port}.conf"
+        conf.write_text(
+            f"port {sentinel.port}\nbind 127.0.0.1\ndir {sentinel.data_dir}\n"
+            f"logfile {sentinel.data_dir / f'sentinel-{sentinel.port}.log'}\n"
+            f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {MASTER} 4000\n"
+            f"sentinel parallel-syncs {MASTER} 2\n"
+        )
+        sentinel.process = subprocess.Popen(
+            [valkey_server_binary(), str(conf), "--sentinel"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._wait_port(sentinel)
+
+    @staticmethod
+    def _wait_port(server: Server, timeout_s: float = 10) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                if server.client().ping():
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis on port {server.port} did not start")
+
+    # --- who is who -----------------------------------------------------------
+
+    def primary_port(self) -> int | None:
+        """The primary as the Sentinels' majority sees it."""
+        votes: dict[int, int] = {}
+        for sentinel in self.sentinels:
+            with contextlib.suppress(redis.RedisError):
+                host_port = sentinel.command("SENTINEL", "get-master-addr-by-name", MASTER)
+                if host_port:
+                    port = int(host_port[1])
+                    votes[port] = votes.get(port, 0) + 1
+        best = max(votes.items(), key=lambda kv: kv[1], default=None)
+        return best[0] if best and best[1] >= 2 else None
+
+    def server(self, port: int) -> Server:
+        return next(s for s in self.servers if s.port == port)
+
+    def primary(self) -> Server:
+        port = self.primary_port()
+        if port is None:
+            raise RuntimeError("sentinels agree on no primary")
+        return self.server(port)
+
+    def role(self, server: Server) -> str:
+        try:
+            return str(server.command("ROLE")[0])
+        except redis.RedisError:
+            return "down"
+
+    def wait_for_primary(self, timeout_s: float, not_port: int | None = None) -> int:
+        """Until the Sentinels agree on a primary (other than ``not_port``) that says so."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            port = self.primary_port()
+            if port is not None and port != not_port and self.role(self.server(port)) == "master":
+                return port
+            time.sleep(0.05)
+        raise RuntimeError("no primary elected in time")
+
+    def wait_for_replicas(self, count: int, timeout_s: float = 20) -> None:
+        """Until the primary has ``count`` replicas online and in sync."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, RuntimeError):
+                info = self.primary().client().info("replication")
+                online = [
+                    v
+                    for k, v in info.items()
+                    if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+                ]
+                if len(online) >= count:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"primary did not get {count} replicas in time")
+
+    # --- faults ---------------------------------------------------------------
+
+    def kill(self, server: Server) -> None:
+        if server.process is not None and server.alive():
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait(10)
+
+    def restart(self, server: Server, snapshot: Path | None = None) -> None:
+        """Start a killed server again (from ``snapshot`` if given); Sentinel re-adopts it."""
+        self.kill(server)
+        if snapshot is not None:
+            shutil.copy(snapshot, server.dump)
+        self._launch(server, replica_of=None)
+
+    def snapshot(self, server: Server, keep: Path) -> None:
+        server.client().save()
+        shutil.copy(server.dump, keep)
+
+    def sentinel_failover(self) -> None:
+        self.sentinels[0].command("SENTINEL", "FAILOVER", MASTER)
+
+    def stop(self) -> None:
+        for each in [*self.sentinels, *self.servers]:
+            if each.alive():
+                assert each.process is not None
+                each.process.terminate()
+                try:
+                    each.process.wait(5)
+                except subprocess.TimeoutExpired:
+                    each.process.kill()
+                    each.process.wait()

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import (
+    BusyLoadingError,
+    ConnectionError,
+    ReadOnlyError,
+    ResponseError,
+    TimeoutError,
+)
+
+from shared.redis_endpoint import means_primary_moved
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionError("Connection refused"),
+        TimeoutError("Timeout reading from socket"),
+        ReadOnlyError("You can't write against a read only replica."),
+        BusyLoadingError("Redis is loading the dataset in memory"),
+        ResponseError("NOREPLICAS Not enough good replicas to write."),
+        ResponseError("MASTERDOWN Link with MASTER is down"),
+        ResponseError("Error running script: @user_script:1: READONLY You can't write"),
+        ResponseError("You can't write against a read only replica. script: abc"),
+    ],
+)
+def test_errors_that_mean_the_primary_may_have_moved(exc: Exception) -> None:
+    assert means_primary_moved(exc)
+
+
+@pytest.mark.parametrize(
+    "exc", [ResponseError("WRONGTYPE Operation against a key"), ResponseError("NOSCRIPT")]
+)
+def test_other_errors_do_not(exc: Exception) -> None:
+    assert not means_primary_moved(exc)
