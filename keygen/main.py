@@ -7,9 +7,10 @@ import logging
 import time
 from collections.abc import Callable
 
+import asyncpg
 from prometheus_client import CollectorRegistry
 
-from shared.cold_store import ColdStore, LeasedRange
+from shared.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
 from shared.errors import KeyspaceExhausted, StoreUnavailable
 from shared.generation import Generator
 from shared.headroom import Headroom, HeadroomWatch
@@ -185,6 +186,39 @@ class Keygen:
         return accepted
 
 
+async def listen_for_wakes(dsn: str, keygen: Keygen, stop: asyncio.Event) -> None:
+    """LISTEN for keysync's wake-ups on a dedicated connection, re-established after
+    PostgreSQL restarts (until then keygen still polls)."""
+    outage = Outage("postgres-listen")
+    while not stop.is_set():
+        try:
+            conn = await asyncpg.connect(dsn)
+        except CONNECTION_ERRORS as exc:
+            await sleep_or_stop(stop, outage.failed(StoreUnavailable("postgres", str(exc))))
+            continue
+        try:
+            await _listen_until_closed(conn, keygen, stop, outage)
+        except CONNECTION_ERRORS:
+            continue
+        finally:
+            if not conn.is_closed():
+                conn.terminate()
+
+
+async def _listen_until_closed(
+    conn: asyncpg.Connection, keygen: Keygen, stop: asyncio.Event, outage: Outage
+) -> None:
+    closed = asyncio.Event()
+    conn.add_termination_listener(lambda _: closed.set())
+    await conn.add_listener(KEYGEN_CHANNEL, keygen.wake)
+    outage.succeeded()
+    keygen.wake()  # wake-ups may have been missed while not listening
+    waits = {asyncio.ensure_future(closed.wait()), asyncio.ensure_future(stop.wait())}
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+
+
 async def serve(settings: Settings) -> None:
     stop = stop_on_signals()
     cold = await connect_with_retry(
@@ -200,10 +234,12 @@ async def serve(settings: Settings) -> None:
         metrics = KeygenMetrics(CollectorRegistry())
         serve_metrics(metrics.registry, settings.keygen.metrics_host, settings.keygen.metrics_port)
         keygen = Keygen(settings, cold, stop, generator, metrics)
-        async with cold.connection() as listener:
-            await listener.add_listener(KEYGEN_CHANNEL, keygen.wake)
-            log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
+        listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
+        log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
+        try:
             await keygen.run()
+        finally:
+            listening.cancel()
     finally:
         await cold.close()
         if generator is not None:

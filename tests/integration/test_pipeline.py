@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from keygen.main import Keygen
+from keygen.main import Keygen, listen_for_wakes
 from keysync.main import Keysync
 from shared import redis_keys
 from shared.checkdigit import verhoeff_valid
@@ -185,3 +185,33 @@ async def test_nudge_wakes_a_waiting_keysync(hot: HotStore) -> None:
     await hot.nudge("farmer")
     assert await hot.wait_for_nudge(1) == "farmer"
     assert await hot.wait_for_nudge(0.1) is None
+
+
+async def test_keygen_listens_again_after_its_connection_dies(settings: Settings) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    stop = asyncio.Event()
+    keygen = Keygen(settings, cold, stop, Generator(1))
+    listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
+    admin = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        for _ in range(2):  # the second round needs the connection re-established
+            pid = None
+            for _ in range(100):
+                pid = await admin.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+                )
+                if pid is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert pid is not None
+            await asyncio.sleep(0.1)
+            keygen._wake.clear()
+            await cold.wake_keygen("farmer")
+            await asyncio.wait_for(keygen._wake.wait(), 5)
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        stop.set()
+        await asyncio.wait_for(listening, 5)
+        await admin.close()
+        await cold.close()
