@@ -53,7 +53,7 @@ class Keygen:
         self._wake.set()
 
     async def run(self) -> None:
-        outage = Outage("postgres")
+        outage = Outage("postgres", first_delay_s=0.1, max_delay_s=1.0)
         while not self._stop.is_set():
             try:
                 worked = await self.step()

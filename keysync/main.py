@@ -102,7 +102,7 @@ class Keysync:
 async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: asyncio.Event) -> None:
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
-        Outage("postgres"),
+        Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
         Outage("redis", first_delay_s=0.05, max_delay_s=0.1),
     )
     while not stop.is_set():

@@ -26,7 +26,7 @@ from shared.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 PROCESSES = ("keygen", "keysync", "dispenser")
-BENCHMARKS = {"keygen": "keygen.bench"}
+BENCHMARKS = {"keygen": "keygen.bench", "fence": "dispenser.bench"}
 _STATUS_CAP = 10_000_000
 
 

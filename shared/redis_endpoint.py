@@ -2,20 +2,24 @@
 
 redis-py's SentinelConnectionPool keeps retrying the old master's address
 (redis-py issue #3874) and does not re-resolve on READONLY/NOREPLICAS. So the
-address is resolved here with ``Sentinel.discover_master`` and a plain client
-is kept for it; any failure that may mean "the primary moved" marks the
-endpoint stale, and the next use resolves again (single-flight, rate-limited).
+address is resolved here and a plain client is kept for it; any failure that
+may mean "the primary moved" marks the endpoint stale, and the next use
+resolves again (single-flight, rate-limited). Resolution asks every Sentinel at
+once and takes a reported address whose server says it is a primary: during a
+failover only the leading Sentinel already names the promoted replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError, ReadOnlyError, RedisError, TimeoutError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -24,19 +28,29 @@ from shared.settings import SentinelConfig, Settings
 
 log = logging.getLogger(__name__)
 _RESOLVE_EVERY_S = 0.1  # at most this often while the primary cannot be found
-_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 5.0}
+_VERIFY_EVERY_S = 1.0  # with Sentinel: re-check which server is the primary
+# redis-py retries a failed command up to 10 times with backoff by default: that
+# re-runs non-idempotent pops blindly and stalls callers for seconds during a
+# failover. Every client here has it off; retries are decided by the caller.
+NO_RETRY = Retry(NoBackoff(), 0)
+_TIMEOUTS: dict[str, Any] = {
+    "socket_connect_timeout": 1.0,
+    "socket_timeout": 5.0,
+    "retry": NO_RETRY,
+}
 
 
 class RedisEndpoint:
     def __init__(self, url: str | None = None, sentinel: SentinelConfig | None = None) -> None:
         self._url = url
         self._sentinel_config = sentinel
-        self._sentinel: Sentinel | None = None
+        self._sentinels: list[aioredis.Redis] = []
         self._client: aioredis.Redis | None = None
         self._address: tuple[str, int] | None = None
         self._stale = True
         self._last_resolve = 0.0
         self._lock = asyncio.Lock()
+        self._verifying: asyncio.Future[None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisEndpoint:
@@ -47,14 +61,38 @@ class RedisEndpoint:
         return self._address
 
     async def client(self) -> aioredis.Redis:
-        """The client for the current primary, resolving it first when stale."""
+        """The client for the current primary, resolving it first when stale.
+
+        While the primary cannot be found, callers fail at once rather than queue:
+        one resolution runs at a time, at most every ``_RESOLVE_EVERY_S``. With
+        Sentinel, the primary is also re-checked in the background every
+        ``_VERIFY_EVERY_S``: a restarted old primary answers at its old address as
+        an empty primary until Sentinel demotes it, and no error would say so.
+        """
         if self._client is not None and not self._stale:
+            if self._sentinel_config is not None and self._verify_due():
+                self._verifying = asyncio.ensure_future(self._verify())
             return self._client
+        if self._lock.locked() or time.monotonic() < self._last_resolve + _RESOLVE_EVERY_S:
+            if self._client is not None and not self._stale:
+                return self._client
+            raise StoreUnavailable("redis", "looking for the primary")
         async with self._lock:
             if self._client is None or self._stale:
+                self._last_resolve = time.monotonic()
                 await self._resolve()
         assert self._client is not None
         return self._client
+
+    def _verify_due(self) -> bool:
+        idle = self._verifying is None or self._verifying.done()
+        return idle and time.monotonic() - self._last_resolve > _VERIFY_EVERY_S
+
+    async def _verify(self) -> None:
+        async with self._lock:
+            self._last_resolve = time.monotonic()
+            with contextlib.suppress(StoreUnavailable):
+                await self._resolve()
 
     def invalidate(self) -> None:
         """The primary may have moved: resolve again before the next command."""
@@ -68,32 +106,46 @@ class RedisEndpoint:
             )
             self._stale = False
             return
-        wait = self._last_resolve + _RESOLVE_EVERY_S - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        self._last_resolve = time.monotonic()
-        try:
-            address = await self._sentinel_client().discover_master(
-                self._sentinel_config.master_name
-            )
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable("redis", f"no primary from sentinel: {exc}") from exc
-        await self._use((str(address[0]), int(address[1])))
+        candidates = await self._reported_primaries()
+        # Prefer a newly reported primary: during a failover only the leading
+        # Sentinel reports the promoted replica, the others still name the old one.
+        candidates.sort(key=lambda address: address == self._address)
+        for address in candidates:
+            if await _is_primary(address, self._sentinel_config):
+                await self._use(address)
+                return
+        raise StoreUnavailable("redis", f"no primary among {candidates or 'no answers'}")
 
-    def _sentinel_client(self) -> Sentinel:
+    async def _reported_primaries(self) -> list[tuple[str, int]]:
+        """Every distinct primary address the Sentinels report, asked in parallel."""
         config = self._sentinel_config
         assert config is not None
-        if self._sentinel is None:
+        if not self._sentinels:
             secret = config.sentinel_password
-            self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                config.addresses(),
-                sentinel_kwargs={
-                    "password": secret.get_secret_value() if secret else None,
+            self._sentinels = [
+                aioredis.Redis(
+                    host=host,
+                    port=port,
+                    decode_responses=True,
+                    password=secret.get_secret_value() if secret else None,
                     **_TIMEOUTS,
-                },
-                socket_connect_timeout=1.0,
-            )
-        return self._sentinel
+                )
+                for host, port in config.addresses()
+            ]
+        answers = await asyncio.gather(
+            *(
+                _command(s, "SENTINEL", "get-master-addr-by-name", config.master_name)
+                for s in self._sentinels
+            ),
+            return_exceptions=True,
+        )
+        found: list[tuple[str, int]] = []
+        for answer in answers:
+            if isinstance(answer, list | tuple) and len(answer) == 2:
+                address = (str(answer[0]), int(answer[1]))
+                if address not in found:
+                    found.append(address)
+        return found
 
     async def _use(self, address: tuple[str, int]) -> None:
         config = self._sentinel_config
@@ -117,11 +169,37 @@ class RedisEndpoint:
         self._stale = False
 
     async def close(self) -> None:
+        if self._verifying is not None:
+            self._verifying.cancel()
         if self._client is not None:
             await self._client.aclose()
-        if self._sentinel is not None:
-            for each in self._sentinel.sentinels:
-                await each.aclose()
+        for each in self._sentinels:
+            await each.aclose()
+
+
+async def _command(client: aioredis.Redis, *args: Any) -> Any:
+    """A raw command (redis-py leaves execute_command untyped)."""
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+async def _is_primary(address: tuple[str, int], config: SentinelConfig) -> bool:
+    """Whether the server at ``address`` answers and says it is a primary."""
+    probe = aioredis.Redis(
+        host=address[0],
+        port=address[1],
+        username=config.username,
+        password=config.password.get_secret_value() if config.password else None,
+        ssl=config.tls,
+        socket_connect_timeout=0.5,
+        socket_timeout=0.5,
+    )
+    try:
+        role = await _command(probe, "ROLE")
+        return bool(role) and role[0] in (b"master", "master")
+    except (RedisError, OSError):
+        return False
+    finally:
+        await probe.aclose()
 
 
 # Errors after which the primary may have moved (or the command did not run there).

@@ -148,7 +148,7 @@ class Drill:
     async def round(self, number: int, name: str) -> None:
         await asyncio.sleep(SETTLE_S)
         before, requests = self.discarded(), self.load.requests
-        at = time.monotonic()
+        at, wall = time.monotonic(), time.time()
         baseline = await self.faults()[name]()
         await asyncio.sleep(1.0)  # let the first refill after the fault land
         after = self.discarded()
@@ -156,6 +156,8 @@ class Drill:
             {
                 "round": number,
                 "fault": name,
+                "fault_at": time.strftime("%H:%M:%S", time.gmtime(wall))
+                + f".{int(wall % 1 * 1000):03d}",
                 "keys_discarded": max(after - (before if baseline is None else baseline), 0),
                 "requests": self.load.requests - requests,
                 "_at": at,
