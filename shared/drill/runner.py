@@ -6,6 +6,7 @@ Every key received is recorded; the drill passes when none was received twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -57,8 +58,8 @@ class Drill:
         return sum(int(v) for v in counts.values())
 
     async def settle_redis(self) -> None:
-        await asyncio.to_thread(self.topology.wait_for_primary, 30)
-        await asyncio.to_thread(self.topology.wait_for_replicas, 2, 30)
+        await asyncio.to_thread(self.topology.wait_for_primary, 60)
+        await asyncio.to_thread(self.topology.wait_for_replicas, 2, 60)
 
     # --- faults: each returns a baseline of discarded keys when it changes it ------
 
@@ -72,10 +73,21 @@ class Drill:
 
     async def sentinel_failover(self) -> int | None:
         old = self.topology.primary()
-        self.topology.sentinel_failover()  # the old primary stays up: split brain
-        await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
+        await self._forced_failover(old.port)  # the old primary stays up: split brain
         await self.settle_redis()
         return None
+
+    async def _forced_failover(self, away_from: int) -> None:
+        """SENTINEL FAILOVER until a new primary is up; Sentinel sometimes aborts one."""
+        for _ in range(3):
+            with contextlib.suppress(redis.RedisError):
+                self.topology.sentinel_failover()
+            try:
+                await asyncio.to_thread(self.topology.wait_for_primary, 12, away_from)
+                return
+            except RuntimeError:
+                log.warning("drill_failover_retry", extra={"away_from": away_from})
+        raise RuntimeError(f"Sentinel would not fail over from port {away_from}")
 
     async def failback(self) -> int | None:
         first = self.topology.primary()
@@ -86,8 +98,7 @@ class Drill:
             if server.port != second.port:
                 server.client().config_set("replica-priority", 0)
         try:
-            self.topology.sentinel_failover()
-            await asyncio.to_thread(self.topology.wait_for_primary, 30, second.port)
+            await self._forced_failover(second.port)
         finally:
             for server in others:
                 if server.alive():
@@ -149,7 +160,14 @@ class Drill:
         await asyncio.sleep(SETTLE_S)
         before, requests = self.discarded(), self.load.requests
         at, wall = time.monotonic(), time.time()
-        baseline = await self.faults()[name]()
+        error = None
+        try:
+            baseline = await self.faults()[name]()
+        except (RuntimeError, redis.RedisError, OSError) as exc:
+            # The fault could not be injected as planned: say so, restore, go on.
+            error, baseline = str(exc), None
+            log.error("drill_fault_failed", extra={"fault": name, "error": error})
+            await self.settle_redis()
         await asyncio.sleep(1.0)  # let the first refill after the fault land
         after = self.discarded()
         self.results.append(
@@ -159,6 +177,7 @@ class Drill:
                 "fault_at": time.strftime("%H:%M:%S", time.gmtime(wall))
                 + f".{int(wall % 1 * 1000):03d}",
                 "keys_discarded": max(after - (before if baseline is None else baseline), 0),
+                "error": error,
                 "requests": self.load.requests - requests,
                 "_at": at,
             }
@@ -296,6 +315,7 @@ def _report(drill: Drill, kinds: list[str]) -> dict[str, Any]:
         "duplicates": drill.load.duplicates,
         "requests": drill.load.requests,
         "errors": dict(drill.load.errors),
+        "faults_not_injected": sum(1 for row in drill.results if row["error"]),
         "fault_kinds": kinds,
     }
 

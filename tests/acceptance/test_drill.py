@@ -48,6 +48,7 @@ def test_no_key_is_dispensed_twice_through_failovers(servers: Servers, tmp_path:
     assert report["duplicates"] == 0
     assert report["keys_dispensed"] > 10_000
     assert report["rounds"] == len(REDIS_FAULTS) + 1
+    assert report["faults_not_injected"] == 0, report["faults"]
     assert all(row["resume_ms"] >= 0 for row in report["faults"]), report["faults"]
     # The fence engaged: a promoted or restarted primary discarded what it inherited.
     assert sum(row["keys_discarded"] for row in report["faults"]) > 0
