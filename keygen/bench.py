@@ -12,6 +12,7 @@ import asyncpg
 
 from keygen.main import Keygen
 from shared.cold_store import ColdStore
+from shared.databases import drop_database, scratch_database
 from shared.generation import Generator
 from shared.idtypes import IdType, build_id_types
 from shared.schema import migrate
@@ -69,24 +70,6 @@ async def stored(settings: Settings, name: str, seconds: float) -> float:
     finally:
         generator.close()
         await cold.close()
-
-
-async def scratch_database(admin_dsn: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return admin_dsn.rsplit("/", 1)[0] + f"/{name}"
-
-
-async def drop_database(admin_dsn: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def run(settings: Settings, seconds: float) -> dict[str, Any]:

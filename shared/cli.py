@@ -11,13 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import asyncpg
 from pydantic import SecretStr
 
 from shared import logs
 from shared.cold_store import ColdStore
+from shared.databases import ensure_database
 from shared.errors import ConfigError, KeydispenserError
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
@@ -131,23 +131,6 @@ def _bench_key(settings: Settings) -> dict[str, Any]:
     if settings.permutation_key is not None:
         return {}
     return {"permutation_key": SecretStr("keydispenser-benchmark-key")}
-
-
-async def ensure_database(dsn: str) -> None:
-    """Create the DSN's database when it does not exist yet."""
-    try:
-        conn = await asyncpg.connect(dsn)
-    except asyncpg.InvalidCatalogNameError:
-        name = unquote(urlsplit(dsn).path.lstrip("/"))
-        admin = await asyncpg.connect(dsn, database="postgres")
-        try:
-            await admin.execute(f'CREATE DATABASE "{name.replace(chr(34), "")}"')
-        except asyncpg.DuplicateDatabaseError:
-            pass
-        finally:
-            await admin.close()
-    else:
-        await conn.close()
 
 
 async def run_migrate(settings: Settings) -> int:

@@ -37,6 +37,18 @@ class EmbeddedServerError(KeydispenserError):
     pass
 
 
+def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -226,10 +238,4 @@ class EmbeddedRedis:
         _wait_for_port(self.port, 10)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)

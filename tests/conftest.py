@@ -3,20 +3,25 @@ else embedded PostgreSQL and a Redis-compatible server started once per session.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 import pytest
 import redis.asyncio as aioredis
+import uvicorn
 
-from shared.embedded import EmbeddedPostgres, EmbeddedRedis
+from dispenser.app import create_app
+from shared.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
 from shared.redis_endpoint import RedisEndpoint
@@ -137,6 +142,25 @@ async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[H
     store = HotStore(RedisEndpoint(servers.redis_url))
     yield store
     await store.close()
+
+
+@asynccontextmanager
+async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The dispenser app served by uvicorn on a loopback port, and a client for it."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
+        await asyncio.sleep(0.01)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await task
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import redis
 
+from shared.databases import drop_database, scratch_database
 from shared.drill.fleet import Fleet, wait_http
 from shared.drill.load import Load
 from shared.drill.topology import MASTER, Topology
@@ -210,6 +211,8 @@ async def _drill(
     postgres: EmbeddedPostgres | None = None
     fleet: Fleet | None = None
     load: Load | None = None
+    admin_dsn: str | None = None
+    database: str | None = None
     try:
         topology.start()
         admin_dsn = os.environ.get("KD_POSTGRES_DSN")
@@ -217,7 +220,8 @@ async def _drill(
             postgres = EmbeddedPostgres(base / "postgres")
             postgres.start()
             admin_dsn = postgres.dsn("postgres")
-        dsn = await _scratch_database(admin_dsn, f"kd_drill_{os.getpid()}")
+        database = f"kd_drill_{os.getpid()}"
+        dsn = await scratch_database(admin_dsn, database)
         fleet = _fleet(settings, base, dsn, topology)
         migrated = await asyncio.to_thread(_migrate, fleet)
         if migrated:
@@ -250,6 +254,9 @@ async def _drill(
         if fleet is not None:
             fleet.stop()
         topology.stop()
+        if admin_dsn and database:
+            with contextlib.suppress(OSError, asyncpg.PostgresError):
+                await drop_database(admin_dsn, database)
         if postgres is not None:
             postgres.stop()
 
@@ -284,16 +291,6 @@ def _migrate(fleet: Fleet) -> str:
         check=False,
     )
     return "" if done.returncode == 0 else done.stderr
-
-
-async def _scratch_database(admin_dsn: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return admin_dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
 def _report(drill: Drill, kinds: list[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from shared.embedded import free_port, valkey_server_binary
+from shared.embedded import free_port, stop_process, valkey_server_binary
 
 MASTER = "kd"
 
@@ -197,11 +197,4 @@ class Topology:
 
     def stop(self) -> None:
         for each in [*self.sentinels, *self.servers]:
-            if each.alive():
-                assert each.process is not None
-                each.process.terminate()
-                try:
-                    each.process.wait(5)
-                except subprocess.TimeoutExpired:
-                    each.process.kill()
-                    each.process.wait()
+            stop_process(each.process, 5)

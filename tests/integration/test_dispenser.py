@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -11,31 +10,21 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 
 from dispenser.app import create_app
 from shared import redis_keys
 from shared.embedded import free_port
 from shared.hot_store import HotStore
 from shared.settings import Settings
+from tests.conftest import dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
-        await asyncio.sleep(0.01)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+    async with dispenser_over_http(settings) as http:
         yield http
-    server.should_exit = True
-    await task
 
 
 async def fill(hot: HotStore, id_type: str, keys: list[str]) -> None:

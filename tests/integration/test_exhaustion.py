@@ -10,19 +10,17 @@ import asyncpg
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 
 from dispenser.app import create_app
 from keygen.main import Keygen
 from keysync.main import Keysync
 from shared.cold_store import ColdStore
-from shared.embedded import free_port
 from shared.generation import Generator
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
 from shared.schema import migrate
 from shared.settings import Settings
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 TINY = {
     "kind": "numeric",
@@ -49,17 +47,8 @@ async def tiny_settings(servers: Servers, database: str, redis_client: aioredis.
 
 @pytest.fixture
 async def http(tiny_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(tiny_settings), host="127.0.0.1", port=port, log_config=None)
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
-        await asyncio.sleep(0.01)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with dispenser_over_http(tiny_settings) as client:
         yield client
-    server.should_exit = True
-    await task
 
 
 async def test_tiny_keyspace_is_issued_completely_then_410(

@@ -1,0 +1,56 @@
+"""Creating and dropping whole databases (migrate, benchmarks, drills)."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import asyncpg
+
+
+def dsn_with_database(dsn: str, database: str) -> str:
+    """``dsn`` pointing at another database (keeps credentials and query options)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def database_of(dsn: str) -> str:
+    return unquote(urlsplit(dsn).path.lstrip("/"))
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def ensure_database(dsn: str) -> None:
+    """Create the DSN's database when it does not exist yet."""
+    try:
+        conn = await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        admin = await asyncpg.connect(dsn_with_database(dsn, "postgres"))
+        try:
+            await admin.execute(f"CREATE DATABASE {_quoted(database_of(dsn))}")
+        except asyncpg.DuplicateDatabaseError:
+            pass
+        finally:
+            await admin.close()
+    else:
+        await conn.close()
+
+
+async def scratch_database(admin_dsn: str, name: str) -> str:
+    """A new, empty database ``name`` (dropped first if left over); returns its DSN."""
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {_quoted(name)}")
+    finally:
+        await admin.close()
+    return dsn_with_database(admin_dsn, name)
+
+
+async def drop_database(admin_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
+    finally:
+        await admin.close()
