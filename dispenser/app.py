@@ -23,7 +23,7 @@ from shared.errors import (
     PoolEmpty,
     UnknownIdType,
 )
-from shared.hot_store import HotStore
+from shared.hot_store import HotStore, Popped
 from shared.idtypes import IdType, build_id_types
 from shared.settings import ID_TYPE_NAME, Settings
 
@@ -47,16 +47,20 @@ class Dispenser:
             raise UnknownIdType(name)
         return found
 
-    async def take(self, name: str, count: int) -> list[str]:
+    async def take(self, name: str, count: int, idempotency_key: str | None = None) -> Popped:
         id_type = self.id_type(name)
-        popped = await self.hot.pop(name, count)
+        if idempotency_key is None:
+            popped = await self.hot.pop(name, count)
+        else:
+            ttl = self.settings.dispenser.idempotency_ttl_s
+            popped = await self.hot.pop_once(name, count, idempotency_key, ttl)
         if popped.exhausted:
             raise KeyspaceExhausted(name)
         if popped.remaining < id_type.config.hot.low:
             await self._nudge(name)
         if not popped.keys:
             raise PoolEmpty(name, self.settings.dispenser.retry_after_s)
-        return popped.keys
+        return popped
 
     async def _nudge(self, name: str) -> None:
         """Wake keysync, at most once per nudge interval per type."""
@@ -73,15 +77,32 @@ def _dispenser(request: Request) -> Dispenser:
 
 
 async def allocate_one(request: Request) -> Response:
-    keys = await _dispenser(request).take(request.path_params["id_type"], 1)
-    return envelope.ok({"id": keys[0]})
+    dispenser = _dispenser(request)
+    popped = await dispenser.take(request.path_params["id_type"], 1, _idempotency_key(request))
+    return _replay_marked(envelope.ok({"id": popped.keys[0]}), popped)
 
 
 async def allocate_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     count = _count(request.query_params.get("count", "1"), dispenser.settings.dispenser.max_batch)
-    keys = await dispenser.take(request.path_params["id_type"], count)
-    return JSONResponse({"keys": keys})
+    popped = await dispenser.take(request.path_params["id_type"], count, _idempotency_key(request))
+    return _replay_marked(JSONResponse({"keys": popped.keys}), popped)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The Idempotency-Key header: 1..255 visible ASCII characters, or absent."""
+    raw = request.headers.get("idempotency-key")
+    if raw is None:
+        return None
+    if not 1 <= len(raw) <= 255 or not all(33 <= ord(c) <= 126 for c in raw):
+        raise InvalidInput("Idempotency-Key must be 1..255 visible ASCII characters")
+    return raw
+
+
+def _replay_marked(response: Response, popped: Popped) -> Response:
+    if popped.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
 
 
 def _count(raw: str, maximum: int) -> int:

@@ -54,6 +54,16 @@ class InvalidInput(KeydispenserError):
     """A request value is malformed (not merely invalid as an ID)."""
 
 
+class IdempotencyMismatch(InvalidInput):
+    """An Idempotency-Key was reused for a different ID type or count."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            "Idempotency-Key was already used for a different id_type or count; "
+            "use a new key for a new request"
+        )
+
+
 class StoreUnavailable(KeydispenserError):
     """PostgreSQL or Redis could not be reached or failed."""
 

@@ -13,7 +13,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from shared import redis_keys
-from shared.errors import StoreUnavailable
+from shared.errors import IdempotencyMismatch, StoreUnavailable
 from shared.redis_endpoint import RedisEndpoint, means_primary_moved
 from shared.settings import Settings
 
@@ -37,6 +37,7 @@ class Popped:
     remaining: int
     exhausted: bool  # only ever True when ``keys`` is empty
     discarded: int = 0  # inherited keys a fence discarded during this call
+    replayed: bool = False  # the keys a previous request with the same idempotency key got
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,31 @@ class HotStore:
             taken, remaining, exhausted, discarded = await self._run("pop", names, [count])
         return Popped(
             list(taken), int(remaining), bool(exhausted), self._discarded(int(discarded), "pop")
+        )
+
+    async def pop_once(self, id_type: str, count: int, idempotency_key: str, ttl_s: int) -> Popped:
+        """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys.
+
+        Raises IdempotencyMismatch when the key was used for another type or count.
+        """
+        names = [
+            *_fence_keys(redis_keys.hot_list_key(id_type)),
+            redis_keys.exhausted_key(id_type),
+            redis_keys.idempotency_key(idempotency_key),
+        ]
+        request = f"{id_type}:{count}"
+        async with self._guard("pop"):
+            status, taken, remaining, exhausted, discarded = await self._run(
+                "pop_idempotent", names, [count, ttl_s, request]
+            )
+        if status == "mismatch":
+            raise IdempotencyMismatch(idempotency_key)
+        return Popped(
+            list(taken),
+            int(remaining),
+            bool(exhausted),
+            self._discarded(int(discarded), "pop"),
+            replayed=status == "replayed",
         )
 
     async def observe(self, id_type: str) -> Depth:

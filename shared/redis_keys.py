@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "kd"
 
 
@@ -38,3 +40,9 @@ def discarded_key() -> str:
 def batch_key(batch_id: str) -> str:
     """Marker that a keysync batch was pushed (makes retried pushes idempotent)."""
     return f"{PREFIX}:batch:{batch_id}"
+
+
+def idempotency_key(key: str) -> str:
+    """Record of the keys handed out for one client Idempotency-Key (hashed)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{PREFIX}:idem:{digest}"

@@ -113,6 +113,8 @@ class DispenserConfig(_Strict):
     max_batch: int = Field(default=1_000, ge=1, le=100_000)
     retry_after_s: int = Field(default=1, ge=1)
     nudge_interval_s: float = Field(default=0.05, gt=0)
+    # How long a retried request with the same Idempotency-Key gets the same keys.
+    idempotency_ttl_s: int = Field(default=86_400, ge=1)
 
 
 class KeysyncConfig(_Strict):
