@@ -9,11 +9,14 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispenser import envelope
 from shared.errors import (
@@ -25,6 +28,7 @@ from shared.errors import (
 )
 from shared.hot_store import HotStore, Popped
 from shared.idtypes import IdType, build_id_types
+from shared.metrics import DispenserMetrics
 from shared.settings import ID_TYPE_NAME, Settings
 
 log = logging.getLogger(__name__)
@@ -33,9 +37,10 @@ log = logging.getLogger(__name__)
 class Dispenser:
     """Pops keys from the hot tier; never touches PostgreSQL."""
 
-    def __init__(self, settings: Settings, hot: HotStore) -> None:
+    def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
         self.settings = settings
         self.hot = hot
+        self.metrics = metrics
         self.id_types = build_id_types(settings, generating=False)
         self._last_nudge: dict[str, float] = {}
 
@@ -54,6 +59,7 @@ class Dispenser:
         else:
             ttl = self.settings.dispenser.idempotency_ttl_s
             popped = await self.hot.pop_once(name, count, idempotency_key, ttl)
+        self._observe(name, popped)
         if popped.exhausted:
             raise KeyspaceExhausted(name)
         if popped.remaining < id_type.config.hot.low:
@@ -62,12 +68,23 @@ class Dispenser:
             raise PoolEmpty(name, self.settings.dispenser.retry_after_s)
         return popped
 
+    def _observe(self, name: str, popped: Popped) -> None:
+        metrics = self.metrics
+        metrics.hot_depth.labels(name).set(popped.remaining)
+        if popped.replayed:
+            metrics.replays.labels(name).inc()
+        elif popped.keys:
+            metrics.issued.labels(name).inc(len(popped.keys))
+        if popped.discarded:
+            metrics.discarded.inc(popped.discarded)
+
     async def _nudge(self, name: str) -> None:
         """Wake keysync, at most once per nudge interval per type."""
         now = time.monotonic()
         if now - self._last_nudge.get(name, 0.0) < self.settings.dispenser.nudge_interval_s:
             return
         self._last_nudge[name] = now
+        self.metrics.nudges.labels(name).inc()
         await self.hot.nudge(name)
 
 
@@ -139,6 +156,11 @@ async def config(request: Request) -> Response:
     return envelope.ok({"id_types": types})
 
 
+async def metrics(request: Request) -> Response:
+    registry = _dispenser(request).metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -161,6 +183,7 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
     if not isinstance(exc, PoolEmpty | InvalidInput | UnknownIdType | KeyspaceExhausted):
         log.warning("request_failed", extra={"path": request.url.path, "error": str(exc)})
+    _dispenser(request).metrics.errors.labels(envelope.classify(exc)[1]).inc()
     return envelope.from_domain(exc)
 
 
@@ -184,16 +207,39 @@ ROUTES = [
     Route("/v1/idgenerator/{id_type}/id", allocate_one, methods=["POST"]),
     Route("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
     Route("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
 ]
 
 
+class Timing:
+    """Pure ASGI middleware: request latency per route template into a histogram."""
+
+    def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
+        self._app = app
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", "unmatched")
+            self._metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+
 def create_app(settings: Settings, hot: HotStore | None = None) -> Starlette:
+    metrics = DispenserMetrics(CollectorRegistry())
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        app.state.dispenser = Dispenser(settings, store)
+        app.state.dispenser = Dispenser(settings, store, metrics)
         try:
             yield
         finally:
@@ -202,6 +248,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> Starlette:
     return Starlette(
         routes=ROUTES,
         lifespan=lifespan,
+        middleware=[Middleware(Timing, metrics=metrics)],
         exception_handlers={
             KeydispenserError: on_domain_error,
             HTTPException: on_http_error,

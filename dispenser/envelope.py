@@ -60,11 +60,16 @@ def error(
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
-def from_domain(exc: KeydispenserError) -> JSONResponse:
-    status, code = next(
+def classify(exc: KeydispenserError) -> tuple[int, str]:
+    """(HTTP status, errorCode) of a domain error, from the one table."""
+    return next(
         (mapping for kind, mapping in ERROR_TABLE.items() if isinstance(exc, kind)),
         (500, INTERNAL_ERROR),
     )
+
+
+def from_domain(exc: KeydispenserError) -> JSONResponse:
+    status, code = classify(exc)
     headers = None
     if isinstance(exc, PoolEmpty):
         headers = {"Retry-After": str(exc.retry_after_s)}

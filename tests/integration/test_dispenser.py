@@ -154,3 +154,21 @@ async def test_redis_down_is_503_in_the_envelope(settings: Settings) -> None:
         reply = await http.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-005")
     assert reply.headers["Retry-After"] == "1"
+
+
+async def test_metrics_count_what_happened(client: httpx.AsyncClient, hot: HotStore) -> None:
+    await fill(hot, "farmer", ["3029384756", "2013023805", "3794627158"])
+    await client.post("/v1/idgenerator/farmer/id")
+    await client.post("/v1/keys/farmer", params={"count": 2})
+    await client.post("/v1/idgenerator/farmer/id")  # empty now: IDG-001
+    await client.post("/v1/idgenerator/nosuch/id")  # IDG-003
+    reply = await client.get("/metrics")
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/plain")
+    text = reply.text
+    assert 'kd_keys_issued_total{id_type="farmer"} 3.0' in text
+    assert 'kd_request_errors_total{code="IDG-001"} 1.0' in text
+    assert 'kd_request_errors_total{code="IDG-003"} 1.0' in text
+    assert 'kd_hot_depth{id_type="farmer"} 0.0' in text
+    assert 'kd_keysync_nudges_total{id_type="farmer"}' in text
+    assert 'kd_request_seconds_count{route="/v1/idgenerator/{id_type}/id"} 3.0' in text
