@@ -51,7 +51,8 @@ class Keysync:
                 break
             depth = await self.push(name, keys)
             moved += len(keys)
-        log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
+        if moved:
+            log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
         return moved
 
     async def _cold_empty(self, name: str) -> None:
@@ -103,7 +104,7 @@ async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: async
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
-        Outage("redis", first_delay_s=0.05, max_delay_s=0.1),
+        Outage("redis", first_delay_s=0.02, max_delay_s=0.05),
     )
     while not stop.is_set():
         try:

@@ -27,7 +27,7 @@ from shared.errors import StoreUnavailable
 from shared.settings import SentinelConfig, Settings
 
 log = logging.getLogger(__name__)
-_RESOLVE_EVERY_S = 0.1  # at most this often while the primary cannot be found
+_RESOLVE_EVERY_S = 0.05  # at most this often while the primary cannot be found
 _VERIFY_EVERY_S = 1.0  # with Sentinel: re-check which server is the primary
 # redis-py retries a failed command up to 10 times with backoff by default: that
 # re-runs non-idempotent pops blindly and stalls callers for seconds during a
@@ -123,14 +123,8 @@ class RedisEndpoint:
         if not self._sentinels:
             secret = config.sentinel_password
             self._sentinels = [
-                aioredis.Redis(
-                    host=host,
-                    port=port,
-                    decode_responses=True,
-                    password=secret.get_secret_value() if secret else None,
-                    **_TIMEOUTS,
-                )
-                for host, port in config.addresses()
+                redis_client(address, password=secret.get_secret_value() if secret else None)
+                for address in config.addresses()
             ]
         answers = await asyncio.gather(
             *(
@@ -152,16 +146,7 @@ class RedisEndpoint:
         assert config is not None
         if address != self._address or self._client is None:
             old = self._client
-            self._client = aioredis.Redis(
-                host=address[0],
-                port=address[1],
-                db=config.db,
-                username=config.username,
-                password=config.password.get_secret_value() if config.password else None,
-                ssl=config.tls,
-                decode_responses=True,
-                **_TIMEOUTS,
-            )
+            self._client = redis_client(address, config)
             if old is not None:
                 await old.aclose()
             log.info("redis_primary", extra={"host": address[0], "port": address[1]})
@@ -182,17 +167,25 @@ async def _command(client: aioredis.Redis, *args: Any) -> Any:
     return await client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
+def redis_client(
+    address: tuple[str, int], config: SentinelConfig | None = None, **options: Any
+) -> aioredis.Redis:
+    """Every client keydispenser opens to a Redis server: timeouts, no library retries."""
+    secret = config.password if config else None
+    settings: dict[str, Any] = {
+        "db": config.db if config else 0,
+        "username": config.username if config else None,
+        "password": secret.get_secret_value() if secret else None,
+        "ssl": config.tls if config else False,
+        "decode_responses": True,
+        **_TIMEOUTS,
+    }
+    return aioredis.Redis(host=address[0], port=address[1], **{**settings, **options})
+
+
 async def _is_primary(address: tuple[str, int], config: SentinelConfig) -> bool:
     """Whether the server at ``address`` answers and says it is a primary."""
-    probe = aioredis.Redis(
-        host=address[0],
-        port=address[1],
-        username=config.username,
-        password=config.password.get_secret_value() if config.password else None,
-        ssl=config.tls,
-        socket_connect_timeout=0.5,
-        socket_timeout=0.5,
-    )
+    probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
     try:
         role = await _command(probe, "ROLE")
         return bool(role) and role[0] in (b"master", "master")

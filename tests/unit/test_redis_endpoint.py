@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import SecretStr
 from redis.exceptions import (
     BusyLoadingError,
     ConnectionError,
@@ -34,3 +35,18 @@ def test_errors_that_mean_the_primary_may_have_moved(exc: Exception) -> None:
 )
 def test_other_errors_do_not(exc: Exception) -> None:
     assert not means_primary_moved(exc)
+
+
+async def test_no_client_the_endpoint_builds_retries_by_itself() -> None:
+    """redis-py retries a command 10 times by default: that would re-run pops."""
+    from shared.redis_endpoint import RedisEndpoint, redis_client
+    from shared.settings import SentinelConfig
+
+    config = SentinelConfig(sentinels=("127.0.0.1:1", "127.0.0.1:2"), password=SecretStr("p"))
+    clients = [redis_client(("127.0.0.1", 1), config), redis_client(("127.0.0.1", 1))]
+    plain = RedisEndpoint("redis://127.0.0.1:1/0")
+    clients.append(await plain.client())
+    for client in clients:
+        retry = client.get_retry()
+        assert retry is not None and retry._retries == 0
+        await client.aclose()
