@@ -29,24 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.errors import KeydispenserError
+from shared.processes import stop_process
 
 UNPRIVILEGED_USER = "nobody"
 
 
 class EmbeddedServerError(KeydispenserError):
     pass
-
-
-def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -12,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import FrameType
 
@@ -20,6 +18,7 @@ from pydantic import SecretStr
 
 from shared.embedded import EmbeddedPostgres, EmbeddedRedis
 from shared.errors import KeydispenserError
+from shared.processes import serving, stop_processes
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -91,29 +90,11 @@ class Stack:
 
     def shutdown(self) -> None:
         self.stopping = True
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_processes(self.children.values())
         if self.redis:
             self.redis.stop()
         if self.postgres:
             self.postgres.stop()
-
-
-def wait_until_serving(url: str, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
-            if reply.status == 200:
-                return True
-        time.sleep(0.2)
-    return False
 
 
 def up(settings: Settings, args: argparse.Namespace) -> None:
@@ -137,7 +118,7 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         for name in CHILDREN:
             stack.spawn(name, env)
         base = f"http://{settings.dispenser.host}:{args.port}"
-        if not wait_until_serving(f"{base}/healthz", 30):
+        if not serving(f"{base}/healthz", 30):
             raise KeydispenserError("dispenser did not start; see its log above")
         print(f"keydispenser is up: {base}  (Ctrl-C stops everything)", flush=True)
         print(f"  try: curl -X POST {base}/v1/idgenerator/farmer/id", flush=True)

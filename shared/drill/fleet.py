@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from shared.processes import stop_processes
 
 
 @dataclass
@@ -46,24 +45,6 @@ class Fleet:
         self.spawn(name, command, {k: v for k, v in env.items() if k not in self.env})
 
     def stop(self) -> None:
-        for child in self.processes.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.processes.values():
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_processes(self.processes.values())
         for log in self._logs:
             log.close()
-
-
-def wait_http(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
-            if reply.status == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s}s")

@@ -22,10 +22,11 @@ import asyncpg
 import redis
 
 from shared.databases import drop_database, scratch_database
-from shared.drill.fleet import Fleet, wait_http
+from shared.drill.fleet import Fleet
 from shared.drill.load import Load
 from shared.drill.topology import MASTER, Topology
 from shared.embedded import EmbeddedPostgres, free_port
+from shared.processes import serving
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,8 @@ async def _drill(
             fleet.spawn(f"dispenser-{i}", "dispenser", {"KD_DISPENSER__PORT": str(port)})
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url in urls:
-            await asyncio.to_thread(wait_http, f"{url}/readyz", 60)
+            if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
+                raise RuntimeError(f"{url}/readyz not ready after 60s")
         load = Load(urls)
         drill = Drill(topology, fleet, load, postgres, base / "snapshot.rdb")
         kinds = only or list(drill.faults())

@@ -13,7 +13,8 @@ from typing import Any
 
 import redis
 
-from shared.embedded import free_port, stop_process, valkey_server_binary
+from shared.embedded import free_port, valkey_server_binary
+from shared.processes import stop_processes
 
 MASTER = "kd"
 
@@ -196,5 +197,4 @@ class Topology:
         self.sentinels[0].command("SENTINEL", "FAILOVER", MASTER)
 
     def stop(self) -> None:
-        for each in [*self.sentinels, *self.servers]:
-            stop_process(each.process, 5)
+        stop_processes([each.process for each in [*self.sentinels, *self.servers]], 5)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from shared.processes import serving, stop_processes
 from shared.settings import Settings
 
 
@@ -73,29 +70,10 @@ class Stack:
         return child
 
     def close(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children:
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_processes(self.children)
         for log in self._logs:
             log.close()
 
 
 def wait_for_http(url: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
-            if reply.status == 200:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer within {timeout_s}s")
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        return json.loads(reply.read())
+    assert serving(url, timeout_s), f"{url} did not answer within {timeout_s}s"
