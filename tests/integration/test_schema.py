@@ -89,9 +89,24 @@ async def test_filters_and_watermarks_may_change(
     types = small_types()
     types["farmer"]["filters"] = {"sequence": 4, "restricted_numbers": ["786"]}
     types["farmer"]["hot"] = {"low": 1, "high": 5}
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        await cold.lease_range(build_id_types(settings)["farmer"], "test")  # keys exist
+    finally:
+        await cold.close()
+    changed = build_id_types(make_settings(servers, database, id_types=types))
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
-        await check(conn, build_id_types(make_settings(servers, database, id_types=types)))
+        before = await conn.fetchval(
+            "SELECT fingerprint::text FROM kd_id_types WHERE name = 'farmer'"
+        )
+        await check(conn, changed)  # no KeyspaceChanged
+        assert await migrate(conn, changed) == latest_version()
+        after = await conn.fetchval(
+            "SELECT fingerprint::text FROM kd_id_types WHERE name = 'farmer'"
+        )
+        assert after == before
+        assert changed["farmer"].rules.sequence == 4
     finally:
         await conn.close()
 
