@@ -1,8 +1,17 @@
-"""The dispenser's HTTP API: OpenG2P-compatible routes plus native batch routes."""
+"""The dispenser's HTTP API: OpenG2P-compatible routes plus native batch routes.
+
+The two allocation routes are the hot path: one coalesced Redis call serves many
+concurrent requests, and their bodies are written as bytes (keys are drawn from
+URL-safe alphabets, so they never need JSON escaping).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import math
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -19,30 +29,42 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispenser import envelope
+from dispenser.auth import ANONYMOUS, Gate
+from dispenser.coalesce import Coalescer
+from dispenser.openapi import document
 from shared.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
+    LedgerDisabled,
     PoolEmpty,
     UnknownIdType,
 )
 from shared.hot_store import HotStore, Popped
 from shared.idtypes import IdType, build_id_types
+from shared.ledger import LedgerReader
 from shared.metrics import DispenserMetrics
 from shared.settings import ID_TYPE_NAME, Settings
 
 log = logging.getLogger(__name__)
+# A refill rate keysync reported longer ago than this is not trusted for Retry-After.
+REFILL_FRESH_S = 30.0
+ALLOCATE_ONE = "/v1/idgenerator/{id_type}/id"
 
 
 class Dispenser:
-    """Pops keys from the hot tier; never touches PostgreSQL."""
+    """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
 
     def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
         self.settings = settings
         self.hot = hot
         self.metrics = metrics
+        self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
+        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch)
+        self.ledger = LedgerReader(settings.postgres_dsn)
         self._last_nudge: dict[str, float] = {}
+        self._nudges: set[asyncio.Task[None]] = set()
 
     def id_type(self, name: str) -> IdType:
         if not ID_TYPE_NAME.match(name):
@@ -52,24 +74,44 @@ class Dispenser:
             raise UnknownIdType(name)
         return found
 
-    async def take(self, name: str, count: int, idempotency_key: str | None = None) -> Popped:
+    async def take_one(self, name: str, client: str) -> str:
+        """One key; concurrent callers of a type share one Redis call."""
+        id_type = self.id_type(name)
+        key, popped = await self.coalescer.take(name, client)
+        if key is None:
+            raise self._none_left(id_type, popped)
+        return key
+
+    async def take(
+        self, name: str, count: int, client: str, idempotency_key: str | None = None
+    ) -> Popped:
         id_type = self.id_type(name)
         if idempotency_key is None:
-            popped = await self.hot.pop(name, count)
+            popped = await self.hot.pop(name, count, (client,), id_type.config.ledger)
         else:
-            ttl = self.settings.dispenser.idempotency_ttl_s
-            popped = await self.hot.pop_once(name, count, idempotency_key, ttl)
-        self._observe(name, popped)
-        if popped.exhausted:
-            raise KeyspaceExhausted(name)
-        if popped.remaining < id_type.config.hot.low:
-            await self._nudge(name)
+            popped = await self.hot.pop_once(
+                name,
+                count,
+                idempotency_key,
+                self.settings.dispenser.idempotency_ttl_s,
+                client,
+                id_type.config.ledger,
+            )
+        self._after_pop(id_type, popped)
         if not popped.keys:
-            raise PoolEmpty(name, self.settings.dispenser.retry_after_s)
+            raise self._none_left(id_type, popped)
         return popped
 
-    def _observe(self, name: str, popped: Popped) -> None:
-        metrics = self.metrics
+    async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
+        id_type = self.id_types[name]
+        popped = await self.hot.pop(name, count, clients, id_type.config.ledger)
+        self.metrics.pop_requests.observe(count)
+        self._after_pop(id_type, popped)
+        return popped
+
+    def _after_pop(self, id_type: IdType, popped: Popped) -> None:
+        """Metrics, and a nudge to keysync below the low watermark. Never raises."""
+        name, metrics = id_type.name, self.metrics
         metrics.hot_depth.labels(name).set(popped.remaining)
         if popped.replayed:
             metrics.replays.labels(name).inc()
@@ -77,15 +119,43 @@ class Dispenser:
             metrics.issued.labels(name).inc(len(popped.keys))
         if popped.discarded:
             metrics.discarded.inc(popped.discarded)
+        if popped.remaining < id_type.config.hot.low and not popped.exhausted:
+            self._nudge(name)
 
-    async def _nudge(self, name: str) -> None:
-        """Wake keysync, at most once per nudge interval per type."""
+    def _none_left(self, id_type: IdType, popped: Popped) -> KeydispenserError:
+        if popped.exhausted:
+            return KeyspaceExhausted(id_type.name)
+        return PoolEmpty(id_type.name, self.retry_after(id_type, popped))
+
+    def retry_after(self, id_type: IdType, popped: Popped) -> int:
+        """Seconds until keysync's next batch lands, at the refill rate it last observed."""
+        config = self.settings.dispenser
+        refill = popped.refill
+        if refill is None or refill.rate <= 0 or time.time() - refill.at > REFILL_FRESH_S:
+            return config.retry_after_s
+        seconds = math.ceil(min(id_type.config.sync_batch, id_type.config.hot.high) / refill.rate)
+        return min(config.retry_after_max_s, max(1, seconds))
+
+    def _nudge(self, name: str) -> None:
+        """Wake keysync, at most once per nudge interval per type, off the request path."""
         now = time.monotonic()
-        if now - self._last_nudge.get(name, 0.0) < self.settings.dispenser.nudge_interval_s:
+        if now - self._last_nudge.get(name, -math.inf) < self.settings.dispenser.nudge_interval_s:
             return
         self._last_nudge[name] = now
         self.metrics.nudges.labels(name).inc()
-        await self.hot.nudge(name)
+        task = asyncio.get_running_loop().create_task(self._send_nudge(name))
+        self._nudges.add(task)
+        task.add_done_callback(self._nudges.discard)
+
+    async def _send_nudge(self, name: str) -> None:
+        try:
+            await self.hot.nudge(name)
+        except KeydispenserError as exc:  # keysync still polls; nothing is lost
+            log.warning("nudge_failed", extra={"id_type": name, "error": str(exc)})
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._nudges, return_exceptions=True)
+        await self.ledger.close()
 
 
 def _dispenser(request: Request) -> Dispenser:
@@ -95,15 +165,25 @@ def _dispenser(request: Request) -> Dispenser:
 
 async def allocate_one(request: Request) -> Response:
     dispenser = _dispenser(request)
-    popped = await dispenser.take(request.path_params["id_type"], 1, _idempotency_key(request))
+    name = request.path_params["id_type"]
+    client = dispenser.gate.admit(request.headers, name)
+    idempotency_key = _idempotency_key(request)
+    if idempotency_key is None:
+        key = await dispenser.take_one(name, client)
+        return Response(envelope.ok_id(key), media_type="application/json")
+    popped = await dispenser.take(name, 1, client, idempotency_key)
     return _replay_marked(envelope.ok({"id": popped.keys[0]}), popped)
 
 
 async def allocate_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    client = dispenser.gate.admit(request.headers, name)
     count = _count(request.query_params.get("count", "1"), dispenser.settings.dispenser.max_batch)
-    popped = await dispenser.take(request.path_params["id_type"], count, _idempotency_key(request))
-    return _replay_marked(JSONResponse({"keys": popped.keys}), popped)
+    popped = await dispenser.take(name, count, client, _idempotency_key(request))
+    return _replay_marked(
+        Response(envelope.keys_body(popped.keys), media_type="application/json"), popped
+    )
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -129,44 +209,123 @@ def _count(raw: str, maximum: int) -> int:
 
 
 async def validate(request: Request) -> Response:
-    id_type = _dispenser(request).id_type(request.path_params["id_type"])
+    dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    dispenser.gate.admit(request.headers, name)
+    id_type = dispenser.id_type(name)
     value = request.path_params["id_value"]
     return envelope.ok({"id": value, "valid": id_type.validate(value)})
 
 
+def _ledger_type(dispenser: Dispenser, name: str) -> IdType:
+    id_type = dispenser.id_type(name)
+    if not id_type.config.ledger:
+        raise LedgerDisabled(name)
+    return id_type
+
+
+def _well_formed(id_type: IdType, value: str) -> str:
+    if not id_type.validate(value):
+        raise InvalidInput(f"'{value}' is not a valid {id_type.name} key")
+    return value
+
+
+async def mark_used(request: Request) -> Response:
+    """Record that an issued ID was used; applied to the ledger asynchronously (202)."""
+    dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    client = dispenser.gate.admit(request.headers, name)
+    id_type = _ledger_type(dispenser, name)
+    value = _well_formed(id_type, request.path_params["id_value"])
+    await dispenser.hot.record_used(name, [value], client)
+    return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
+
+
+async def mark_used_batch(request: Request) -> Response:
+    dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    client = dispenser.gate.admit(request.headers, name)
+    id_type = _ledger_type(dispenser, name)
+    keys = _keys_body(await request.body(), dispenser.settings.dispenser.max_batch)
+    for key in keys:
+        _well_formed(id_type, key)
+    await dispenser.hot.record_used(name, keys, client)
+    return JSONResponse({"accepted": len(keys)}, status_code=202)
+
+
+def _keys_body(raw: bytes, maximum: int) -> list[str]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInput('body must be JSON: {"keys": [...]}') from exc
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if (
+        not isinstance(keys, list)
+        or not 1 <= len(keys) <= maximum
+        or not all(isinstance(k, str) for k in keys)
+    ):
+        raise InvalidInput(f'body must be {{"keys": [...]}} with 1 to {maximum} strings')
+    return keys
+
+
+async def lookup(request: Request) -> Response:
+    """What the ledger knows of one key: issued? when? to whom? used?"""
+    dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    dispenser.gate.admit(request.headers, name)
+    id_type = _ledger_type(dispenser, name)
+    key = request.path_params["key"]
+    id_type.core(key)  # refuses values that cannot be keys of any type
+    return JSONResponse(await dispenser.ledger.lookup(name, key))
+
+
 async def health(request: Request) -> Response:
+    _observability(request)
     await _dispenser(request).hot.ping()
     return envelope.ok({"status": "UP"})
 
 
 async def version(request: Request) -> Response:
+    _dispenser(request).gate.admit(request.headers)
     return envelope.ok({"version": metadata.version("keydispenser")})
 
 
 async def config(request: Request) -> Response:
+    dispenser = _dispenser(request)
+    dispenser.gate.admit(request.headers)
     types = {
         name: {
             "kind": t.config.kind,
             "length": t.config.length,
             "filter_profile": t.config.filter_profile,
             "filters": t.config.filters.model_dump(),
+            "ledger": t.config.ledger,
         }
-        for name, t in _dispenser(request).id_types.items()
+        for name, t in dispenser.id_types.items()
     }
     return envelope.ok({"id_types": types})
 
 
+def _observability(request: Request) -> None:
+    gate = _dispenser(request).gate
+    if gate.protect_observability:
+        gate.admit(request.headers)
+
+
 async def metrics(request: Request) -> Response:
+    _observability(request)
     registry = _dispenser(request).metrics.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def healthz(request: Request) -> Response:
+    _observability(request)
     return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
     """Ready only when Redis answers and every type has hot inventory."""
+    _observability(request)
     dispenser = _dispenser(request)
     depths: dict[str, Any] = {}
     try:
@@ -179,11 +338,16 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"ready": ready, "hot_depth": depths}, status_code=200 if ready else 503)
 
 
+async def openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
-    if not isinstance(exc, PoolEmpty | InvalidInput | UnknownIdType | KeyspaceExhausted):
+    status, code = envelope.classify(exc)
+    if status >= 500 and code != "IDG-001":
         log.warning("request_failed", extra={"path": request.url.path, "error": str(exc)})
-    _dispenser(request).metrics.errors.labels(envelope.classify(exc)[1]).inc()
+    _dispenser(request).metrics.errors.labels(code).inc()
     return envelope.from_domain(exc)
 
 
@@ -204,13 +368,70 @@ ROUTES = [
     Route("/v1/idgenerator/health", health, methods=["GET"]),
     Route("/v1/idgenerator/version", version, methods=["GET"]),
     Route("/v1/idgenerator/config", config, methods=["GET"]),
-    Route("/v1/idgenerator/{id_type}/id", allocate_one, methods=["POST"]),
+    Route(ALLOCATE_ONE, allocate_one, methods=["POST"]),
     Route("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
+    Route("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
     Route("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
+    Route("/v1/keys/{id_type}/used", mark_used_batch, methods=["POST"]),
+    Route("/v1/keys/{id_type}/{key}", lookup, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
 ]
+
+
+_ALLOCATE_ONE_PATH = re.compile(r"^/v1/idgenerator/([a-z][a-z0-9_]{0,40})/id$")
+_JSON_HEADERS = (b"content-type", b"application/json")
+
+
+class DispenserApp(Starlette):
+    """Starlette, with ``POST /v1/idgenerator/{id_type}/id`` served before its stack.
+
+    The route OpenG2P clients call once per ID is the one that must run at the HTTP
+    ceiling, so it skips the middleware stack, the router and Request/Response
+    objects. Anything it does not handle itself (an unknown or malformed type, an
+    Idempotency-Key, another method) takes the normal route.
+    """
+
+    _latency: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _ALLOCATE_ONE_PATH.match(scope["path"])
+            dispenser: Dispenser | None = getattr(self.state, "dispenser", None)
+            if (
+                match is not None
+                and dispenser is not None
+                and match.group(1) in dispenser.id_types
+                and not any(name == b"idempotency-key" for name, _ in scope["headers"])
+            ):
+                await self._allocate_one(dispenser, match.group(1), scope, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _allocate_one(
+        self, dispenser: Dispenser, name: str, scope: Scope, send: Send
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            gate = dispenser.gate
+            client = gate.admit(Headers(scope=scope), name) if gate.enabled else ANONYMOUS
+            body = envelope.ok_id(await dispenser.take_one(name, client))
+            status, headers = 200, [_JSON_HEADERS, (b"content-length", b"%d" % len(body))]
+        except KeydispenserError as exc:
+            dispenser.metrics.errors.labels(envelope.classify(exc)[1]).inc()
+            response = envelope.from_domain(exc)
+            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
+        except Exception:
+            log.exception("request_crashed", extra={"path": scope["path"]})
+            response = envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self._latency is None:
+            self._latency = dispenser.metrics.latency.labels(ALLOCATE_ONE)
+        self._latency.observe(time.perf_counter() - started)
 
 
 class Timing:
@@ -219,6 +440,7 @@ class Timing:
     def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
         self._app = app
         self._metrics = metrics
+        self._children: dict[str, Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -230,22 +452,27 @@ class Timing:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", "unmatched")
-            self._metrics.latency.labels(label).observe(time.perf_counter() - started)
+            child = self._children.get(label)
+            if child is None:
+                child = self._children[label] = self._metrics.latency.labels(label)
+            child.observe(time.perf_counter() - started)
 
 
-def create_app(settings: Settings, hot: HotStore | None = None) -> Starlette:
+def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
     metrics = DispenserMetrics(CollectorRegistry())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        app.state.dispenser = Dispenser(settings, store, metrics)
+        app.state.dispenser = dispenser = Dispenser(settings, store, metrics)
+        app.state.openapi = document(settings, metadata.version("keydispenser"))
         try:
             yield
         finally:
+            await dispenser.close()
             await store.close()
 
-    return Starlette(
+    return DispenserApp(
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[Middleware(Timing, metrics=metrics)],

@@ -10,31 +10,26 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared import redis_keys
-from shared.hot_store import fenced_script, load_script
+from shared.hot_store import fenced_script, load_script, pop_keys
 from shared.settings import Settings
 
 BENCH_TYPE = "kd_bench_fence"
 CONCURRENCY = 32
+ARGS: list[str | int] = [1, "", "-"]  # one key, no ledger
 
 
 async def _measure(client: aioredis.Redis, body: str, seconds: float) -> dict[str, float]:
     script = client.register_script(body)
     hot = redis_keys.hot_list_key(BENCH_TYPE)
-    keys = [
-        redis_keys.fence_key(),
-        redis_keys.hot_registry_key(),
-        redis_keys.discarded_key(),
-        hot,
-        redis_keys.exhausted_key(BENCH_TYPE),
-    ]
+    keys = pop_keys(BENCH_TYPE)
     await client.delete(hot)
     await client.rpush(hot, *[f"k{i}" for i in range(200_000)])
-    await script(keys=keys, args=[1])  # load it; the fence takes ownership once here
+    await script(keys=keys, args=ARGS)  # load it; the fence takes ownership once here
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds / 2
     while time.perf_counter() < deadline:
         started = time.perf_counter()
-        await script(keys=keys, args=[1])
+        await script(keys=keys, args=ARGS)
         latencies.append(time.perf_counter() - started)
     count = 0
     deadline = time.perf_counter() + seconds / 2
@@ -43,7 +38,7 @@ async def _measure(client: aioredis.Redis, body: str, seconds: float) -> dict[st
     async def worker() -> None:
         nonlocal count
         while time.perf_counter() < deadline:
-            await script(keys=keys, args=[1])
+            await script(keys=keys, args=ARGS)
             count += 1
 
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
@@ -57,13 +52,17 @@ async def _measure(client: aioredis.Redis, body: str, seconds: float) -> dict[st
     }
 
 
+def _unfenced_pop() -> str:
+    return load_script("ledger") + "\n" + load_script("pop").replace("enforce_fence()", "0")
+
+
 async def run(settings: Settings, seconds: float) -> dict[str, Any]:
     """Against ``redis_url`` (use a scratch database: the bench writes a list there)."""
     client = aioredis.Redis.from_url(
         settings.redis_url, decode_responses=True, max_connections=CONCURRENCY + 4
     )
     try:
-        plain = await _measure(client, load_script("pop").replace("enforce_fence()", "0"), seconds)
+        plain = await _measure(client, _unfenced_pop(), seconds)
         fenced = await _measure(client, fenced_script("pop"), seconds)
     finally:
         await client.aclose()

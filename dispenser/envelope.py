@@ -8,10 +8,12 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from dispenser.auth import Forbidden, RateLimited, Unauthenticated
 from shared.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
+    LedgerDisabled,
     PoolEmpty,
     StoreUnavailable,
     UnknownIdType,
@@ -27,16 +29,50 @@ ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
     UnknownIdType: (404, "IDG-003"),
     InvalidInput: (422, "IDG-004"),
     StoreUnavailable: (503, "IDG-005"),
+    Unauthenticated: (401, "IDG-008"),
+    Forbidden: (403, "IDG-009"),
+    RateLimited: (429, "IDG-010"),
+    LedgerDisabled: (409, "IDG-011"),
 }
 ROUTE_NOT_FOUND = "IDG-006"
 METHOD_NOT_ALLOWED = "IDG-007"
 INTERNAL_ERROR = "IDG-500"
 
 
+_second: list[Any] = [-1, ""]  # the formatted second last used: [unix second, text]
+
+
 def response_time() -> str:
     """ISO-8601 UTC with milliseconds and a Z, as OpenG2P writes it."""
     now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    second = int(now)
+    if _second[0] != second:
+        _second[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))]
+    return f"{_second[1]}.{int((now - second) * 1000):03d}Z"
+
+
+_ID_HEAD = b'{"id":"' + SERVICE_ID.encode() + b'","version":"' + API_VERSION.encode()
+
+
+def ok_id(key: str) -> bytes:
+    """The envelope of one allocated ID, as bytes; ``key`` never needs JSON escaping."""
+    return b"".join(
+        (
+            _ID_HEAD,
+            b'","responsetime":"',
+            response_time().encode(),
+            b'","response":{"id":"',
+            key.encode(),
+            b'"},"errors":[]}',
+        )
+    )
+
+
+def keys_body(keys: list[str]) -> bytes:
+    """``{"keys": [...]}`` as bytes; keys never need JSON escaping."""
+    if not keys:
+        return b'{"keys":[]}'
+    return b'{"keys":["' + '","'.join(keys).encode() + b'"]}'
 
 
 def envelope(response: Any, errors: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -49,8 +85,8 @@ def envelope(response: Any, errors: list[dict[str, str]] | None = None) -> dict[
     }
 
 
-def ok(response: Any) -> JSONResponse:
-    return JSONResponse(envelope(response))
+def ok(response: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(envelope(response), status_code=status)
 
 
 def error(
@@ -71,8 +107,10 @@ def classify(exc: KeydispenserError) -> tuple[int, str]:
 def from_domain(exc: KeydispenserError) -> JSONResponse:
     status, code = classify(exc)
     headers = None
-    if isinstance(exc, PoolEmpty):
+    if isinstance(exc, PoolEmpty | RateLimited):
         headers = {"Retry-After": str(exc.retry_after_s)}
+    elif isinstance(exc, Unauthenticated):
+        headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}
     elif isinstance(exc, StoreUnavailable):
         headers = {"Retry-After": "1"}
     return error(status, code, str(exc), headers)

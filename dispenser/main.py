@@ -5,25 +5,43 @@ from __future__ import annotations
 import logging
 
 import uvicorn
+from starlette.applications import Starlette
 
 from dispenser.app import create_app
-from shared.settings import Settings
+from shared import logs
+from shared.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
+# Every worker builds its app from the same KD_CONFIG file and KD_ environment.
+FACTORY = "dispenser.main:app_from_environment"
+
+
+def app_from_environment() -> Starlette:
+    settings = load_settings()
+    logs.configure("dispenser", settings.log_level)
+    return create_app(settings)
 
 
 def main(settings: Settings) -> None:
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.dispenser.host,
-        port=settings.dispenser.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    workers = settings.dispenser.workers
+    options = {
+        "host": settings.dispenser.host,
+        "port": settings.dispenser.port,
+        "log_config": None,
+        "access_log": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+    }
     log.info(
         "dispenser_starting",
-        extra={"host": settings.dispenser.host, "port": settings.dispenser.port},
+        extra={
+            "host": settings.dispenser.host,
+            "port": settings.dispenser.port,
+            "workers": workers,
+        },
     )
-    uvicorn.Server(config).run()
+    if workers == 1:
+        uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()  # type: ignore[arg-type]
+    else:
+        # Worker processes import the factory; they share the listening socket.
+        uvicorn.run(FACTORY, factory=True, workers=workers, **options)  # type: ignore[arg-type]

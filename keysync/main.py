@@ -7,28 +7,64 @@ A crash in between loses at most that batch; pushing first could duplicate.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import time
 import uuid
+
+from prometheus_client import CollectorRegistry
 
 from shared.cold_store import ColdStore
 from shared.errors import StoreUnavailable
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
-from shared.runtime import Outage, connect_with_retry, sleep_or_stop, stop_on_signals
+from shared.ledger import LedgerDrain
+from shared.metrics import KeysyncMetrics
+from shared.metrics import serve as serve_metrics
+from shared.runtime import (
+    Outage,
+    connect_with_retry,
+    instance_name,
+    sleep_or_stop,
+    stop_on_signals,
+)
 from shared.schema import check
 from shared.settings import IdTypeConfig, Settings
 
 log = logging.getLogger(__name__)
 PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
+REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
+
+
+class RefillMeter:
+    """Keys pushed per second to one hot list over the last ``REFILL_WINDOW_S``."""
+
+    def __init__(self) -> None:
+        self._pushes: collections.deque[tuple[float, int]] = collections.deque()
+
+    def pushed(self, keys: int, now: float) -> float:
+        self._pushes.append((now, keys))
+        while self._pushes[0][0] < now - REFILL_WINDOW_S:
+            self._pushes.popleft()
+        span = max(now - self._pushes[0][0], 1.0)
+        return sum(n for _, n in self._pushes) / span
 
 
 class Keysync:
-    def __init__(self, settings: Settings, cold: ColdStore, hot: HotStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cold: ColdStore,
+        hot: HotStore,
+        metrics: KeysyncMetrics | None = None,
+    ) -> None:
         self._settings = settings
         self._types = build_id_types(settings, generating=False)
         self._cold = cold
         self._hot = hot
+        self._metrics = metrics or KeysyncMetrics(CollectorRegistry())
+        self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
 
     async def refill_all(self) -> None:
@@ -51,9 +87,17 @@ class Keysync:
                 break
             depth = await self.push(name, keys)
             moved += len(keys)
+            await self._record_refill(name, len(keys))
         if moved:
             log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
         return moved
+
+    async def _record_refill(self, name: str, keys: int) -> None:
+        """Publish the refill rate, from which dispensers derive IDG-001's Retry-After."""
+        rate = self._meters[name].pushed(keys, time.monotonic())
+        self._metrics.moved.labels(name).inc(keys)
+        self._metrics.refill_rate.labels(name).set(rate)
+        await self._hot.record_refill(name, rate, time.time())
 
     async def _cold_empty(self, name: str) -> None:
         """Wake keygen; when the keyspace is used up, tell dispensers (IDG-002)."""
@@ -117,8 +161,32 @@ async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: async
             await sleep_or_stop(stop, outage.failed(exc))
 
 
+async def drain_ledger(
+    drain: LedgerDrain, metrics: KeysyncMetrics, hot: HotStore, stop: asyncio.Event
+) -> None:
+    """Move ledger entries from the Redis stream into PostgreSQL until stopped."""
+    outage = Outage("ledger", first_delay_s=0.1, max_delay_s=2.0)
+    while not stop.is_set():
+        try:
+            applied = await drain.drain_once(block_ms=500)
+            outage.succeeded()
+        except StoreUnavailable as exc:
+            await sleep_or_stop(stop, outage.failed(exc))
+            continue
+        if applied is not None:
+            metrics.ledger_issued.inc(applied.issued)
+            metrics.ledger_used.inc(applied.used)
+            metrics.ledger_used_unknown.inc(applied.used_unknown)
+            for name, keys in applied.duplicates.items():
+                metrics.ledger_duplicates.labels(name).inc(len(keys))
+        with contextlib.suppress(StoreUnavailable):
+            metrics.ledger_backlog.set(await hot.ledger_backlog())
+
+
 async def serve(settings: Settings) -> None:
     stop = stop_on_signals()
+    metrics = KeysyncMetrics(CollectorRegistry())
+    serve_metrics(metrics.registry, settings.keysync.metrics_host, settings.keysync.metrics_port)
     cold = await connect_with_retry(
         lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
     )
@@ -126,15 +194,22 @@ async def serve(settings: Settings) -> None:
         return
     hot = HotStore.from_settings(settings)
     waker = HotStore.from_settings(settings)
+    ledger_hot = HotStore.from_settings(settings)
+    types = build_id_types(settings, generating=False)
+    drain = LedgerDrain(ledger_hot, cold, types, instance_name(), settings.keysync.ledger_batch)
     try:
         async with cold.connection() as conn:
-            await check(conn, build_id_types(settings, generating=False), keyspace=False)
+            await check(conn, types, keyspace=False)
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
-        await run(Keysync(settings, cold, hot), waker, settings, stop)
+        tasks = [run(Keysync(settings, cold, hot, metrics), waker, settings, stop)]
+        if drain.enabled:
+            tasks.append(drain_ledger(drain, metrics, ledger_hot, stop))
+        await asyncio.gather(*tasks)
     finally:
         await cold.close()
         await hot.close()
         await waker.close()
+        await ledger_hot.close()
     log.info("keysync_stopped")
 
 

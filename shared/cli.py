@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,11 @@ from shared.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 PROCESSES = ("keygen", "keysync", "dispenser")
-BENCHMARKS = {"keygen": "keygen.bench", "fence": "dispenser.bench"}
+BENCHMARKS = {
+    "keygen": "keygen.bench",
+    "fence": "dispenser.bench",
+    "dispense": "dispenser.bench_dispense",
+}
 _STATUS_CAP = 10_000_000
 
 
@@ -63,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         settings = load_settings(args.config)
+        if args.config:  # worker processes (dispenser.workers > 1) read the same file
+            os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
         logs.configure(args.command, settings.log_level)
         _dispatch(args, settings)
     except ConfigError as exc:

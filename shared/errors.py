@@ -70,3 +70,11 @@ class StoreUnavailable(KeydispenserError):
     def __init__(self, store: str, detail: str) -> None:
         super().__init__(f"{store}: {detail}")
         self.store = store
+
+
+class LedgerDisabled(KeydispenserError):
+    """A ledger operation on an ID type that keeps no ledger."""
+
+    def __init__(self, id_type: str) -> None:
+        super().__init__(f"id_type '{id_type}' keeps no ledger (set id_types.{id_type}.ledger)")
+        self.id_type = id_type

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from shared import redis_keys
 from shared.errors import IdempotencyMismatch, StoreUnavailable
@@ -19,6 +19,10 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 _WAKE_LIST_MAX = 64
+LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
+# A ledger entry read by a keysync that then died is taken over after this long.
+LEDGER_CLAIM_IDLE_MS = 30_000
+LedgerEntry = tuple[str, dict[str, str]]
 BATCH_MARKER_TTL_S = 3_600
 
 
@@ -27,8 +31,16 @@ def load_script(name: str) -> str:
 
 
 def fenced_script(name: str) -> str:
-    """The fence prologue followed by the script's own body."""
-    return load_script("fence") + "\n" + load_script(name)
+    """The fence prologue (and the ledger helper) followed by the script's own body."""
+    return "\n".join((load_script("fence"), load_script("ledger"), load_script(name)))
+
+
+@dataclass(frozen=True)
+class Refill:
+    """What keysync last observed of a hot list's refill (only read when it is empty)."""
+
+    rate: float  # keys/s
+    at: float  # unix time of the observation
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,13 @@ class Popped:
     exhausted: bool  # only ever True when ``keys`` is empty
     discarded: int = 0  # inherited keys a fence discarded during this call
     replayed: bool = False  # the keys a previous request with the same idempotency key got
+    refill: Refill | None = None  # set only when no key was available
+
+
+def _refill(raw: Sequence[Any]) -> Refill | None:
+    if len(raw) != 2 or raw[0] is None or raw[1] is None:
+        return None
+    return Refill(float(raw[0]), float(raw[1]))
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,15 @@ def _fence_keys(hot_list: str) -> list[str]:
         redis_keys.hot_registry_key(),
         redis_keys.discarded_key(),
         hot_list,
+    ]
+
+
+def pop_keys(id_type: str) -> list[str]:
+    return [
+        *_fence_keys(redis_keys.hot_list_key(id_type)),
+        redis_keys.exhausted_key(id_type),
+        redis_keys.ledger_stream_key(),
+        redis_keys.refill_key(id_type),
     ]
 
 
@@ -115,29 +143,45 @@ class HotStore:
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 
-    async def pop(self, id_type: str, count: int) -> Popped:
-        """Take up to ``count`` keys from the type's hot list. Never retried."""
-        names = [*_fence_keys(redis_keys.hot_list_key(id_type)), redis_keys.exhausted_key(id_type)]
+    async def pop(
+        self, id_type: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        """Take up to ``count`` keys from the type's hot list. Never retried.
+
+        With ``ledger``, the same script records the issue in the ledger stream, with
+        ``clients`` naming the API client of each key (or one name for all).
+        """
+        names = [*pop_keys(id_type)]
+        args = [count, id_type if ledger else "", *(clients or ("-",))]
         async with self._guard("pop"):
-            taken, remaining, exhausted, discarded = await self._run("pop", names, [count])
+            taken, remaining, exhausted, discarded, refill = await self._run("pop", names, args)
         return Popped(
-            list(taken), int(remaining), bool(exhausted), self._discarded(int(discarded), "pop")
+            list(taken),
+            int(remaining),
+            bool(exhausted),
+            self._discarded(int(discarded), "pop"),
+            refill=_refill(refill),
         )
 
-    async def pop_once(self, id_type: str, count: int, idempotency_key: str, ttl_s: int) -> Popped:
+    async def pop_once(
+        self,
+        id_type: str,
+        count: int,
+        idempotency_key: str,
+        ttl_s: int,
+        client: str = "-",
+        ledger: bool = False,
+    ) -> Popped:
         """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys.
 
         Raises IdempotencyMismatch when the key was used for another type or count.
         """
-        names = [
-            *_fence_keys(redis_keys.hot_list_key(id_type)),
-            redis_keys.exhausted_key(id_type),
-            redis_keys.idempotency_key(idempotency_key),
-        ]
+        names = [*pop_keys(id_type), redis_keys.idempotency_key(idempotency_key)]
         request = f"{id_type}:{count}"
+        args = [count, id_type if ledger else "", client, ttl_s, request, idempotency_key]
         async with self._guard("pop"):
-            status, taken, remaining, exhausted, discarded = await self._run(
-                "pop_idempotent", names, [count, ttl_s, request]
+            status, taken, remaining, exhausted, discarded, refill = await self._run(
+                "pop_idempotent", names, args
             )
         if status == "mismatch":
             raise IdempotencyMismatch(idempotency_key)
@@ -147,6 +191,7 @@ class HotStore:
             bool(exhausted),
             self._discarded(int(discarded), "pop"),
             replayed=status == "replayed",
+            refill=_refill(refill),
         )
 
     async def observe(self, id_type: str) -> Depth:
@@ -174,6 +219,57 @@ class HotStore:
             client = await self._endpoint.client()
             got = await client.blpop([redis_keys.keysync_wake_key()], timeout=timeout_s)
         return None if got is None else str(got[1])
+
+    async def record_used(self, id_type: str, keys: Sequence[str], client: str) -> None:
+        """Append a "used" event to the ledger stream (applied by keysync's drain)."""
+        async with self._guard("record_used"):
+            await (await self._endpoint.client()).xadd(
+                redis_keys.ledger_stream_key(),
+                {"op": "used", "type": id_type, "keys": " ".join(keys), "clients": client},
+            )
+
+    async def ledger_read(self, consumer: str, count: int, block_ms: int) -> list[LedgerEntry]:
+        """Ledger entries for ``consumer``: first any a dead consumer left, then new ones."""
+        stream = redis_keys.ledger_stream_key()
+        async with self._guard("ledger_read"):
+            client = await self._endpoint.client()
+            try:
+                _, claimed, *_ = await client.xautoclaim(
+                    stream, LEDGER_GROUP, consumer, LEDGER_CLAIM_IDLE_MS, "0-0", count=count
+                )
+                if claimed:
+                    return [(str(i), dict(f)) for i, f in claimed if f is not None]
+                answer: Any = await client.xreadgroup(
+                    LEDGER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # A new stream (or a new primary): create the group from the start.
+                await client.xgroup_create(stream, LEDGER_GROUP, id="0", mkstream=True)
+                return []
+        return [(str(i), dict(f)) for _, entries in answer for i, f in entries]
+
+    async def ledger_ack(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledge and delete applied entries, so the stream only holds the backlog."""
+        stream = redis_keys.ledger_stream_key()
+        async with self._guard("ledger_ack"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.xack(stream, LEDGER_GROUP, *entry_ids)
+                pipe.xdel(stream, *entry_ids)
+                await pipe.execute()
+
+    async def ledger_backlog(self) -> int:
+        async with self._guard("ledger_backlog"):
+            return int(await (await self._endpoint.client()).xlen(redis_keys.ledger_stream_key()))
+
+    async def record_refill(self, id_type: str, rate: float, at: float) -> None:
+        """keysync's observed refill rate of a hot list (for dispensers' Retry-After)."""
+        async with self._guard("record_refill"):
+            await (await self._endpoint.client()).hset(
+                redis_keys.refill_key(id_type), mapping={"rate": f"{rate:.3f}", "at": f"{at:.3f}"}
+            )
 
     async def ping(self) -> bool:
         async with self._guard("ping"):

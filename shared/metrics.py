@@ -79,9 +79,44 @@ class DispenserMetrics:
         self.nudges = Counter(
             "kd_keysync_nudges", "Wake-ups sent to keysync", TYPE, registry=registry
         )
+        self.pop_requests = Histogram(
+            "kd_pop_requests",
+            "Single-key requests served by one coalesced Redis call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=registry,
+        )
         self.replays = Counter(
             "kd_idempotent_replays",
             "Requests answered from an Idempotency-Key record",
             TYPE,
             registry=registry,
+        )
+
+
+class KeysyncMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.moved = Counter("kd_keys_moved", "Keys moved cold -> hot", TYPE, registry=registry)
+        self.refill_rate = Gauge(
+            "kd_refill_rate", "Keys/s pushed to a hot list, recent window", TYPE, registry=registry
+        )
+        self.ledger_issued = Counter(
+            "kd_ledger_issued", "Issued keys written to the ledger", registry=registry
+        )
+        self.ledger_used = Counter(
+            "kd_ledger_used", "Keys marked used in the ledger", registry=registry
+        )
+        self.ledger_used_unknown = Counter(
+            "kd_ledger_used_unknown",
+            "Keys marked used that the ledger never saw issued",
+            registry=registry,
+        )
+        self.ledger_duplicates = Counter(
+            "kd_ledger_duplicates",
+            "Keys the ledger saw issued twice (must stay 0)",
+            TYPE,
+            registry=registry,
+        )
+        self.ledger_backlog = Gauge(
+            "kd_ledger_backlog", "Ledger stream entries not yet in PostgreSQL", registry=registry
         )

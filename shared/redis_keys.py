@@ -46,3 +46,13 @@ def idempotency_key(key: str) -> str:
     """Record of the keys handed out for one client Idempotency-Key (hashed)."""
     digest = hashlib.sha256(key.encode()).hexdigest()
     return f"{PREFIX}:idem:{digest}"
+
+
+def ledger_stream_key() -> str:
+    """Stream of ledger events (keys issued, keys marked used), drained into PostgreSQL."""
+    return f"{PREFIX}:ledger"
+
+
+def refill_key(id_type: str) -> str:
+    """Hash written by keysync: the observed refill rate of a hot list (keys/s) and when."""
+    return f"{PREFIX}:refill:{id_type}"

@@ -67,6 +67,11 @@ async def check(
             )
         if keyspace:
             _compare(id_type, stored)
+        ledger = sql.ledger_table(id_type.name)
+        if id_type.config.ledger and not await conn.fetchval(sql.SELECT_TABLE_EXISTS, ledger):
+            raise SchemaError(
+                f"id_types.{id_type.name}: ledger table missing: run `keydispenser migrate`"
+            )
 
 
 async def _current_version(conn: asyncpg.Connection) -> int:
@@ -90,6 +95,7 @@ async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
     numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
     await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
     await conn.execute(sql.for_type(sql.CREATE_COLD_TABLE, id_type.name))
+    await conn.execute(sql.for_type(sql.CREATE_LEDGER_TABLE, id_type.name))
     stored = await _stored_fingerprint(conn, id_type.name)
     fingerprint = json.dumps(id_type.fingerprint.as_dict(), sort_keys=True)
     if stored is None:

@@ -74,6 +74,8 @@ class IdTypeConfig(_Strict):
     hot: Watermarks = Watermarks(low=5_000, high=20_000)
     cold: Watermarks = Watermarks(low=200_000, high=600_000)
     sync_batch: int = Field(default=5_000, ge=1, le=100_000)
+    # Record every issued key (when, to which API client, used when) in PostgreSQL.
+    ledger: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -107,18 +109,60 @@ class IdTypeConfig(_Strict):
         return int(62**self.length)
 
 
+API_CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ApiKeyConfig(_Strict):
+    """One API client. Only the SHA-256 of its key is configured, never the key."""
+
+    name: str = Field(pattern=API_CLIENT_NAME.pattern)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # ID types this client may use; "*" for all.
+    id_types: tuple[str, ...] = ("*",)
+    # Requests per second (token bucket, per dispenser process); None: unlimited.
+    rate_per_s: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)  # None: max(1, rate_per_s)
+
+
+class AuthConfig(_Strict):
+    """With no API keys configured, the API is open (every client is anonymous)."""
+
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+    # Whether /metrics, /healthz, /readyz and the health route need a key too.
+    protect_observability: bool = False
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthConfig:
+        names = [k.name for k in self.api_keys]
+        if len(set(names)) != len(names):
+            raise ValueError("api_keys: names must be unique")
+        if len({k.sha256 for k in self.api_keys}) != len(self.api_keys):
+            raise ValueError("api_keys: two clients share one key")
+        return self
+
+
 class DispenserConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # uvicorn worker processes; each coalesces its own requests.
+    workers: int = Field(default=1, ge=1, le=64)
     max_batch: int = Field(default=1_000, ge=1, le=100_000)
+    # Retry-After of IDG-001 when no recent refill rate is known, and its upper bound.
     retry_after_s: int = Field(default=1, ge=1)
+    retry_after_max_s: int = Field(default=60, ge=1)
     nudge_interval_s: float = Field(default=0.05, gt=0)
     # How long a retried request with the same Idempotency-Key gets the same keys.
     idempotency_ttl_s: int = Field(default=86_400, ge=1)
+    auth: AuthConfig = AuthConfig()
 
 
 class KeysyncConfig(_Strict):
     poll_interval_s: float = Field(default=0.5, gt=0)
+    # Ledger events moved from Redis to PostgreSQL per transaction.
+    ledger_batch: int = Field(default=1_000, ge=1, le=100_000)
+    # Prometheus metrics over HTTP; None: not served.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
 
 class KeygenConfig(_Strict):
@@ -176,6 +220,12 @@ class Settings(BaseSettings):
         for name in self.id_types:
             if not ID_TYPE_NAME.match(name):
                 raise ValueError(f"id_types.{name}: name must match {ID_TYPE_NAME.pattern}")
+        for client in self.dispenser.auth.api_keys:
+            unknown = set(client.id_types) - {"*", *self.id_types}
+            if unknown:
+                raise ValueError(
+                    f"dispenser.auth.api_keys.{client.name}.id_types: unknown {sorted(unknown)}"
+                )
         return self
 
     @classmethod

@@ -14,7 +14,10 @@ from shared.settings import ID_TYPE_NAME
 
 def ident(name: str) -> str:
     """A safely quoted identifier; refuses anything but a validated type-derived name."""
-    if not ID_TYPE_NAME.match(name.removeprefix("kd_cold_").removeprefix("kd_seq_")):
+    bare = name
+    for prefix in ("kd_cold_", "kd_seq_", "kd_ledger_"):
+        bare = bare.removeprefix(prefix)
+    if not ID_TYPE_NAME.match(bare):
         raise ValueError(f"refusing unsafe identifier {name!r}")
     return '"' + name + '"'
 
@@ -27,10 +30,16 @@ def sequence(id_type: str) -> str:
     return ident(f"kd_seq_{id_type}")
 
 
+def ledger_table(id_type: str) -> str:
+    return ident(f"kd_ledger_{id_type}")
+
+
 def for_type(statement: str, id_type: str, **numbers: int) -> str:
     """``statement`` with the type's quoted identifiers (and integers) filled in."""
     ints = {name: int(value) for name, value in numbers.items()}
-    return statement.format(cold=cold_table(id_type), seq=sequence(id_type), **ints)
+    return statement.format(
+        cold=cold_table(id_type), seq=sequence(id_type), ledger=ledger_table(id_type), **ints
+    )
 
 
 # $1: lock id. Serialises concurrent `migrate` runs.
@@ -68,6 +77,44 @@ CREATE_COLD_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS {cold} (key text PRIMARY KEY)
 WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
 """
+
+# The ledger of issued keys. entry_id is the Redis stream entry that recorded the
+# issue: a redelivered entry conflicts with its own row, a duplicate issue with another's.
+CREATE_LEDGER_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS {ledger} (
+    key text PRIMARY KEY,
+    issued_at timestamptz NOT NULL,
+    client text NOT NULL,
+    idempotency_key text,
+    entry_id text NOT NULL,
+    used_at timestamptz
+)
+"""
+
+# $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays).
+# Returns the keys inserted; the others were already in the ledger.
+INSERT_LEDGER_ISSUED: Final = """
+INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
+ON CONFLICT (key) DO NOTHING
+RETURNING key
+"""
+
+# $1: keys. The recorded stream entry of each (to tell redeliveries from duplicates).
+SELECT_LEDGER_ENTRIES: Final = "SELECT key, entry_id FROM {ledger} WHERE key = ANY($1::text[])"
+
+# $1 keys, $2 use times (arrays). The first use wins; returns keys newly marked used.
+UPDATE_LEDGER_USED: Final = """
+UPDATE {ledger} AS l SET used_at = u.used_at
+FROM unnest($1::text[], $2::timestamptz[]) AS u(key, used_at)
+WHERE l.key = u.key AND l.used_at IS NULL
+RETURNING l.key
+"""
+
+# $1: key. One key's ledger row.
+SELECT_LEDGER_KEY: Final = (
+    "SELECT issued_at, client, idempotency_key, used_at FROM {ledger} WHERE key = $1"
+)
 
 # No parameters. State of a type's sequence: last value handed out and whether any was.
 SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"

@@ -1,0 +1,115 @@
+"""Optional API keys: who is calling, which ID types it may use, how fast.
+
+Keys are configured as SHA-256 digests only. A key arrives as ``Authorization:
+Bearer <key>`` or ``X-API-Key: <key>``. Rate limits are token buckets held in each
+dispenser process: with N replicas (or workers) a client's total is up to N times
+its ``rate_per_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import time
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+
+from shared.errors import KeydispenserError
+from shared.settings import ApiKeyConfig, AuthConfig
+
+ANONYMOUS = "-"
+
+
+class Unauthenticated(KeydispenserError):
+    """No API key, or one that is not configured (401)."""
+
+
+class Forbidden(KeydispenserError):
+    """The API key may not use this ID type (403)."""
+
+
+class RateLimited(KeydispenserError):
+    """The client's request rate is over its limit (429)."""
+
+    def __init__(self, client: str, retry_after_s: int) -> None:
+        super().__init__(f"rate limit of API client '{client}' exceeded; retry later")
+        self.retry_after_s = retry_after_s
+
+
+def new_api_key() -> tuple[str, str]:
+    """A fresh random API key and the SHA-256 digest to configure for it."""
+    key = "kd_" + secrets.token_urlsafe(32)
+    return key, digest(key)
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate = rate_per_s
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+
+    def take(self) -> float:
+        """0 when a request may pass now, else seconds until it may."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1 - 1e-9:  # float drift must not refuse a due token
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class Client:
+    config: ApiKeyConfig
+    bucket: TokenBucket | None
+
+    def may_use(self, id_type: str) -> bool:
+        return "*" in self.config.id_types or id_type in self.config.id_types
+
+
+class Gate:
+    """Answers "who is this, and may it do this now" for a request."""
+
+    def __init__(self, config: AuthConfig) -> None:
+        self.enabled = bool(config.api_keys)
+        self.protect_observability = config.protect_observability
+        self._clients = {
+            c.sha256: Client(c, _bucket(c) if c.rate_per_s is not None else None)
+            for c in config.api_keys
+        }
+
+    def admit(self, headers: Headers, id_type: str | None = None) -> str:
+        """The calling client's name; raises Unauthenticated, Forbidden or RateLimited."""
+        if not self.enabled:
+            return ANONYMOUS
+        client = self._clients.get(digest(_presented_key(headers)))
+        if client is None:
+            raise Unauthenticated("missing or unknown API key")
+        if id_type is not None and not client.may_use(id_type):
+            raise Forbidden(f"API client '{client.config.name}' may not use id_type '{id_type}'")
+        if client.bucket is not None:
+            wait = client.bucket.take()
+            if wait:
+                raise RateLimited(client.config.name, max(1, math.ceil(wait)))
+        return client.config.name
+
+
+def _bucket(config: ApiKeyConfig) -> TokenBucket:
+    rate = config.rate_per_s or 1.0
+    return TokenBucket(rate, config.burst or max(1, int(rate)))
+
+
+def _presented_key(headers: Headers) -> str:
+    authorization = headers.get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get("x-api-key", "")

@@ -1,0 +1,385 @@
+"""``keydispenser bench dispense``: the dispenser against the HTTP ceiling and PostgreSQL.
+
+One run, one machine, one load generator, 32 connections, a bounded duration each:
+  a. a bare Starlette endpoint returning a constant JSON body (the HTTP ceiling);
+  b. ``POST /v1/idgenerator/{type}/id`` (one key per request);
+  c. ``POST /v1/keys/{type}?count=1000`` (keys/s);
+  d. IDs issued from PostgreSQL per request (``SELECT ... FOR UPDATE SKIP LOCKED`` +
+     ``UPDATE``, as the reference OpenG2P service does).
+All are served by uvicorn, first with one worker, then with one worker per core.
+The load generator is ``wrk`` when installed, else a bundled asyncio client (which
+saturates before the servers do: its figures are lower bounds).
+
+Uses the configured ``redis_url`` and ``postgres_dsn``: point them at scratch
+databases (the bench fills a hot list there, and a table in PostgreSQL, then drops both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import redis.asyncio as aioredis
+import yaml
+
+from dispenser import bench_servers
+from shared import redis_keys
+from shared.hot_store import HotStore
+from shared.processes import serving, stop_process
+from shared.redis_endpoint import RedisEndpoint
+from shared.settings import Settings
+
+BENCH_TYPE = "kd_bench"
+CONNECTIONS = 32
+BATCH = 1_000
+TARGETS = {
+    "single_vs_bare": 0.75,
+    "single_vs_pg_baseline": 15.0,
+    "batch_keys_per_s": 500_000,
+    "single_p99_ms": 5.0,
+}
+# Server-side generation of synthetic keys (the dispenser does not look inside them).
+FILL_SCRIPT = """
+local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
+local chunk = {}
+for i = from, to do
+  chunk[#chunk + 1] = string.format('%010d', i)
+  if #chunk == 5000 then redis.call('RPUSH', KEYS[1], unpack(chunk)); chunk = {} end
+end
+if #chunk > 0 then redis.call('RPUSH', KEYS[1], unpack(chunk)) end
+redis.call('SADD', KEYS[2], KEYS[1])
+return redis.call('LLEN', KEYS[1])
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Load:
+    """wrk when present, else the bundled client; same connections and duration."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.wrk = shutil.which("wrk")
+        self.name = "wrk" if self.wrk else "bundled-asyncio-client"
+
+    async def run(self, url: str) -> dict[str, float]:
+        if self.wrk:
+            return await asyncio.to_thread(self._wrk, url)
+        return await self._bundled(url)
+
+    def _wrk(self, url: str) -> dict[str, float]:
+        with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+            script.write('wrk.method = "POST"\n')
+        try:
+            out = subprocess.run(
+                [
+                    str(self.wrk),
+                    "-t1",
+                    f"-c{CONNECTIONS}",
+                    f"-d{max(1, round(self.seconds))}s",
+                    "--latency",
+                    "--timeout",
+                    "5s",
+                    "-s",
+                    script.name,
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=self.seconds + 60,
+            ).stdout
+        finally:
+            os.unlink(script.name)
+        return parse_wrk(out)
+
+    async def _bundled(self, url: str) -> dict[str, float]:
+        latencies: list[float] = []
+        errors = 0
+        deadline = time.perf_counter() + self.seconds
+        connector = aiohttp.TCPConnector(limit=CONNECTIONS)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def worker() -> None:
+                nonlocal errors
+                while time.perf_counter() < deadline:
+                    started = time.perf_counter()
+                    async with session.post(url) as reply:
+                        await reply.read()
+                        errors += reply.status >= 300
+                    latencies.append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(CONNECTIONS)))
+            elapsed = time.perf_counter() - started
+        latencies.sort()
+        return {
+            "rps": len(latencies) / elapsed,
+            "p50_ms": latencies[len(latencies) // 2] * 1e3,
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+            "requests": len(latencies),
+            "non_2xx": errors,
+        }
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """Requests/s, p50/p99 latency (ms), request and non-2xx counts from wrk --latency."""
+
+    def latency(percentile: str) -> float:
+        found = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if found is None:
+            raise ValueError(f"wrk printed no {percentile}% latency:\n{out}")
+        return float(found.group(1)) * _UNITS[found.group(2)]
+
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    if rps is None or total is None:
+        raise ValueError(f"unexpected wrk output:\n{out}")
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {
+        "rps": float(rps.group(1)),
+        "p50_ms": latency("50"),
+        "p99_ms": latency("99"),
+        "requests": float(total.group(1)),
+        "non_2xx": float(non_2xx.group(1)) if non_2xx else 0.0,
+    }
+
+
+class Server:
+    """One uvicorn server in a child process, stopped on exit."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int) -> None:
+        self.argv, self.env, self.port = argv, env, port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Server:
+        self.process = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
+        probe = f"http://127.0.0.1:{self.port}/openapi.json"
+        if "keydispenser" not in " ".join(self.argv):
+            probe = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {' '.join(self.argv)}")
+            if _listening(self.port):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"server did not listen: {' '.join(self.argv)}")
+        if "keydispenser" in " ".join(self.argv) and not serving(probe, 30):
+            raise RuntimeError("dispenser did not serve")
+        time.sleep(0.5)  # every worker up
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_process(self.process)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _uvicorn(factory: str, port: int, workers: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        factory,
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--lifespan",
+        "on",
+    ]
+
+
+class Bench:
+    def __init__(self, settings: Settings, seconds: float, work: Path) -> None:
+        self.settings = settings
+        self.seconds = seconds
+        self.load = Load(seconds)
+        self.config = work / "bench.yaml"
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "postgres_dsn": settings.postgres_dsn,
+                    "redis_url": settings.redis_url,
+                    "log_level": "WARNING",
+                    "id_types": {
+                        BENCH_TYPE: {
+                            "kind": "numeric",
+                            "length": 10,
+                            "hot": {"low": 0, "high": 1},
+                        }
+                    },
+                }
+            )
+        )
+        if settings.redis_sentinel is not None:
+            raise ValueError("bench dispense needs redis_url (a scratch database), not Sentinel")
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
+        env["KD_CONFIG"] = str(self.config)
+        env["KD_PERMUTATION_KEY"] = "keydispenser-benchmark-key"
+        return env | extra
+
+    async def fill(self, client: aioredis.Redis, count: int) -> int:
+        hot = redis_keys.hot_list_key(BENCH_TYPE)
+        await client.delete(hot)
+        # The fence takes ownership first: on a server it has not seen, it would
+        # discard every registered hot list, the one filled here included.
+        store = HotStore(RedisEndpoint(self.settings.redis_url))
+        try:
+            await store.observe(BENCH_TYPE)
+        finally:
+            await store.close()
+        step = 500_000
+        for start in range(0, count, step):
+            await client.eval(
+                FILL_SCRIPT,
+                2,
+                hot,
+                redis_keys.hot_registry_key(),
+                start,
+                min(start + step, count) - 1,
+            )
+        return int(await client.llen(hot))
+
+    async def dispenser(self, client: aioredis.Redis, workers: int, path: str, keys: int) -> Any:
+        before = await self.fill(client, keys)
+        port = _free_port()
+        env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
+        argv = [str(Path(sys.executable).parent / "keydispenser"), "dispenser"]
+        with Server(argv, env, port):
+            result = await self.load.run(f"http://127.0.0.1:{port}{path}")
+        after = int(await client.llen(redis_keys.hot_list_key(BENCH_TYPE)))
+        result["keys_served"] = before - after
+        result["pool_ran_dry"] = after == 0
+        return result
+
+    async def run(self) -> dict[str, Any]:
+        cores = os.cpu_count() or 1
+        client = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        runs: dict[str, Any] = {}
+        try:
+            await self._prepare_baseline()
+            for workers in sorted({1, cores}):
+                runs[f"workers_{workers}"] = await self._round(client, workers)
+        finally:
+            await client.delete(redis_keys.hot_list_key(BENCH_TYPE))
+            await client.aclose()
+            await self._drop_baseline()
+        return self._report(runs, cores)
+
+    async def _round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
+        single_path = f"/v1/idgenerator/{BENCH_TYPE}/id"
+        port = _free_port()
+        with Server(_uvicorn("dispenser.bench_servers:bare", port, workers), self._env(), port):
+            bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
+        single_keys = int(60_000 * workers * self.seconds) + 100_000
+        single = await self.dispenser(client, workers, single_path, single_keys)
+        batch_keys = int(3_000_000 * self.seconds) + 1_000_000
+        batch = await self.dispenser(
+            client, workers, f"/v1/keys/{BENCH_TYPE}?count={BATCH}", batch_keys
+        )
+        port = _free_port()
+        env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
+        with Server(_uvicorn("dispenser.bench_servers:pg_baseline", port, workers), env, port):
+            baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
+        return {
+            "bare_rps": round(bare["rps"]),
+            "bare_p99_ms": round(bare["p99_ms"], 3),
+            "single_rps": round(single["rps"]),
+            "single_p50_ms": round(single["p50_ms"], 3),
+            "single_p99_ms": round(single["p99_ms"], 3),
+            "batch_rps": round(batch["rps"]),
+            "batch_keys_per_s": round(batch["keys_served"] / self.seconds),
+            "batch_p99_ms": round(batch["p99_ms"], 3),
+            "pg_baseline_rps": round(baseline["rps"]),
+            "pg_baseline_p99_ms": round(baseline["p99_ms"], 3),
+            "non_2xx": {
+                "bare": bare["non_2xx"],
+                "single": single["non_2xx"],
+                "batch": batch["non_2xx"],
+                "pg_baseline": baseline["non_2xx"],
+            },
+            "single_keys_served": single["keys_served"],
+            "pool_ran_dry": single["pool_ran_dry"] or batch["pool_ran_dry"],
+        }
+
+    def _report(self, runs: dict[str, Any], cores: int) -> dict[str, Any]:
+        first = runs["workers_1"]
+        report: dict[str, Any] = {
+            "benchmark": "dispense",
+            "load_generator": self.load.name,
+            "connections": CONNECTIONS,
+            "seconds_each": self.seconds,
+            "cores": cores,
+            # The headline fields: one uvicorn worker.
+            **{k: first[k] for k in ("bare_rps", "single_rps", "single_p99_ms")},
+            **{k: first[k] for k in ("batch_keys_per_s", "pg_baseline_rps")},
+            "runs": runs,
+            "targets": TARGETS,
+        }
+        for name, run in runs.items():
+            run["single_vs_bare"] = round(run["single_rps"] / max(run["bare_rps"], 1), 3)
+            run["single_vs_pg_baseline"] = round(
+                run["single_rps"] / max(run["pg_baseline_rps"], 1), 1
+            )
+            run["targets_met"] = {
+                "single_vs_bare": run["single_vs_bare"] >= TARGETS["single_vs_bare"],
+                "single_vs_pg_baseline": run["single_vs_pg_baseline"]
+                >= TARGETS["single_vs_pg_baseline"],
+                "batch_keys_per_s": run["batch_keys_per_s"] >= TARGETS["batch_keys_per_s"],
+                "single_p99_ms": run["single_p99_ms"] <= TARGETS["single_p99_ms"],
+            }
+            report[f"{name}_targets_met"] = all(run["targets_met"].values())
+        return report
+
+    async def _prepare_baseline(self) -> None:
+        conn = await asyncpg.connect(self.settings.postgres_dsn)
+        try:
+            await conn.execute(bench_servers.CREATE_BASELINE)
+            await conn.execute(bench_servers.FILL_BASELINE, int(5_000 * self.seconds) + 50_000)
+            await conn.execute(bench_servers.INDEX_BASELINE)
+        finally:
+            await conn.close()
+
+    async def _drop_baseline(self) -> None:
+        conn = await asyncpg.connect(self.settings.postgres_dsn)
+        try:
+            await conn.execute(f"DROP TABLE IF EXISTS {bench_servers.BASELINE_TABLE}")
+        finally:
+            await conn.close()
+
+
+async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kd-bench-") as work:
+        return await Bench(settings, seconds, Path(work)).run()

@@ -1,0 +1,80 @@
+"""The two comparison servers of ``keydispenser bench dispense``.
+
+``bare``: a Starlette endpoint returning a constant JSON body: the HTTP ceiling of
+uvicorn + Starlette on this machine. ``pg_baseline``: IDs issued from PostgreSQL per
+request with ``SELECT ... FOR UPDATE SKIP LOCKED`` + ``UPDATE``, the way the reference
+OpenG2P ID Generator issues them (on asyncpg, a faster driver than the reference's).
+Both are run by uvicorn with the same options as the dispenser.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+BASELINE_TABLE = "kd_bench_pg_ids"
+BASELINE_DSN_ENV = "KD_BENCH_BASELINE_DSN"
+# $1: how many IDs. A table like the reference's: ID, status, and an index on status.
+CREATE_BASELINE = f"""
+DROP TABLE IF EXISTS {BASELINE_TABLE};
+CREATE TABLE {BASELINE_TABLE} (
+    id_value text PRIMARY KEY,
+    status text NOT NULL DEFAULT 'AVAILABLE',
+    assigned_at timestamptz
+);
+"""
+FILL_BASELINE = f"""
+INSERT INTO {BASELINE_TABLE} (id_value)
+SELECT lpad(g::text, 10, '0') FROM generate_series(1, $1::int) AS g
+"""
+INDEX_BASELINE = f"CREATE INDEX ON {BASELINE_TABLE} (status); ANALYZE {BASELINE_TABLE}"
+SELECT_AVAILABLE = (
+    f"SELECT id_value FROM {BASELINE_TABLE} WHERE status = 'AVAILABLE' "
+    "LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+MARK_ASSIGNED = (
+    f"UPDATE {BASELINE_TABLE} SET status = 'ASSIGNED', assigned_at = now() WHERE id_value = $1"
+)
+BODY = {"id": "openg2p.idgenerator", "version": "1.0", "response": {"id": "0000000000"}}
+
+
+async def constant(request: Request) -> Response:
+    return JSONResponse(BODY)
+
+
+def bare() -> Starlette:
+    return Starlette(routes=[Route("/v1/idgenerator/{id_type}/id", constant, methods=["POST"])])
+
+
+async def issue_from_postgres(request: Request) -> Response:
+    pool: asyncpg.Pool = request.app.state.pool
+    async with pool.acquire() as conn, conn.transaction():
+        value = await conn.fetchval(SELECT_AVAILABLE)
+        if value is None:
+            return JSONResponse({"errors": [{"errorCode": "IDG-001"}]}, status_code=503)
+        await conn.execute(MARK_ASSIGNED, value)
+    return JSONResponse({**BODY, "response": {"id": value}})
+
+
+def pg_baseline() -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.pool = await asyncpg.create_pool(
+            os.environ[BASELINE_DSN_ENV], min_size=8, max_size=32
+        )
+        try:
+            yield
+        finally:
+            await app.state.pool.close()
+
+    return Starlette(
+        routes=[Route("/v1/idgenerator/{id_type}/id", issue_from_postgres, methods=["POST"])],
+        lifespan=lifespan,
+    )

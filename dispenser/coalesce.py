@@ -1,0 +1,79 @@
+"""Coalescing: concurrent single-key requests of one type share one Redis call.
+
+A request joins its type's queue; while a pop is in flight, later requests wait and
+the next pop takes them all with one ``LPOP count=n``. One pop per type is in flight
+at a time, so under load each Redis round trip serves many requests, and with no
+load a request waits for nothing but its own pop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from shared.hot_store import Popped
+
+PopMany = Callable[[str, int, list[str]], Awaitable[Popped]]
+
+
+@dataclass
+class Waiter:
+    client: str
+    future: asyncio.Future[tuple[str | None, Popped]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Coalescer:
+    def __init__(self, pop_many: PopMany, max_batch: int) -> None:
+        """``pop_many(id_type, count, clients)``: clients name each key's client, or one all."""
+        self._pop_many = pop_many
+        self._max_batch = max_batch
+        self._queues: dict[str, list[Waiter]] = {}
+        self._draining: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.pops = 0  # Redis calls made
+        self.served = 0  # requests answered through them
+
+    async def take(self, id_type: str, client: str) -> tuple[str | None, Popped]:
+        """One key (None when the pool had none left for this request) and the pop result."""
+        waiter = Waiter(client)
+        self._queues.setdefault(id_type, []).append(waiter)
+        if id_type not in self._draining:
+            self._draining.add(id_type)
+            task = asyncio.get_running_loop().create_task(self._drain(id_type))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await waiter.future
+
+    async def _drain(self, id_type: str) -> None:
+        try:
+            while queue := self._queues.pop(id_type, None):
+                batch = queue[: self._max_batch]
+                if len(queue) > self._max_batch:
+                    self._queues[id_type] = queue[self._max_batch :]
+                await self._serve(id_type, batch)
+        finally:
+            self._draining.discard(id_type)
+
+    async def _serve(self, id_type: str, batch: list[Waiter]) -> None:
+        clients = [w.client for w in batch]
+        if len(set(clients)) == 1:
+            clients = clients[:1]  # one name stands for all in the ledger
+        try:
+            popped = await self._pop_many(id_type, len(batch), clients)
+        except BaseException as exc:  # every waiter gets the failure, then it propagates
+            for waiter in batch:
+                if not waiter.future.done():
+                    waiter.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self.pops += 1
+        self.served += len(batch)
+        keys = popped.keys
+        for index, waiter in enumerate(batch):
+            # A waiter whose client went away loses its key: it is never reissued.
+            if not waiter.future.done():
+                waiter.future.set_result((keys[index] if index < len(keys) else None, popped))

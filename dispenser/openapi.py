@@ -1,0 +1,322 @@
+"""The OpenAPI 3 document served at /openapi.json: every route, every answer it gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.settings import ID_TYPE_NAME, Settings
+
+Json = dict[str, Any]
+KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,256}$"
+
+
+def _ref(name: str) -> Json:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: Json, description: str, headers: Json | None = None) -> Json:
+    answer: Json = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        answer["headers"] = headers
+    return answer
+
+
+RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}}
+
+# status -> what the error envelope means there (the errorCode table is in docs/api.md)
+ERRORS: dict[int, str] = {
+    401: "IDG-008: missing or unknown API key (only when API keys are configured)",
+    403: "IDG-009: this API key may not use the id_type",
+    404: "IDG-003: unknown id_type",
+    409: "IDG-011: the id_type keeps no ledger",
+    410: "IDG-002: keyspace exhausted",
+    422: "IDG-004: malformed input",
+    429: "IDG-010: rate limit exceeded; see Retry-After",
+    503: "IDG-001: no key available right now, or IDG-005: a store is unreachable",
+}
+
+
+def _errors(*statuses: int) -> Json:
+    return {
+        str(status): _json(
+            _ref("ErrorEnvelope"),
+            ERRORS[status],
+            RETRY_AFTER if status in (429, 503) else None,
+        )
+        for status in statuses
+    }
+
+
+ID_TYPE = {
+    "name": "id_type",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": ID_TYPE_NAME.pattern},
+}
+
+
+def _key_param(name: str) -> Json:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": KEY_PATTERN},
+    }
+
+
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A retry with the same key within the TTL gets the same key(s)",
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
+}
+
+SCHEMAS: Json = {
+    "Error": {
+        "type": "object",
+        "required": ["errorCode", "message"],
+        "properties": {"errorCode": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "ErrorEnvelope": {
+        "type": "object",
+        "required": ["id", "version", "responsetime", "response", "errors"],
+        "properties": {
+            "id": {"type": "string"},
+            "version": {"type": "string"},
+            "responsetime": {"type": "string"},
+            "response": {"nullable": True, "not": {}},
+            "errors": {"type": "array", "minItems": 1, "items": _ref("Error")},
+        },
+    },
+    "Keys": {
+        "type": "object",
+        "required": ["keys"],
+        "properties": {"keys": {"type": "array", "items": {"type": "string"}}},
+    },
+    "KeyList": {
+        "type": "object",
+        "required": ["keys"],
+        "properties": {
+            "keys": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "string", "pattern": KEY_PATTERN},
+            }
+        },
+    },
+    "LedgerEntry": {
+        "type": "object",
+        "required": ["id_type", "key", "issued", "used"],
+        "properties": {
+            "id_type": {"type": "string"},
+            "key": {"type": "string"},
+            "issued": {"type": "boolean"},
+            "issued_at": {"type": "string", "format": "date-time", "nullable": True},
+            "client": {"type": "string", "nullable": True},
+            "idempotency_key": {"type": "string", "nullable": True},
+            "used": {"type": "boolean"},
+            "used_at": {"type": "string", "format": "date-time", "nullable": True},
+        },
+    },
+}
+
+
+def _envelope(response: Json) -> Json:
+    return {
+        "type": "object",
+        "required": ["id", "version", "responsetime", "response", "errors"],
+        "properties": {
+            "id": {"type": "string"},
+            "version": {"type": "string"},
+            "responsetime": {"type": "string"},
+            "response": response,
+            "errors": {"type": "array", "maxItems": 0},
+        },
+    }
+
+
+def _object(**properties: Json) -> Json:
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+STRING: Json = {"type": "string"}
+
+
+def _paths() -> Json:
+    ok_id = _json(_envelope(_object(id=STRING)), "an ID, never issued before")
+    return {
+        "/v1/idgenerator/{id_type}/id": {
+            "post": {
+                "summary": "Allocate one ID (OpenG2P compatible)",
+                "parameters": [ID_TYPE, IDEMPOTENCY_KEY],
+                "responses": {"200": ok_id, **_errors(401, 403, 404, 410, 422, 429, 503)},
+            }
+        },
+        "/v1/idgenerator/{id_type}/id/validate/{id_value}": {
+            "get": {
+                "summary": "Whether a value is a well-formed ID of the type",
+                "parameters": [ID_TYPE, _key_param("id_value")],
+                "responses": {
+                    "200": _json(
+                        _envelope(_object(id=STRING, valid={"type": "boolean"})), "the verdict"
+                    ),
+                    **_errors(401, 403, 404, 422, 429),
+                },
+            }
+        },
+        "/v1/idgenerator/{id_type}/id/{id_value}/used": {
+            "post": {
+                "summary": "Record that an issued ID was used (applied to the ledger async)",
+                "parameters": [ID_TYPE, _key_param("id_value")],
+                "responses": {
+                    "202": _json(_envelope(_object(id=STRING, status=STRING)), "recorded"),
+                    **_errors(401, 403, 404, 409, 422, 429, 503),
+                },
+            }
+        },
+        "/v1/idgenerator/health": {
+            "get": {
+                "summary": "UP when Redis answers",
+                "responses": {
+                    "200": _json(_envelope(_object(status=STRING)), "up"),
+                    **_errors(401, 503),
+                },
+            }
+        },
+        "/v1/idgenerator/version": {
+            "get": {
+                "summary": "Service version",
+                "responses": {
+                    "200": _json(_envelope(_object(version=STRING)), "the version"),
+                    **_errors(401, 429),
+                },
+            }
+        },
+        "/v1/idgenerator/config": {
+            "get": {
+                "summary": "ID types and their filters (never secrets)",
+                "responses": {
+                    "200": _json(_envelope(_object(id_types={"type": "object"})), "the types"),
+                    **_errors(401, 429),
+                },
+            }
+        },
+        "/v1/keys/{id_type}": {
+            "post": {
+                "summary": "Allocate up to count keys",
+                "parameters": [
+                    ID_TYPE,
+                    {
+                        "name": "count",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "default": 1},
+                    },
+                    IDEMPOTENCY_KEY,
+                ],
+                "responses": {
+                    "200": _json(_ref("Keys"), "the keys (fewer when the pool holds fewer)"),
+                    **_errors(401, 403, 404, 410, 422, 429, 503),
+                },
+            }
+        },
+        "/v1/keys/{id_type}/used": {
+            "post": {
+                "summary": "Record that issued keys were used (applied to the ledger async)",
+                "parameters": [ID_TYPE],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("KeyList")}},
+                },
+                "responses": {
+                    "202": _json(_object(accepted={"type": "integer"}), "recorded"),
+                    **_errors(401, 403, 404, 409, 422, 429, 503),
+                },
+            }
+        },
+        "/v1/keys/{id_type}/{key}": {
+            "get": {
+                "summary": "What the ledger knows of a key: issued? when? used?",
+                "parameters": [ID_TYPE, _key_param("key")],
+                "responses": {
+                    "200": _json(_ref("LedgerEntry"), "the ledger's answer"),
+                    **_errors(401, 403, 404, 409, 422, 429, 503),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": STRING}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness",
+                "responses": {"200": _json(_object(status=STRING), "alive"), **_errors(401)},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: Redis answers and every type has hot inventory",
+                "responses": {
+                    "200": _json(_object(ready={"type": "boolean"}), "ready"),
+                    "503": _json(_object(ready={"type": "boolean"}), "not ready"),
+                    **_errors(401),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3")},
+            }
+        },
+    }
+
+
+def document(settings: Settings, version: str) -> Json:
+    """The OpenAPI document of this configuration (its ID types, its batch limit)."""
+    types = sorted(settings.id_types)
+    doc: Json = {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "keydispenser",
+            "version": version,
+            "description": "Pre-generated, never-repeated IDs over HTTP. ID types: "
+            + (", ".join(types) or "(none configured)"),
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+        },
+    }
+    if settings.dispenser.auth.api_keys:
+        doc["security"] = [{"bearer": []}, {"apiKey": []}]
+    for operations in doc["paths"].values():
+        for operation in operations.values():
+            operation["parameters"] = [
+                _configured(p, types, settings.dispenser.max_batch)
+                for p in operation.get("parameters", [])
+            ]
+    return doc
+
+
+def _configured(parameter: Json, types: list[str], max_batch: int) -> Json:
+    """The configured ID types and batch limit, written into the shared parameters."""
+    if parameter["name"] == "id_type" and types:
+        return {**parameter, "schema": {**parameter["schema"], "enum": types}}
+    if parameter["name"] == "count":
+        return {**parameter, "schema": {**parameter["schema"], "maximum": max_batch}}
+    return parameter

@@ -1,0 +1,211 @@
+"""The audit ledger: which key was issued when, to which client, and when it was used.
+
+Dispensers never write PostgreSQL. The pop script appends an "issue" entry to a Redis
+stream in the same atomic step that takes the keys, and mark-used appends a "used"
+entry; keysync drains the stream into per-type ledger tables in batches, in stream
+order, and acknowledges (then deletes) entries only after their transaction commits.
+A redelivered entry is recognised by its stream ID; any other key issued twice hits the
+table's primary key and raises the duplicate alarm (metric + error log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from shared import sql
+from shared.cold_store import ColdStore, translated
+from shared.hot_store import HotStore, LedgerEntry
+from shared.idtypes import IdType
+
+log = logging.getLogger(__name__)
+
+
+def entry_time(entry_id: str) -> datetime:
+    """A stream entry ID starts with the Redis server's clock in milliseconds."""
+    return datetime.fromtimestamp(int(entry_id.split("-", 1)[0]) / 1000, UTC)
+
+
+@dataclass
+class Issued:
+    keys: list[str] = field(default_factory=list)
+    times: list[datetime] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)
+    idempotency_keys: list[str | None] = field(default_factory=list)
+    entries: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Used:
+    keys: list[str] = field(default_factory=list)
+    times: list[datetime] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    issued: dict[str, Issued] = field(default_factory=lambda: defaultdict(Issued))
+    used: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
+    duplicates: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    skipped: int = 0
+
+
+def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
+    """Group stream entries by type and operation; flag keys issued twice in the batch."""
+    batch = Batch()
+    seen: dict[tuple[str, str], str] = {}
+    for entry_id, fields in entries:
+        name, op = fields.get("type", ""), fields.get("op", "")
+        id_type = types.get(name)
+        keys = fields.get("keys", "").split()
+        if id_type is None or not id_type.config.ledger or op not in ("issue", "used"):
+            batch.skipped += 1
+            log.warning("ledger_entry_skipped", extra={"entry": entry_id, "id_type": name})
+            continue
+        when = entry_time(entry_id)
+        if op == "used":
+            batch.used[name].keys.extend(keys)
+            batch.used[name].times.extend([when] * len(keys))
+            continue
+        clients = fields.get("clients", "-").split() or ["-"]
+        if len(clients) != len(keys):
+            clients = [clients[0]] * len(keys)
+        issued = batch.issued[name]
+        for key, client in zip(keys, clients, strict=True):
+            if (name, key) in seen:
+                batch.duplicates[name].append(key)
+                continue
+            seen[(name, key)] = entry_id
+            issued.keys.append(key)
+            issued.times.append(when)
+            issued.clients.append(client)
+            issued.idempotency_keys.append(fields.get("idem") or None)
+            issued.entries.append(entry_id)
+    return batch
+
+
+@dataclass(frozen=True)
+class Applied:
+    issued: int
+    used: int
+    duplicates: dict[str, list[str]]
+    used_unknown: int
+
+
+async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
+    """Write one batch in the caller's transaction: issues first, then uses."""
+    issued = used = unknown = 0
+    duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
+    for name, rows in batch.issued.items():
+        statement = sql.for_type(sql.INSERT_LEDGER_ISSUED, name)
+        inserted = {
+            r["key"]
+            for r in await conn.fetch(
+                statement, rows.keys, rows.times, rows.clients, rows.idempotency_keys, rows.entries
+            )
+        }
+        issued += len(inserted)
+        conflicts = [k for k in rows.keys if k not in inserted]
+        if conflicts:
+            entry_of = dict(zip(rows.keys, rows.entries, strict=True))
+            stored = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), conflicts)
+            # The same entry again is a redelivery; another entry means a second issue.
+            twice = [r["key"] for r in stored if r["entry_id"] != entry_of[r["key"]]]
+            duplicates.setdefault(name, []).extend(twice)
+    for name, marks in batch.used.items():
+        updated = {
+            r["key"]
+            for r in await conn.fetch(
+                sql.for_type(sql.UPDATE_LEDGER_USED, name), marks.keys, marks.times
+            )
+        }
+        used += len(updated)
+        rest = sorted(set(marks.keys) - updated)
+        if rest:
+            known = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), rest)
+            missing = set(rest) - {r["key"] for r in known}
+            if missing:
+                unknown += len(missing)
+                log.warning(
+                    "used_key_not_issued",
+                    extra={"id_type": name, "keys": sorted(missing)[:10], "count": len(missing)},
+                )
+    return Applied(issued, used, {k: v for k, v in duplicates.items() if v}, unknown)
+
+
+class LedgerReader:
+    """Lookups for the dispenser's GET route: a small pool, opened on first use."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._store: ColdStore | None = None
+
+    async def lookup(self, id_type: str, key: str) -> dict[str, Any]:
+        if self._store is None:
+            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
+        async with self._store.connection() as conn, translated("ledger_lookup"):
+            row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, id_type), key)
+        if row is None:
+            return {"id_type": id_type, "key": key, "issued": False, "used": False}
+        return {
+            "id_type": id_type,
+            "key": key,
+            "issued": True,
+            "issued_at": _iso(row["issued_at"]),
+            "client": row["client"],
+            "idempotency_key": row["idempotency_key"],
+            "used": row["used_at"] is not None,
+            "used_at": _iso(row["used_at"]),
+        }
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class LedgerDrain:
+    """keysync's side: stream -> PostgreSQL, one transaction per batch."""
+
+    def __init__(
+        self,
+        hot: HotStore,
+        cold: ColdStore,
+        types: dict[str, IdType],
+        consumer: str,
+        batch_size: int,
+    ) -> None:
+        self._hot = hot
+        self._cold = cold
+        self._types = types
+        self._consumer = consumer
+        self._batch_size = batch_size
+
+    @property
+    def enabled(self) -> bool:
+        return any(t.config.ledger for t in self._types.values())
+
+    async def drain_once(self, block_ms: int) -> Applied | None:
+        """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
+        entries = await self._hot.ledger_read(self._consumer, self._batch_size, block_ms)
+        if not entries:
+            return None
+        batch = parse(entries, self._types)
+        async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
+            applied = await apply(conn, batch)
+        await self._hot.ledger_ack([entry_id for entry_id, _ in entries])
+        for name, keys in applied.duplicates.items():
+            log.error(
+                "duplicate_key_issued",
+                extra={"id_type": name, "keys": keys[:10], "count": len(keys)},
+            )
+        return applied

@@ -1,0 +1,168 @@
+"""Coalescing, API keys, Retry-After and metrics, over real HTTP with real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from dispenser.auth import new_api_key
+from shared import redis_keys
+from shared.hot_store import HotStore
+from shared.settings import Settings
+from tests.conftest import Servers, dispenser_over_http, make_settings
+
+
+async def fill(hot: HotStore, id_type: str, count: int, prefix: str = "k") -> list[str]:
+    keys = [f"{prefix}{i:06d}" for i in range(count)]
+    await hot.push(id_type, keys, uuid.uuid4().hex)
+    return keys
+
+
+async def test_concurrent_single_requests_share_redis_calls_and_never_share_keys(
+    settings: Settings, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    keys = await fill(hot, "farmer", 900)
+    async with dispenser_over_http(settings) as client:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=client.base_url, limits=limits) as many:
+            replies = await asyncio.gather(
+                *(many.post("/v1/idgenerator/farmer/id") for _ in range(600))
+            )
+        metrics = (await client.get("/metrics")).text
+    got = [r.json()["response"]["id"] for r in replies]
+    assert all(r.status_code == 200 for r in replies)
+    assert len(set(got)) == 600
+    assert set(got) <= set(keys)
+    assert await hot.depth("farmer") == 300
+    assert 'kd_keys_issued_total{id_type="farmer"} 600.0' in metrics
+    pops = _metric(metrics, "kd_pop_requests_count")
+    assert pops < 600  # at least some Redis calls served several requests
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+async def test_an_empty_pool_answers_retry_after_from_the_refill_rate(
+    settings: Settings, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    import time
+
+    # keysync reported 100 keys/s; a batch is 500 keys: the next lands in ~5 s.
+    await redis_client.hset(
+        redis_keys.refill_key("farmer"), mapping={"rate": "100", "at": str(time.time())}
+    )
+    async with dispenser_over_http(settings) as client:
+        one = await client.post("/v1/idgenerator/farmer/id")
+        batch = await client.post("/v1/keys/farmer", params={"count": 10})
+    for reply in (one, batch):
+        assert reply.status_code == 503
+        assert reply.json()["errors"][0]["errorCode"] == "IDG-001"
+        assert reply.headers["Retry-After"] == "5"
+
+
+@pytest.fixture
+def keys() -> dict[str, str]:
+    return {name: new_api_key()[0] for name in ("registry", "limited", "links")}
+
+
+def auth_settings(
+    servers: Servers, database: str, keys: dict[str, str], **auth: object
+) -> Settings:
+    from dispenser.auth import digest
+
+    clients = [
+        {"name": "registry", "sha256": digest(keys["registry"])},
+        {"name": "limited", "sha256": digest(keys["limited"]), "rate_per_s": 0.01, "burst": 2},
+        {"name": "links", "sha256": digest(keys["links"]), "id_types": ["shortlink"]},
+    ]
+    return make_settings(servers, database, dispenser={"auth": {"api_keys": clients, **auth}})
+
+
+@pytest.fixture
+async def secured(
+    servers: Servers,
+    database: str,
+    redis_client: aioredis.Redis,
+    hot: HotStore,
+    keys: dict[str, str],
+) -> AsyncIterator[httpx.AsyncClient]:
+    await fill(hot, "farmer", 50)
+    await fill(hot, "shortlink", 50, prefix="s")
+    async with dispenser_over_http(auth_settings(servers, database, keys)) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/idgenerator/farmer/id"),
+        ("POST", "/v1/keys/farmer"),
+        ("GET", "/v1/idgenerator/farmer/id/validate/3029384756"),
+        ("GET", "/v1/idgenerator/config"),
+    ],
+)
+async def test_without_a_key_the_api_answers_401(
+    secured: httpx.AsyncClient, method: str, path: str
+) -> None:
+    reply = await secured.request(method, path)
+    assert reply.status_code == 401
+    assert reply.json()["errors"][0]["errorCode"] == "IDG-008"
+    assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+    wrong = await secured.request(method, path, headers={"X-API-Key": "kd_not-a-key"})
+    assert wrong.status_code == 401
+
+
+async def test_a_valid_key_allocates_and_health_and_metrics_stay_open(
+    secured: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    bearer = {"Authorization": f"Bearer {keys['registry']}"}
+    assert (await secured.post("/v1/idgenerator/farmer/id", headers=bearer)).status_code == 200
+    assert (await secured.post("/v1/keys/shortlink", headers=bearer)).status_code == 200
+    for path in ("/metrics", "/healthz", "/readyz", "/v1/idgenerator/health", "/openapi.json"):
+        assert (await secured.get(path)).status_code == 200, path
+
+
+async def test_a_key_limited_to_some_types_gets_403_for_the_others(
+    secured: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    headers = {"X-API-Key": keys["links"]}
+    assert (await secured.post("/v1/keys/shortlink", headers=headers)).status_code == 200
+    for path in ("/v1/idgenerator/farmer/id", "/v1/keys/farmer"):
+        reply = await secured.post(path, headers=headers)
+        assert reply.status_code == 403
+        assert reply.json()["errors"][0]["errorCode"] == "IDG-009"
+
+
+async def test_over_its_rate_a_client_gets_429_with_retry_after_and_loses_nothing(
+    secured: httpx.AsyncClient, keys: dict[str, str], hot: HotStore
+) -> None:
+    headers = {"X-API-Key": keys["limited"]}
+    ok = [await secured.post("/v1/idgenerator/farmer/id", headers=headers) for _ in range(2)]
+    assert [r.status_code for r in ok] == [200, 200]
+    refused = await secured.post("/v1/idgenerator/farmer/id", headers=headers)
+    assert refused.status_code == 429
+    assert refused.json()["errors"][0]["errorCode"] == "IDG-010"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert await hot.depth("farmer") == 48  # the refused request took no key
+    other = await secured.post("/v1/idgenerator/farmer/id", headers={"X-API-Key": keys["registry"]})
+    assert other.status_code == 200  # limits are per client
+
+
+async def test_observability_can_be_protected_too(
+    servers: Servers, database: str, redis_client: aioredis.Redis, keys: dict[str, str]
+) -> None:
+    settings = auth_settings(servers, database, keys, protect_observability=True)
+    async with dispenser_over_http(settings) as client:
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/readyz")).status_code == 401
+        good = await client.get("/metrics", headers={"X-API-Key": keys["registry"]})
+        assert good.status_code == 200

@@ -1,0 +1,193 @@
+"""The audit ledger: issued and used keys reach PostgreSQL via the Redis stream."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from shared import redis_keys
+from shared.cold_store import ColdStore
+from shared.hot_store import HotStore
+from shared.idtypes import build_id_types
+from shared.ledger import Applied, LedgerDrain, apply, parse
+from shared.settings import Settings
+from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+
+KEYS = [f"L{i:06d}" for i in range(100)]  # well-formed base62 keys of length 7
+
+
+@pytest.fixture
+def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
+    types = small_types()
+    types["shortlink"]["ledger"] = True
+    return make_settings(servers, database, id_types=types)
+
+
+@pytest.fixture
+async def drain(settings: Settings, hot: HotStore) -> AsyncIterator[LedgerDrain]:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        drain = LedgerDrain(hot, cold, build_id_types(settings), "test-consumer", 1_000)
+        assert await drain.drain_once(block_ms=10) is None  # creates the consumer group
+        yield drain
+    finally:
+        await cold.close()
+
+
+@pytest.fixture
+async def client(settings: Settings, hot: HotStore) -> AsyncIterator[httpx.AsyncClient]:
+    await hot.push("shortlink", KEYS, uuid.uuid4().hex)
+    await hot.push("farmer", ["3029384756"], uuid.uuid4().hex)
+    async with dispenser_over_http(settings) as http:
+        yield http
+
+
+async def drain_all(drain: LedgerDrain) -> list[Applied]:
+    applied = []
+    while (batch := await drain.drain_once(block_ms=10)) is not None:
+        applied.append(batch)
+    return applied
+
+
+async def lookup(client: httpx.AsyncClient, key: str) -> dict[str, Any]:
+    reply = await client.get(f"/v1/keys/shortlink/{key}")
+    assert reply.status_code == 200
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+async def test_issued_keys_and_their_use_are_recorded(
+    client: httpx.AsyncClient, drain: LedgerDrain, hot: HotStore
+) -> None:
+    one = (await client.post("/v1/idgenerator/shortlink/id")).json()["response"]["id"]
+    batch = (await client.post("/v1/keys/shortlink", params={"count": 3})).json()["keys"]
+    again = await client.post(
+        "/v1/keys/shortlink", params={"count": 2}, headers={"Idempotency-Key": "order-7"}
+    )
+    replay = await client.post(
+        "/v1/keys/shortlink", params={"count": 2}, headers={"Idempotency-Key": "order-7"}
+    )
+    assert again.json() == replay.json()
+    assert (await lookup(client, one))["issued"] is False  # not drained yet
+    applied = await drain_all(drain)
+    assert sum(a.issued for a in applied) == 6  # the replay issued nothing new
+    assert not any(a.duplicates for a in applied)
+    assert await hot.ledger_backlog() == 0  # applied entries leave the stream
+
+    first = await lookup(client, one)
+    assert first["issued"] is True and first["used"] is False
+    assert first["client"] == "-" and first["issued_at"].endswith("Z")
+    idem = await lookup(client, again.json()["keys"][0])
+    assert idem["idempotency_key"] == "order-7"
+
+    used = await client.post(f"/v1/idgenerator/shortlink/id/{one}/used")
+    assert used.status_code == 202
+    assert used.json()["response"] == {"id": one, "status": "ACCEPTED"}
+    many = await client.post("/v1/keys/shortlink/used", json={"keys": batch[:2]})
+    assert many.status_code == 202 and many.json() == {"accepted": 2}
+    applied = await drain_all(drain)
+    assert sum(a.used for a in applied) == 3
+    marked = await lookup(client, one)
+    assert marked["used"] is True and marked["used_at"] >= marked["issued_at"]
+    assert (await lookup(client, batch[2]))["used"] is False
+    assert (await lookup(client, "Zzzzzzz")) == {
+        "id_type": "shortlink",
+        "key": "Zzzzzzz",
+        "issued": False,
+        "used": False,
+    }
+
+
+async def test_a_key_issued_twice_raises_the_duplicate_alarm(
+    drain: LedgerDrain, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = redis_keys.ledger_stream_key()
+    entry: dict[Any, Any] = {
+        "op": "issue",
+        "type": "shortlink",
+        "keys": "L000001 L000002",
+        "clients": "a",
+    }
+    await redis_client.xadd(stream, entry)
+    assert sum(a.issued for a in await drain_all(drain)) == 2
+    await redis_client.xadd(stream, {**entry, "keys": "L000002 L000003"})
+    applied = await drain_all(drain)
+    assert [a.duplicates for a in applied] == [{"shortlink": ["L000002"]}]
+    assert any(r.message == "duplicate_key_issued" for r in caplog.records)
+
+
+async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
+    drain: LedgerDrain,
+    hot: HotStore,
+    settings: Settings,
+    redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keysync died after its commit, before its ack: the entry is delivered again."""
+    fields: dict[Any, Any] = {
+        "op": "issue",
+        "type": "shortlink",
+        "keys": "L000009",
+        "clients": "a",
+    }
+    entry_id = await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
+    entries = await hot.ledger_read("dead-keysync", 10, 10)
+    assert [e for e, _ in entries] == [entry_id]
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        async with cold.connection() as conn, conn.transaction():
+            await apply(conn, parse(entries, build_id_types(settings)))
+    finally:
+        await cold.close()
+    assert await drain.drain_once(block_ms=10) is None  # pending elsewhere, not yet idle
+    monkeypatch.setattr("shared.hot_store.LEDGER_CLAIM_IDLE_MS", 0)
+    taken_over = await drain.drain_once(block_ms=10)
+    assert taken_over is not None
+    assert taken_over.issued == 0 and taken_over.duplicates == {}
+    assert await hot.ledger_backlog() == 0
+
+
+async def test_marking_a_key_never_issued_is_counted_not_applied(
+    client: httpx.AsyncClient, drain: LedgerDrain
+) -> None:
+    reply = await client.post("/v1/idgenerator/shortlink/id/Q000000/used")
+    assert reply.status_code == 202
+    applied = await drain_all(drain)
+    assert sum(a.used_unknown for a in applied) == 1
+    assert (await lookup(client, "Q000000"))["used"] is False
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("POST", "/v1/idgenerator/farmer/id/3029384756/used", None, 409, "IDG-011"),
+        ("GET", "/v1/keys/farmer/3029384756", None, 409, "IDG-011"),
+        ("POST", "/v1/idgenerator/shortlink/id/short/used", None, 422, "IDG-004"),
+        ("POST", "/v1/idgenerator/nope/id/L000001/used", None, 404, "IDG-003"),
+        ("POST", "/v1/keys/shortlink/used", {"keys": []}, 422, "IDG-004"),
+        ("POST", "/v1/keys/shortlink/used", {"keys": ["L000001", 5]}, 422, "IDG-004"),
+        ("POST", "/v1/keys/shortlink/used", {"nope": 1}, 422, "IDG-004"),
+        ("POST", "/v1/keys/shortlink/used", {"keys": ["L00000!"]}, 422, "IDG-004"),
+    ],
+)
+async def test_ledger_routes_refuse_bad_requests_in_the_envelope(
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    body: object,
+    status: int,
+    code: str,
+) -> None:
+    reply = await client.request(method, path, json=body)
+    assert reply.status_code == status
+    assert reply.json()["errors"][0]["errorCode"] == code
+
+
+async def test_a_body_that_is_not_json_is_422(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/v1/keys/shortlink/used", content=b"{not json")
+    assert reply.status_code == 422

@@ -1,0 +1,39 @@
+"""Reading wrk's report; the bench's pass/fail arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispenser.bench_dispense import parse_wrk
+
+WRK = """Running 3s test @ http://127.0.0.1:18080/v1/idgenerator/kd_bench/id
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.60ms  437.00us   8.12ms   85.12%
+    Req/Sec    20.12k     1.20k   22.00k    70.00%
+  Latency Distribution
+     50%  780.00us
+     75%    1.71ms
+     90%    2.02ms
+     99%    1.20s
+  60360 requests in 3.00s, 14.68MB read
+  Non-2xx or 3xx responses: 12
+Requests/sec:  20118.52
+Transfer/sec:      4.89MB
+"""
+
+
+def test_wrk_report_is_read_in_milliseconds() -> None:
+    got = parse_wrk(WRK)
+    assert got == {
+        "rps": 20118.52,
+        "p50_ms": pytest.approx(0.78),
+        "p99_ms": 1200.0,
+        "requests": 60360.0,
+        "non_2xx": 12.0,
+    }
+
+
+def test_a_report_without_figures_is_an_error() -> None:
+    with pytest.raises(ValueError, match="wrk"):
+        parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")

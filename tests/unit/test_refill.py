@@ -1,0 +1,54 @@
+"""keysync's refill rate, and the Retry-After dispensers derive from it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dispenser.app import Dispenser
+from keysync.main import RefillMeter
+from shared.hot_store import HotStore, Popped, Refill
+from shared.metrics import DispenserMetrics
+from shared.redis_endpoint import RedisEndpoint
+from shared.settings import load_settings
+from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
+
+
+def test_the_refill_rate_is_keys_over_the_recent_window() -> None:
+    meter = RefillMeter()
+    assert meter.pushed(500, now=100.0) == 500  # one push: at least a second
+    assert meter.pushed(500, now=102.0) == 500  # 1000 keys over 2 s
+    assert meter.pushed(100, now=115.0) == 100  # the older pushes left the window
+
+
+@pytest.fixture
+def dispenser() -> Dispenser:
+    settings = load_settings(
+        EMPTY_CONFIG,
+        permutation_key=TEST_SECRET,
+        id_types=small_types(),  # sync_batch 500, hot.high 1000
+        dispenser={"retry_after_s": 2, "retry_after_max_s": 30},
+    )
+    hot = HotStore(RedisEndpoint("redis://127.0.0.1:1/0"))  # never contacted here
+    return Dispenser(settings, hot, DispenserMetrics(CollectorRegistry()))
+
+
+@pytest.mark.parametrize(
+    ("refill", "expected"),
+    [
+        (None, 2),  # nothing known: the configured value
+        (Refill(rate=0.0, at=time.time()), 2),
+        (Refill(rate=250.0, at=time.time() - 3600), 2),  # stale
+        (Refill(rate=250.0, at=time.time()), 2),  # 500 keys at 250/s
+        (Refill(rate=60.0, at=time.time()), 9),
+        (Refill(rate=1_000_000.0, at=time.time()), 1),
+        (Refill(rate=1.0, at=time.time()), 30),  # capped
+    ],
+)
+def test_retry_after_is_the_time_to_the_next_batch(
+    dispenser: Dispenser, refill: Refill | None, expected: int
+) -> None:
+    popped = Popped([], 0, exhausted=False, refill=refill)
+    assert dispenser.retry_after(dispenser.id_types["farmer"], popped) == expected
