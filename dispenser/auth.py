@@ -8,18 +8,26 @@ its ``rate_per_s``.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import secrets
 import time
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
+from shared.apikeys import digest, new_api_key
 from shared.errors import KeydispenserError
 from shared.settings import ApiKeyConfig, AuthConfig
 
 ANONYMOUS = "-"
+__all__ = [
+    "ANONYMOUS",
+    "Forbidden",
+    "Gate",
+    "RateLimited",
+    "Unauthenticated",
+    "digest",
+    "new_api_key",
+]
 
 
 class Unauthenticated(KeydispenserError):
@@ -36,16 +44,6 @@ class RateLimited(KeydispenserError):
     def __init__(self, client: str, retry_after_s: int) -> None:
         super().__init__(f"rate limit of API client '{client}' exceeded; retry later")
         self.retry_after_s = retry_after_s
-
-
-def new_api_key() -> tuple[str, str]:
-    """A fresh random API key and the SHA-256 digest to configure for it."""
-    key = "kd_" + secrets.token_urlsafe(32)
-    return key, digest(key)
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class TokenBucket:

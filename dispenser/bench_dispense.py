@@ -35,6 +35,7 @@ import yaml
 
 from dispenser import bench_servers
 from shared import redis_keys
+from shared.errors import ConfigError
 from shared.hot_store import HotStore
 from shared.processes import serving, stop_process
 from shared.redis_endpoint import RedisEndpoint
@@ -72,9 +73,11 @@ def _free_port() -> int:
 class Load:
     """wrk when present, else the bundled client; same connections and duration."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, choice: str = "auto") -> None:
         self.seconds = seconds
-        self.wrk = shutil.which("wrk")
+        self.wrk = shutil.which("wrk") if choice != "bundled" else None
+        if choice == "wrk" and self.wrk is None:
+            raise ConfigError("bench --load wrk: wrk is not installed (apt-get install wrk)")
         self.name = "wrk" if self.wrk else "bundled-asyncio-client"
 
     async def run(self, url: str) -> dict[str, float]:
@@ -220,10 +223,10 @@ def _uvicorn(factory: str, port: int, workers: int) -> list[str]:
 
 
 class Bench:
-    def __init__(self, settings: Settings, seconds: float, work: Path) -> None:
+    def __init__(self, settings: Settings, seconds: float, work: Path, load: str) -> None:
         self.settings = settings
         self.seconds = seconds
-        self.load = Load(seconds)
+        self.load = Load(seconds, load)
         self.config = work / "bench.yaml"
         self.config.write_text(
             yaml.safe_dump(
@@ -242,7 +245,7 @@ class Bench:
             )
         )
         if settings.redis_sentinel is not None:
-            raise ValueError("bench dispense needs redis_url (a scratch database), not Sentinel")
+            raise ConfigError("redis_sentinel: bench dispense needs redis_url (a scratch database)")
 
     def _env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
@@ -380,6 +383,8 @@ class Bench:
             await conn.close()
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, load: str = "auto") -> dict[str, Any]:
+    if seconds < 1:
+        raise ConfigError("bench dispense --seconds: at least 1")
     with tempfile.TemporaryDirectory(prefix="kd-bench-") as work:
-        return await Bench(settings, seconds, Path(work)).run()
+        return await Bench(settings, seconds, Path(work), load).run()

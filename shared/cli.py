@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from pydantic import SecretStr
+import yaml
+from pydantic import SecretStr, ValidationError
 
 from shared import logs
+from shared.apikeys import config_entry, new_api_key
 from shared.cold_store import ColdStore
 from shared.databases import ensure_database
 from shared.errors import ConfigError, KeydispenserError
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
 from shared.schema import migrate
-from shared.settings import Settings, load_settings
+from shared.settings import Settings, describe, load_settings
 
 log = logging.getLogger(__name__)
 PROCESSES = ("keygen", "keysync", "dispenser")
@@ -51,11 +53,21 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=BENCHMARKS, help="what to measure")
     bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
     bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
+    bench.add_argument(
+        "--load",
+        choices=("auto", "wrk", "bundled"),
+        default="auto",
+        help="dispense: load generator (auto: wrk when installed)",
+    )
     drill = commands.add_parser("drill", help="failover drill on loopback: Sentinel, faults, load")
     drill.add_argument("--rounds", type=_positive, default=20, help="fault rounds")
     drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
     drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
     drill.add_argument("--work-dir", help="keep servers' data and logs here")
+    apikey = commands.add_parser("apikey", help="create an API key; prints its config entry")
+    apikey.add_argument("--name", required=True, help="client name (letters, digits, _ . -)")
+    apikey.add_argument("--types", help="comma-separated ID types it may use (default: all)")
+    apikey.add_argument("--rate", type=float, help="requests per second (default: unlimited)")
     up = commands.add_parser("up", help="the whole stack on this machine, embedded servers")
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
     up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
@@ -96,13 +108,16 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> None:
         importlib.import_module("keygen.fill").main(settings, args.id_type, args.count)
     elif args.command == "bench":
         module = importlib.import_module(BENCHMARKS[args.target])
+        options = {"load": args.load} if args.target == "dispense" else {}
         results = asyncio.run(
-            module.run(settings.model_copy(update=_bench_key(settings)), args.seconds)
+            module.run(settings.model_copy(update=_bench_key(settings)), args.seconds, **options)
         )
         print(json.dumps(results, indent=2))
         _write_json(results, args.json)
     elif args.command == "drill":
         _drill(settings, args)
+    elif args.command == "apikey":
+        _apikey(settings, args)
     elif args.command == "up":
         from shared.up import up
 
@@ -119,6 +134,23 @@ def _drill(settings: Settings, args: argparse.Namespace) -> None:
     print(format_table(report))
     if report["duplicates"]:
         raise KeydispenserError(f"{report['duplicates']} keys were dispensed twice")
+
+
+def _apikey(settings: Settings, args: argparse.Namespace) -> None:
+    types = [t.strip() for t in args.types.split(",")] if args.types else None
+    key, key_digest = new_api_key()
+    entry = config_entry(args.name, key_digest, types, args.rate)
+    # Validate the entry as the dispenser will, so a bad name or type fails here.
+    auth = {"api_keys": [*settings.dispenser.auth.api_keys, *yaml.safe_load(entry)]}
+    try:
+        Settings.model_validate(
+            settings.model_dump() | {"dispenser": settings.dispenser.model_dump() | {"auth": auth}}
+        )
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from exc
+    print(f"API key (shown once; give it to the client '{args.name}'):\n  {key}\n")
+    print("Add to dispenser.auth.api_keys in the configuration:")
+    print(entry, end="")
 
 
 def _write_json(report: dict[str, Any], path: str | None) -> None:

@@ -20,8 +20,6 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 _WAKE_LIST_MAX = 64
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
-# A ledger entry read by a keysync that then died is taken over after this long.
-LEDGER_CLAIM_IDLE_MS = 30_000
 LedgerEntry = tuple[str, dict[str, str]]
 BATCH_MARKER_TTL_S = 3_600
 
@@ -228,14 +226,17 @@ class HotStore:
                 {"op": "used", "type": id_type, "keys": " ".join(keys), "clients": client},
             )
 
-    async def ledger_read(self, consumer: str, count: int, block_ms: int) -> list[LedgerEntry]:
-        """Ledger entries for ``consumer``: first any a dead consumer left, then new ones."""
+    async def ledger_read(
+        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
+    ) -> list[LedgerEntry]:
+        """Ledger entries for ``consumer``: first any that another consumer has held
+        unacknowledged for ``claim_idle_ms`` (it died), then new ones."""
         stream = redis_keys.ledger_stream_key()
         async with self._guard("ledger_read"):
             client = await self._endpoint.client()
             try:
                 _, claimed, *_ = await client.xautoclaim(
-                    stream, LEDGER_GROUP, consumer, LEDGER_CLAIM_IDLE_MS, "0-0", count=count
+                    stream, LEDGER_GROUP, consumer, claim_idle_ms, "0-0", count=count
                 )
                 if claimed:
                     return [(str(i), dict(f)) for i, f in claimed if f is not None]

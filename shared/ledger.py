@@ -183,12 +183,14 @@ class LedgerDrain:
         types: dict[str, IdType],
         consumer: str,
         batch_size: int,
+        claim_idle_s: float = 30.0,
     ) -> None:
         self._hot = hot
         self._cold = cold
         self._types = types
         self._consumer = consumer
         self._batch_size = batch_size
+        self._claim_idle_ms = int(claim_idle_s * 1000)
 
     @property
     def enabled(self) -> bool:
@@ -196,7 +198,9 @@ class LedgerDrain:
 
     async def drain_once(self, block_ms: int) -> Applied | None:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
-        entries = await self._hot.ledger_read(self._consumer, self._batch_size, block_ms)
+        entries = await self._hot.ledger_read(
+            self._consumer, self._batch_size, block_ms, self._claim_idle_ms
+        )
         if not entries:
             return None
         batch = parse(entries, self._types)

@@ -160,6 +160,9 @@ class KeysyncConfig(_Strict):
     poll_interval_s: float = Field(default=0.5, gt=0)
     # Ledger events moved from Redis to PostgreSQL per transaction.
     ledger_batch: int = Field(default=1_000, ge=1, le=100_000)
+    # Ledger entries another keysync read but never acknowledged (it died) are taken
+    # over after this long.
+    ledger_claim_idle_s: float = Field(default=30.0, ge=0)
     # Prometheus metrics over HTTP; None: not served.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
@@ -263,13 +266,13 @@ def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides
     try:
         settings: Settings = bound(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from exc
+        raise ConfigError(describe(exc)) from exc
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return settings
 
 
-def _describe(exc: ValidationError) -> str:
+def describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(part) for part in err["loc"]) or "(root)"

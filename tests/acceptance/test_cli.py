@@ -129,3 +129,52 @@ def test_fill_refuses_an_unknown_type(settings: Settings, tmp_path: Path) -> Non
     assert "--type" in result.stderr and "Traceback" not in result.stderr
     bad_count = run_cli("fill", "--type", "farmer", "--count", "0", env=env)
     assert bad_count.returncode == 2 and "--count" in bad_count.stderr
+
+
+def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_path: Path) -> None:
+    import yaml
+
+    from shared.apikeys import digest
+
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    result = run_cli("apikey", "--name", "registry", "--types", "farmer", "--rate", "20", env=env)
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.split("\n")[1].strip()
+    entry = yaml.safe_load(result.stdout.split("configuration:\n", 1)[1])
+    assert entry == [
+        {"name": "registry", "sha256": digest(key), "id_types": ["farmer"], "rate_per_s": 20.0}
+    ]
+    refused = run_cli("apikey", "--name", "x", "--types", "nope", env=env)
+    assert refused.returncode == 2
+    assert "id_types" in refused.stderr and "nope" in refused.stderr
+
+
+@pytest.mark.parametrize("load", ["auto", "bundled"])
+def test_bench_dispense_measures_all_four_and_writes_json(
+    settings: Settings, tmp_path: Path, load: str
+) -> None:
+    """The benchmark runs end to end (its figures are reported, never asserted)."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench",
+        "dispense",
+        "--seconds",
+        "1",
+        "--load",
+        load,
+        "--json",
+        str(out),
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for field in ("bare_rps", "single_rps", "single_p99_ms", "batch_keys_per_s", "pg_baseline_rps"):
+        assert report[field] > 0, field
+    for run in report["runs"].values():
+        assert run["non_2xx"] == {"bare": 0, "single": 0, "batch": 0, "pg_baseline": 0}
+        assert run["single_keys_served"] > 0
+        assert not run["pool_ran_dry"]
+    if load == "bundled":
+        assert report["load_generator"] == "bundled-asyncio-client"

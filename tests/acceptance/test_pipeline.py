@@ -44,7 +44,7 @@ def load_types() -> dict[str, dict[str, object]]:
     }
     return {
         "farmer": {"kind": "numeric", "length": 10, **marks},
-        "shortlink": {"kind": "base62", "length": 7, **marks},
+        "shortlink": {"kind": "base62", "length": 7, "ledger": True, **marks},
     }
 
 
@@ -105,6 +105,24 @@ async def kill_mid_run(
         stack.spawn(name, env, f"{name}-restarted")
 
 
+async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
+    """The shortlink ledger's keys once it holds ``expected`` rows and no backlog."""
+    hot = HotStore.from_settings(settings)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = await conn.fetchval('SELECT count(*) FROM "kd_ledger_shortlink"')
+            if rows >= expected and await hot.ledger_backlog() == 0:
+                break
+            await asyncio.sleep(0.2)
+        keys = await conn.fetch('SELECT key FROM "kd_ledger_shortlink" ORDER BY key')
+        return sorted(r["key"] for r in keys)
+    finally:
+        await conn.close()
+        await hot.close()
+
+
 async def account(settings: Settings) -> dict[str, dict[str, int]]:
     """Per type: accepted into cold, still in cold/hot, and unfilled ranges."""
     cold = await ColdStore.connect(settings.postgres_dsn)
@@ -135,7 +153,12 @@ async def account(settings: Settings) -> dict[str, dict[str, int]]:
 async def test_concurrent_pipeline_never_dispenses_a_key_twice(
     servers: Servers, database: str, redis_client: object, tmp_path: Path
 ) -> None:
-    settings = make_settings(servers, database, id_types=load_types())
+    settings = make_settings(
+        servers,
+        database,
+        id_types=load_types(),
+        keysync={"poll_interval_s": 0.1, "ledger_claim_idle_s": 2.0},
+    )
     config = write_config(settings, tmp_path / "config.yaml")
     env = process_env(settings, config)
     assert run_cli("migrate", env=env).returncode == 0
@@ -146,7 +169,9 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
         keygens = [stack.spawn("keygen", env, f"keygen-{i}") for i in range(2)]
         keysyncs = [stack.spawn("keysync", env, f"keysync-{i}") for i in range(2)]
         for i, port in enumerate(ports):
-            stack.spawn("dispenser", {**env, "KD_DISPENSER__PORT": str(port)}, f"dispenser-{i}")
+            # One single-process dispenser, one with two uvicorn workers.
+            workers = {"KD_DISPENSER__PORT": str(port), "KD_DISPENSER__WORKERS": str(i + 1)}
+            stack.spawn("dispenser", {**env, **workers}, f"dispenser-{i}")
         for url in urls:
             wait_for_http(f"{url}/healthz")
 
@@ -165,8 +190,12 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
             kill_mid_run(load, stack, victims, env, at=20_000),
         )
         assert not load.errors, load.errors[:3]
+        # keysync drains the ledger; the killed one's unacknowledged entries are taken
+        # over by another after ledger_claim_idle_s.
+        ledgered = await wait_for_ledger(settings, len(load.keys["shortlink"]))
     finally:
         stack.close()
+    assert ledgered == sorted(load.keys["shortlink"])  # each issued key exactly once
 
     id_types = build_id_types(settings, generating=False)
     for name in TYPES:

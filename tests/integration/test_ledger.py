@@ -29,14 +29,17 @@ def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> S
 
 
 @pytest.fixture
-async def drain(settings: Settings, hot: HotStore) -> AsyncIterator[LedgerDrain]:
+async def cold_store(settings: Settings) -> AsyncIterator[ColdStore]:
     cold = await ColdStore.connect(settings.postgres_dsn)
-    try:
-        drain = LedgerDrain(hot, cold, build_id_types(settings), "test-consumer", 1_000)
-        assert await drain.drain_once(block_ms=10) is None  # creates the consumer group
-        yield drain
-    finally:
-        await cold.close()
+    yield cold
+    await cold.close()
+
+
+@pytest.fixture
+async def drain(settings: Settings, hot: HotStore, cold_store: ColdStore) -> LedgerDrain:
+    drain = LedgerDrain(hot, cold_store, build_id_types(settings), "test-consumer", 1_000)
+    assert await drain.drain_once(block_ms=10) is None  # creates the consumer group
+    return drain
 
 
 @pytest.fixture
@@ -126,7 +129,7 @@ async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
     hot: HotStore,
     settings: Settings,
     redis_client: aioredis.Redis,
-    monkeypatch: pytest.MonkeyPatch,
+    cold_store: ColdStore,
 ) -> None:
     """A keysync died after its commit, before its ack: the entry is delivered again."""
     fields: dict[Any, Any] = {
@@ -136,17 +139,13 @@ async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
         "clients": "a",
     }
     entry_id = await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
-    entries = await hot.ledger_read("dead-keysync", 10, 10)
+    entries = await hot.ledger_read("dead-keysync", 10, 10, 30_000)
     assert [e for e, _ in entries] == [entry_id]
-    cold = await ColdStore.connect(settings.postgres_dsn)
-    try:
-        async with cold.connection() as conn, conn.transaction():
-            await apply(conn, parse(entries, build_id_types(settings)))
-    finally:
-        await cold.close()
+    async with cold_store.connection() as conn, conn.transaction():
+        await apply(conn, parse(entries, build_id_types(settings)))
     assert await drain.drain_once(block_ms=10) is None  # pending elsewhere, not yet idle
-    monkeypatch.setattr("shared.hot_store.LEDGER_CLAIM_IDLE_MS", 0)
-    taken_over = await drain.drain_once(block_ms=10)
+    eager = LedgerDrain(hot, cold_store, build_id_types(settings), "eager", 10, claim_idle_s=0)
+    taken_over = await eager.drain_once(block_ms=10)
     assert taken_over is not None
     assert taken_over.issued == 0 and taken_over.duplicates == {}
     assert await hot.ledger_backlog() == 0
