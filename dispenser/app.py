@@ -76,7 +76,7 @@ class Dispenser:
 
     async def take_one(self, name: str, client: str) -> str:
         """One key; concurrent callers of a type share one Redis call."""
-        id_type = self.id_type(name)
+        id_type = self.id_types.get(name) or self.id_type(name)
         key, popped = await self.coalescer.take(name, client)
         if key is None:
             raise self._none_left(id_type, popped)

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from shared.hot_store import Popped
 
 PopMany = Callable[[str, int, list[str]], Awaitable[Popped]]
 
 
-@dataclass
-class Waiter:
-    client: str
-    future: asyncio.Future[tuple[str | None, Popped]] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+Answer = tuple[str | None, Popped]
+Waiter = tuple[str, "asyncio.Future[Answer]"]  # (client, where its answer goes)
 
 
 class Coalescer:
@@ -36,16 +31,20 @@ class Coalescer:
         self.pops = 0  # Redis calls made
         self.served = 0  # requests answered through them
 
-    async def take(self, id_type: str, client: str) -> tuple[str | None, Popped]:
+    async def take(self, id_type: str, client: str) -> Answer:
         """One key (None when the pool had none left for this request) and the pop result."""
-        waiter = Waiter(client)
-        self._queues.setdefault(id_type, []).append(waiter)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Answer] = loop.create_future()
+        queue = self._queues.get(id_type)
+        if queue is None:
+            queue = self._queues[id_type] = []
+        queue.append((client, future))
         if id_type not in self._draining:
             self._draining.add(id_type)
-            task = asyncio.get_running_loop().create_task(self._drain(id_type))
+            task = loop.create_task(self._drain(id_type))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await waiter.future
+        return await future
 
     async def _drain(self, id_type: str) -> None:
         try:
@@ -58,22 +57,22 @@ class Coalescer:
             self._draining.discard(id_type)
 
     async def _serve(self, id_type: str, batch: list[Waiter]) -> None:
-        clients = [w.client for w in batch]
+        clients = [client for client, _ in batch]
         if len(set(clients)) == 1:
             clients = clients[:1]  # one name stands for all in the ledger
         try:
             popped = await self._pop_many(id_type, len(batch), clients)
         except BaseException as exc:  # every waiter gets the failure, then it propagates
-            for waiter in batch:
-                if not waiter.future.done():
-                    waiter.future.set_exception(exc)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
         self.pops += 1
         self.served += len(batch)
         keys = popped.keys
-        for index, waiter in enumerate(batch):
+        for index, (_, future) in enumerate(batch):
             # A waiter whose client went away loses its key: it is never reissued.
-            if not waiter.future.done():
-                waiter.future.set_result((keys[index] if index < len(keys) else None, popped))
+            if not future.done():
+                future.set_result((keys[index] if index < len(keys) else None, popped))

@@ -20,6 +20,7 @@ import asyncpg
 
 from shared import sql
 from shared.cold_store import ColdStore, translated
+from shared.errors import StoreUnavailable
 from shared.hot_store import HotStore, LedgerEntry
 from shared.idtypes import IdType
 
@@ -148,7 +149,12 @@ class LedgerReader:
         if self._store is None:
             self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
         async with self._store.connection() as conn, translated("ledger_lookup"):
-            row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, id_type), key)
+            try:
+                row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, id_type), key)
+            except asyncpg.UndefinedTableError as exc:
+                raise StoreUnavailable(
+                    "postgres", f"no ledger table for '{id_type}': run `keydispenser migrate`"
+                ) from exc
         if row is None:
             return {"id_type": id_type, "key": key, "issued": False, "used": False}
         return {

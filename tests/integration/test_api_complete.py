@@ -14,7 +14,7 @@ from dispenser.auth import new_api_key
 from shared import redis_keys
 from shared.hot_store import HotStore
 from shared.settings import Settings
-from tests.conftest import Servers, dispenser_over_http, make_settings
+from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 
 async def fill(hot: HotStore, id_type: str, count: int, prefix: str = "k") -> list[str]:
@@ -166,3 +166,37 @@ async def test_observability_can_be_protected_too(
         assert (await client.get("/readyz")).status_code == 401
         good = await client.get("/metrics", headers={"X-API-Key": keys["registry"]})
         assert good.status_code == 200
+
+
+async def test_a_request_body_on_the_single_route_is_ignored_and_the_connection_reused(
+    settings: Settings, hot: HotStore
+) -> None:
+    await fill(hot, "farmer", 10)
+    async with dispenser_over_http(settings) as client:
+        with_body = await client.post("/v1/idgenerator/farmer/id", json={"anything": 1})
+        after = await client.post("/v1/idgenerator/farmer/id", content=b"x" * 70_000)
+        last = await client.post("/v1/idgenerator/farmer/id")
+    assert [r.status_code for r in (with_body, after, last)] == [200, 200, 200]
+    assert [r.json()["response"]["id"] for r in (with_body, after, last)] == [
+        "k000000",
+        "k000001",
+        "k000002",
+    ]
+
+
+async def test_a_ledger_lookup_without_its_table_is_a_clear_503(
+    servers: Servers, database: str, redis_client: aioredis.Redis
+) -> None:
+    import asyncpg
+
+    types = small_types()
+    types["shortlink"]["ledger"] = True
+    settings = make_settings(servers, database, id_types=types)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    await conn.execute('DROP TABLE "kd_ledger_shortlink"')
+    await conn.close()
+    async with dispenser_over_http(settings) as client:
+        reply = await client.get("/v1/keys/shortlink/Abc1234")
+    assert reply.status_code == 503
+    assert reply.json()["errors"][0]["errorCode"] == "IDG-005"
+    assert "keydispenser migrate" in reply.json()["errors"][0]["message"]

@@ -36,19 +36,20 @@ def dispenser() -> Dispenser:
 
 
 @pytest.mark.parametrize(
-    ("refill", "expected"),
+    ("rate", "age_s", "expected"),
     [
-        (None, 2),  # nothing known: the configured value
-        (Refill(rate=0.0, at=time.time()), 2),
-        (Refill(rate=250.0, at=time.time() - 3600), 2),  # stale
-        (Refill(rate=250.0, at=time.time()), 2),  # 500 keys at 250/s
-        (Refill(rate=60.0, at=time.time()), 9),
-        (Refill(rate=1_000_000.0, at=time.time()), 1),
-        (Refill(rate=1.0, at=time.time()), 30),  # capped
+        (None, 0.0, 2),  # nothing known: the configured value
+        (0.0, 0.0, 2),
+        (250.0, 3600.0, 2),  # stale
+        (250.0, 1.0, 2),  # 500 keys at 250/s
+        (60.0, 1.0, 9),
+        (1_000_000.0, 1.0, 1),
+        (1.0, 1.0, 30),  # capped
     ],
 )
 def test_retry_after_is_the_time_to_the_next_batch(
-    dispenser: Dispenser, refill: Refill | None, expected: int
+    dispenser: Dispenser, rate: float | None, age_s: float, expected: int
 ) -> None:
+    refill = None if rate is None else Refill(rate=rate, at=time.time() - age_s)
     popped = Popped([], 0, exhausted=False, refill=refill)
     assert dispenser.retry_after(dispenser.id_types["farmer"], popped) == expected
