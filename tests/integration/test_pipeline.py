@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncpg
 import pytest
@@ -125,6 +126,10 @@ async def test_keysync_moves_exactly_what_it_deleted(
         assert moved == len(pushed) == settings.id_types["farmer"].hot.high
         assert set(pushed) == before - after
         assert not set(pushed) & after
+        # The refill rate dispensers derive Retry-After from is published.
+        refill = await redis_client.hgetall(redis_keys.refill_key("farmer"))
+        assert float(refill["rate"]) > 0
+        assert abs(float(refill["at"]) - time.time()) < 60
     finally:
         await cold.close()
         await hot.close()
