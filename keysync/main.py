@@ -35,6 +35,7 @@ from shared.settings import IdTypeConfig, Settings
 log = logging.getLogger(__name__)
 PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
+LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
 
 
 class RefillMeter:
@@ -173,6 +174,12 @@ async def drain_ledger(
         except StoreUnavailable as exc:
             await sleep_or_stop(stop, outage.failed(exc))
             continue
+        except Exception:
+            # Never let the ledger take refills down with it: log, back off, retry.
+            # The entries stay in the stream (kd_ledger_backlog grows) until applied.
+            log.exception("ledger_drain_failed")
+            await sleep_or_stop(stop, LEDGER_FAILURE_DELAY_S)
+            continue
         if applied is not None:
             metrics.ledger_issued.inc(applied.issued)
             metrics.ledger_used.inc(applied.used)
@@ -196,7 +203,14 @@ async def serve(settings: Settings) -> None:
     waker = HotStore.from_settings(settings)
     ledger_hot = HotStore.from_settings(settings)
     types = build_id_types(settings, generating=False)
-    drain = LedgerDrain(ledger_hot, cold, types, instance_name(), settings.keysync.ledger_batch)
+    drain = LedgerDrain(
+        ledger_hot,
+        cold,
+        types,
+        instance_name(),
+        settings.keysync.ledger_batch,
+        settings.keysync.ledger_claim_idle_s,
+    )
     try:
         async with cold.connection() as conn:
             await check(conn, types, keyspace=False)

@@ -247,7 +247,11 @@ class HotStore:
                 if "NOGROUP" not in str(exc):
                     raise
                 # A new stream (or a new primary): create the group from the start.
-                await client.xgroup_create(stream, LEDGER_GROUP, id="0", mkstream=True)
+                try:
+                    await client.xgroup_create(stream, LEDGER_GROUP, id="0", mkstream=True)
+                except ResponseError as race:
+                    if "BUSYGROUP" not in str(race):  # another keysync just created it
+                        raise
                 return []
         return [(str(i), dict(f)) for _, entries in answer for i, f in entries]
 

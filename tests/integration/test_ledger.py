@@ -190,3 +190,34 @@ async def test_ledger_routes_refuse_bad_requests_in_the_envelope(
 async def test_a_body_that_is_not_json_is_422(client: httpx.AsyncClient) -> None:
     reply = await client.post("/v1/keys/shortlink/used", content=b"{not json")
     assert reply.status_code == 422
+
+
+async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
+    drain: LedgerDrain,
+    hot: HotStore,
+    settings: Settings,
+    redis_client: aioredis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    cold_store: ColdStore,
+) -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from keysync.main import drain_ledger
+    from shared.metrics import KeysyncMetrics
+
+    async with cold_store.connection() as conn:
+        await conn.execute('DROP TABLE "kd_ledger_shortlink"')  # not a connection error
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000001", "clients": "-"}
+    await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
+    monkeypatch.setattr("keysync.main.LEDGER_FAILURE_DELAY_S", 0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(drain_ledger(drain, KeysyncMetrics(CollectorRegistry()), hot, stop))
+    await asyncio.sleep(0.5)
+    assert not task.done()  # it keeps trying rather than crashing the process
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert any(r.message == "ledger_drain_failed" for r in caplog.records)
+    assert await hot.ledger_backlog() == 1  # nothing acknowledged, nothing lost
