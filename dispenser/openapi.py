@@ -72,23 +72,32 @@ IDEMPOTENCY_KEY = {
     "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
 }
 
-SCHEMAS: Json = {
-    "Error": {
-        "type": "object",
-        "required": ["errorCode", "message"],
-        "properties": {"errorCode": {"type": "string"}, "message": {"type": "string"}},
-    },
-    "ErrorEnvelope": {
+
+def _envelope(response: Json, errors: Json | None = None) -> Json:
+    """The OpenG2P envelope around ``response``; without errors unless given."""
+    return {
         "type": "object",
         "required": ["id", "version", "responsetime", "response", "errors"],
         "properties": {
             "id": {"type": "string"},
             "version": {"type": "string"},
             "responsetime": {"type": "string"},
-            "response": {"nullable": True, "not": {}},
-            "errors": {"type": "array", "minItems": 1, "items": _ref("Error")},
+            "response": response,
+            "errors": errors or {"type": "array", "maxItems": 0},
         },
+    }
+
+
+SCHEMAS: Json = {
+    "Error": {
+        "type": "object",
+        "required": ["errorCode", "message"],
+        "properties": {"errorCode": {"type": "string"}, "message": {"type": "string"}},
     },
+    "ErrorEnvelope": _envelope(
+        {"nullable": True, "not": {}},  # always null
+        {"type": "array", "minItems": 1, "items": _ref("Error")},
+    ),
     "Keys": {
         "type": "object",
         "required": ["keys"],
@@ -120,20 +129,6 @@ SCHEMAS: Json = {
         },
     },
 }
-
-
-def _envelope(response: Json) -> Json:
-    return {
-        "type": "object",
-        "required": ["id", "version", "responsetime", "response", "errors"],
-        "properties": {
-            "id": {"type": "string"},
-            "version": {"type": "string"},
-            "responsetime": {"type": "string"},
-            "response": response,
-            "errors": {"type": "array", "maxItems": 0},
-        },
-    }
 
 
 def _object(**properties: Json) -> Json:
