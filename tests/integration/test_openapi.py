@@ -8,10 +8,12 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 from starlette.routing import Route
 
 from dispenser.app import ROUTES
+from shared.apikeys import new_api_key
 from shared.hot_store import HotStore
 from shared.settings import Settings
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
@@ -44,12 +46,24 @@ async def test_every_route_is_documented(settings: Settings) -> None:
     assert id_type["schema"]["enum"] == ["farmer", "shortlink"]
 
 
+@pytest.mark.parametrize("auth", ["open", "with-api-key", "without-api-key"])
 async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
-    servers: Servers, database: str, redis_client: aioredis.Redis, hot: HotStore, tmp_path: Path
+    servers: Servers,
+    database: str,
+    redis_client: aioredis.Redis,
+    hot: HotStore,
+    tmp_path: Path,
+    auth: str,
 ) -> None:
+    """Open API; API keys configured and sent; configured and not sent (every 401)."""
     types = small_types()
     types["shortlink"]["ledger"] = True
-    settings = make_settings(servers, database, id_types=types)
+    key, key_digest = new_api_key()
+    clients = [] if auth == "open" else [{"name": "fuzzer", "sha256": key_digest}]
+    settings = make_settings(
+        servers, database, id_types=types, dispenser={"auth": {"api_keys": clients}}
+    )
+    headers = ["--header", f"X-API-Key: {key}"] if auth == "with-api-key" else []
     await hot.push("farmer", [f"{i:010d}" for i in range(5_000)], uuid.uuid4().hex)
     await hot.push("shortlink", [f"S{i:06d}" for i in range(5_000)], uuid.uuid4().hex)
     async with dispenser_over_http(settings) as client:
@@ -66,6 +80,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
             "20261126",
             "--workers",
             "2",
+            *headers,
             cwd=tmp_path,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
