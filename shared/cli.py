@@ -134,6 +134,8 @@ def _drill(settings: Settings, args: argparse.Namespace) -> None:
     print(format_table(report))
     if report["duplicates"]:
         raise KeydispenserError(f"{report['duplicates']} keys were dispensed twice")
+    if report["ledger"]["duplicate_alarms"]:
+        raise KeydispenserError("the ledger raised its duplicate alarm")
 
 
 def _apikey(settings: Settings, args: argparse.Namespace) -> None:

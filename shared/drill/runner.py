@@ -39,8 +39,10 @@ DRILL_TYPES: dict[str, Any] = {
         "hot": {"low": 3_000, "high": 8_000},
         "cold": {"low": 30_000, "high": 60_000},
         "sync_batch": 1_000,
+        "ledger": True,
     },
 }
+LEDGER_SETTLE_S = 30.0  # how long the drill waits for keysync to drain the ledger
 
 
 @dataclass
@@ -249,7 +251,8 @@ async def _drill(
         load.stop()
         await runner
         drill.measure_disruptions()
-        return _report(drill, kinds)
+        ledger = await ledger_check(dsn, set(load.keys), base / "logs")
+        return _report(drill, kinds) | {"ledger": ledger}
     finally:
         if load is not None:
             load.stop()
@@ -263,9 +266,46 @@ async def _drill(
             postgres.stop()
 
 
+async def ledger_check(dsn: str, received: set[str], logs: Path) -> dict[str, int]:
+    """Compare the ledger keysync wrote with the keys clients received.
+
+    ``missing``: received but not recorded (entries lost with a primary that died before
+    replicating them). ``unreceived``: recorded but never received (the answer was lost:
+    a killed dispenser, a timed-out request). ``duplicate_alarms`` must be 0.
+    """
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows, stable_since = -1, time.monotonic()
+        deadline = time.monotonic() + LEDGER_SETTLE_S
+        while time.monotonic() < deadline and time.monotonic() - stable_since < 3:
+            now = int(await conn.fetchval('SELECT count(*) FROM "kd_ledger_farmer"'))
+            if now != rows:
+                rows, stable_since = now, time.monotonic()
+            await asyncio.sleep(0.5)
+        recorded = {r["key"] for r in await conn.fetch('SELECT key FROM "kd_ledger_farmer"')}
+    finally:
+        await conn.close()
+    alarms = await asyncio.to_thread(_duplicate_alarms, logs)
+    return {
+        "rows": len(recorded),
+        "missing": len(received - recorded),
+        "unreceived": len(recorded - received),
+        "duplicate_alarms": alarms,
+    }
+
+
+def _duplicate_alarms(logs: Path) -> int:
+    """How often keysync logged the ledger's duplicate alarm (keysync logs JSON lines)."""
+    return sum(
+        path.read_text(errors="replace").count('"duplicate_key_issued"')
+        for path in logs.glob("keysync*.log")
+    )
+
+
 def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Fleet:
     config = base / "drill.yaml"
-    config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": {"poll_interval_s": 0.2}}))
+    keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
+    config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": keysync}))
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
     env.update(
@@ -328,4 +368,10 @@ def format_table(report: dict[str, Any]) -> str:
         )
         lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*cells))
     lines.append(f"keys dispensed {report['keys_dispensed']}, duplicates {report['duplicates']}")
+    ledger = report.get("ledger")
+    if ledger:
+        lines.append(
+            f"ledger rows {ledger['rows']}, missing {ledger['missing']}, "
+            f"unreceived {ledger['unreceived']}, duplicate alarms {ledger['duplicate_alarms']}"
+        )
     return "\n".join(lines)
