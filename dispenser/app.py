@@ -8,6 +8,7 @@ URL-safe alphabets, so they never need JSON escaping).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -466,6 +467,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
         store = hot or HotStore.from_settings(settings)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
+        gc.freeze()  # start-up objects never become garbage: keep them out of collections
         try:
             yield
         finally:
