@@ -345,10 +345,15 @@ async def openapi(request: Request) -> Response:
 
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
+    return _refusal(_dispenser(request), exc, request.url.path)
+
+
+def _refusal(dispenser: Dispenser, exc: KeydispenserError, path: str) -> Response:
+    """A domain error's envelope, counted by errorCode; store failures are logged."""
     status, code = envelope.classify(exc)
     if status >= 500 and code != "IDG-001":
-        log.warning("request_failed", extra={"path": request.url.path, "error": str(exc)})
-    _dispenser(request).metrics.errors.labels(code).inc()
+        log.warning("request_failed", extra={"path": path, "error": str(exc)})
+    dispenser.metrics.errors.labels(code).inc()
     return envelope.from_domain(exc)
 
 
@@ -421,8 +426,7 @@ class DispenserApp(Starlette):
             body = envelope.ok_id(await dispenser.take_one(name, client))
             status, headers = 200, [_JSON_HEADERS, (b"content-length", b"%d" % len(body))]
         except KeydispenserError as exc:
-            dispenser.metrics.errors.labels(envelope.classify(exc)[1]).inc()
-            response = envelope.from_domain(exc)
+            response = _refusal(dispenser, exc, scope["path"])
             body, status, headers = bytes(response.body), response.status_code, response.raw_headers
         except Exception:
             log.exception("request_crashed", extra={"path": scope["path"]})
