@@ -14,20 +14,11 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from shared.apikeys import digest, new_api_key
+from shared.apikeys import digest
 from shared.errors import KeydispenserError
 from shared.settings import ApiKeyConfig, AuthConfig
 
 ANONYMOUS = "-"
-__all__ = [
-    "ANONYMOUS",
-    "Forbidden",
-    "Gate",
-    "RateLimited",
-    "Unauthenticated",
-    "digest",
-    "new_api_key",
-]
 
 
 class Unauthenticated(KeydispenserError):

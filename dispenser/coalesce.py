@@ -22,7 +22,8 @@ Waiter = tuple[str, "asyncio.Future[Answer]"]  # (client, where its answer goes)
 
 class Coalescer:
     def __init__(self, pop_many: PopMany, max_batch: int) -> None:
-        """``pop_many(id_type, count, clients)``: clients name each key's client, or one all."""
+        """``pop_many(id_type, count, clients)`` pops ``count`` keys; ``clients`` names
+        each key's API client, or holds one name that stands for all."""
         self._pop_many = pop_many
         self._max_batch = max_batch
         self._queues: dict[str, list[Waiter]] = {}

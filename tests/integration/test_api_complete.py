@@ -10,8 +10,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from dispenser.auth import new_api_key
 from shared import redis_keys
+from shared.apikeys import new_api_key
 from shared.hot_store import HotStore
 from shared.settings import Settings
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
@@ -77,7 +77,7 @@ def keys() -> dict[str, str]:
 def auth_settings(
     servers: Servers, database: str, keys: dict[str, str], **auth: object
 ) -> Settings:
-    from dispenser.auth import digest
+    from shared.apikeys import digest
 
     clients = [
         {"name": "registry", "sha256": digest(keys["registry"])},

@@ -12,9 +12,8 @@ from dispenser.auth import (
     RateLimited,
     TokenBucket,
     Unauthenticated,
-    digest,
-    new_api_key,
 )
+from shared.apikeys import digest, new_api_key
 from shared.settings import AuthConfig
 
 
