@@ -35,7 +35,8 @@ import yaml
 
 from dispenser import bench_servers
 from shared import redis_keys
-from shared.errors import ConfigError
+from shared.embedded import free_port
+from shared.errors import ConfigError, KeydispenserError
 from shared.hot_store import HotStore
 from shared.processes import serving, stop_process
 from shared.redis_endpoint import RedisEndpoint
@@ -62,12 +63,6 @@ if #chunk > 0 then redis.call('RPUSH', KEYS[1], unpack(chunk)) end
 redis.call('SADD', KEYS[2], KEYS[1])
 return redis.call('LLEN', KEYS[1])
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Load:
@@ -169,26 +164,25 @@ def parse_wrk(out: str) -> dict[str, float]:
 class Server:
     """One uvicorn server in a child process, stopped on exit."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], port: int) -> None:
-        self.argv, self.env, self.port = argv, env, port
+    def __init__(
+        self, argv: list[str], env: dict[str, str], port: int, ready_path: str | None = None
+    ) -> None:
+        """``ready_path``: a GET route that answers 200 once the app has started."""
+        self.argv, self.env, self.port, self.ready_path = argv, env, port, ready_path
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
         self.process = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
-        probe = f"http://127.0.0.1:{self.port}/openapi.json"
-        if "keydispenser" not in " ".join(self.argv):
-            probe = f"http://127.0.0.1:{self.port}/"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {' '.join(self.argv)}")
-            if _listening(self.port):
-                break
+        while not _listening(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise KeydispenserError(f"bench server did not start: {' '.join(self.argv)}")
             time.sleep(0.1)
-        else:
-            raise RuntimeError(f"server did not listen: {' '.join(self.argv)}")
-        if "keydispenser" in " ".join(self.argv) and not serving(probe, 30):
-            raise RuntimeError("dispenser did not serve")
+        url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+        if self.ready_path and not serving(url, 30):
+            self.__exit__()
+            raise KeydispenserError(f"bench server did not serve {url}")
         time.sleep(0.5)  # every worker up
         return self
 
@@ -277,10 +271,10 @@ class Bench:
 
     async def dispenser(self, client: aioredis.Redis, workers: int, path: str, keys: int) -> Any:
         before = await self.fill(client, keys)
-        port = _free_port()
+        port = free_port()
         env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
         argv = [str(Path(sys.executable).parent / "keydispenser"), "dispenser"]
-        with Server(argv, env, port):
+        with Server(argv, env, port, ready_path="/healthz"):
             result = await self.load.run(f"http://127.0.0.1:{port}{path}")
         after = int(await client.llen(redis_keys.hot_list_key(BENCH_TYPE)))
         result["keys_served"] = before - after
@@ -303,7 +297,7 @@ class Bench:
 
     async def _round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
         single_path = f"/v1/idgenerator/{BENCH_TYPE}/id"
-        port = _free_port()
+        port = free_port()
         with Server(_uvicorn("dispenser.bench_servers:bare", port, workers), self._env(), port):
             bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         single_keys = int(60_000 * workers * self.seconds) + 100_000
@@ -312,7 +306,7 @@ class Bench:
         batch = await self.dispenser(
             client, workers, f"/v1/keys/{BENCH_TYPE}?count={BATCH}", batch_keys
         )
-        port = _free_port()
+        port = free_port()
         env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
         with Server(_uvicorn("dispenser.bench_servers:pg_baseline", port, workers), env, port):
             baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
