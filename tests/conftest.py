@@ -21,11 +21,10 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from dispenser.app import create_app
+from shared.cli import run_migrate
 from shared.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.hot_store import HotStore
-from shared.idtypes import build_id_types
 from shared.redis_endpoint import RedisEndpoint
-from shared.schema import migrate
 from shared.settings import Settings, load_settings
 
 TEST_SECRET = "test-permutation-secret"
@@ -102,12 +101,7 @@ async def template_db(servers: Servers) -> AsyncIterator[str]:
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         await admin.execute(f'CREATE DATABASE "{name}"')
-        settings = make_settings(servers, name)
-        conn = await asyncpg.connect(settings.postgres_dsn)
-        try:
-            await migrate(conn, build_id_types(settings))
-        finally:
-            await conn.close()
+        await run_migrate(make_settings(servers, name))
         yield name
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 import redis.asyncio as aioredis
@@ -14,11 +13,11 @@ import redis.asyncio as aioredis
 from dispenser.app import create_app
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.cli import run_migrate
 from shared.cold_store import ColdStore
 from shared.generation import Generator
 from shared.hot_store import HotStore
 from shared.idtypes import build_id_types
-from shared.schema import migrate
 from shared.settings import Settings
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
@@ -37,11 +36,7 @@ TINY = {
 @pytest.fixture
 async def tiny_settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
     settings = make_settings(servers, database, id_types={"tiny": TINY, **small_types()})
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
-        await migrate(conn, build_id_types(settings))
-    finally:
-        await conn.close()
+    await run_migrate(settings)
     return settings
 
 

@@ -14,11 +14,11 @@ from keygen.main import Keygen, listen_for_wakes
 from keysync.main import Keysync
 from shared import redis_keys
 from shared.checkdigit import verhoeff_valid
+from shared.cli import run_migrate
 from shared.cold_store import ColdStore
 from shared.generation import Generator
 from shared.hot_store import HotStore, Popped
 from shared.idtypes import build_id_types
-from shared.schema import migrate
 from shared.settings import Settings
 from tests.conftest import Servers, make_settings, small_types
 
@@ -91,9 +91,7 @@ async def test_exhausted_keyspace_is_logged_and_generation_stops(
         "cold": {"low": 5_000, "high": 10_000},
     }
     settings = make_settings(servers, database, id_types={"tiny": tiny})
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    await migrate(conn, build_id_types(settings))
-    await conn.close()
+    await run_migrate(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
         keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
