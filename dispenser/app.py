@@ -30,9 +30,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispenser import envelope
-from dispenser.auth import ANONYMOUS, Gate
+from dispenser.auth import Gate
 from dispenser.coalesce import Coalescer
 from dispenser.openapi import document
+from shared.apikeys import ANONYMOUS
 from shared.errors import (
     InvalidInput,
     KeydispenserError,

@@ -14,11 +14,9 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from shared.apikeys import digest
+from shared.apikeys import ANONYMOUS, digest
 from shared.errors import KeydispenserError
 from shared.settings import ApiKeyConfig, AuthConfig
-
-ANONYMOUS = "-"
 
 
 class Unauthenticated(KeydispenserError):

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+ANONYMOUS = "-"  # the client name of requests when no API keys are configured
+
 
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()

@@ -13,6 +13,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from shared import redis_keys
+from shared.apikeys import ANONYMOUS
 from shared.errors import IdempotencyMismatch, StoreUnavailable
 from shared.redis_endpoint import RedisEndpoint, means_primary_moved
 from shared.settings import Settings
@@ -149,8 +150,8 @@ class HotStore:
         With ``ledger``, the same script records the issue in the ledger stream, with
         ``clients`` naming the API client of each key (or one name for all).
         """
-        names = [*pop_keys(id_type)]
-        args = [count, id_type if ledger else "", *(clients or ("-",))]
+        names = pop_keys(id_type)
+        args = [count, id_type if ledger else "", *(clients or (ANONYMOUS,))]
         async with self._guard("pop"):
             taken, remaining, exhausted, discarded, refill = await self._run("pop", names, args)
         return Popped(
@@ -167,7 +168,7 @@ class HotStore:
         count: int,
         idempotency_key: str,
         ttl_s: int,
-        client: str = "-",
+        client: str = ANONYMOUS,
         ledger: bool = False,
     ) -> Popped:
         """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys.

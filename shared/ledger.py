@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from shared import sql
+from shared.apikeys import ANONYMOUS
 from shared.cold_store import ColdStore, translated
 from shared.errors import StoreUnavailable
 from shared.hot_store import HotStore, LedgerEntry
@@ -72,7 +73,7 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
             batch.used[name].keys.extend(keys)
             batch.used[name].times.extend([when] * len(keys))
             continue
-        clients = fields.get("clients", "-").split() or ["-"]
+        clients = fields.get("clients", ANONYMOUS).split() or [ANONYMOUS]
         if len(clients) != len(keys):
             clients = [clients[0]] * len(keys)
         issued = batch.issued[name]

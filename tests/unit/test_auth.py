@@ -6,14 +6,13 @@ import pytest
 from starlette.datastructures import Headers
 
 from dispenser.auth import (
-    ANONYMOUS,
     Forbidden,
     Gate,
     RateLimited,
     TokenBucket,
     Unauthenticated,
 )
-from shared.apikeys import digest, new_api_key
+from shared.apikeys import ANONYMOUS, digest, new_api_key
 from shared.settings import AuthConfig
 
 
