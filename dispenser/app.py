@@ -32,9 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dispenser import envelope
 from dispenser.auth import Gate
 from dispenser.coalesce import Coalescer
+from dispenser.metrics import DispenserMetrics
 from dispenser.openapi import document
-from shared.apikeys import ANONYMOUS
-from shared.errors import (
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
@@ -42,11 +43,10 @@ from shared.errors import (
     PoolEmpty,
     UnknownIdType,
 )
-from shared.hot_store import HotStore, Popped
-from shared.idtypes import IdType, build_id_types
-from shared.ledger import LedgerReader
-from shared.metrics import DispenserMetrics
-from shared.settings import ID_TYPE_NAME, Settings
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import ID_TYPE_NAME, Settings
+from shared.stores.hot_store import HotStore, Popped
+from shared.stores.ledger import LedgerReader
 
 log = logging.getLogger(__name__)
 # A refill rate keysync reported longer ago than this is not trusted for Retry-After.

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from shared.apikeys import ANONYMOUS, digest
-from shared.errors import KeydispenserError
-from shared.settings import ApiKeyConfig, AuthConfig
+from shared.domain.apikeys import ANONYMOUS, digest
+from shared.domain.errors import KeydispenserError
+from shared.domain.settings import ApiKeyConfig, AuthConfig
 
 
 class Unauthenticated(KeydispenserError):

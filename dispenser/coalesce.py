@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from shared.hot_store import Popped
+from shared.stores.hot_store import Popped
 
 PopMany = Callable[[str, int, list[str]], Awaitable[Popped]]
 

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from dispenser.auth import Forbidden, RateLimited, Unauthenticated
-from shared.errors import (
+from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,

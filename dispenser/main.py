@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 
 from dispenser.app import create_app
 from shared import logs
-from shared.settings import Settings, load_settings
+from shared.domain.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 # Every worker builds its app from the same KD_CONFIG file and KD_ environment.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.settings import ID_TYPE_NAME, Settings
+from shared.domain.settings import ID_TYPE_NAME, Settings
 
 Json = dict[str, Any]
 KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,256}$"

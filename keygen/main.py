@@ -10,17 +10,17 @@ from collections.abc import Callable
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from shared.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
-from shared.errors import KeyspaceExhausted, StoreUnavailable
-from shared.generation import Generator
-from shared.headroom import Headroom, HeadroomWatch
-from shared.idtypes import IdType, build_id_types
-from shared.metrics import KeygenMetrics
+from keygen.generation import Generator
+from keygen.headroom import Headroom, HeadroomWatch
+from keygen.metrics import KeygenMetrics
+from shared.domain.errors import KeyspaceExhausted, StoreUnavailable
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import Settings
 from shared.metrics import serve as serve_metrics
 from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
-from shared.schema import check
-from shared.settings import Settings
-from shared.sql import KEYGEN_CHANNEL
+from shared.stores.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
+from shared.stores.schema import check
+from shared.stores.sql import KEYGEN_CHANNEL
 
 log = logging.getLogger(__name__)
 

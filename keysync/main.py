@@ -15,12 +15,10 @@ import uuid
 
 from prometheus_client import CollectorRegistry
 
-from shared.cold_store import ColdStore
-from shared.errors import StoreUnavailable
-from shared.hot_store import HotStore
-from shared.idtypes import build_id_types
-from shared.ledger import LedgerDrain
-from shared.metrics import KeysyncMetrics
+from keysync.metrics import KeysyncMetrics
+from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import IdTypeConfig, Settings
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     Outage,
@@ -29,8 +27,10 @@ from shared.runtime import (
     sleep_or_stop,
     stop_on_signals,
 )
-from shared.schema import check
-from shared.settings import IdTypeConfig, Settings
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.ledger import LedgerDrain
+from shared.stores.schema import check
 
 log = logging.getLogger(__name__)
 PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from shared.errors import StoreUnavailable
+from shared.domain.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

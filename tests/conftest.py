@@ -21,11 +21,11 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from dispenser.app import create_app
-from shared.cli import run_migrate
-from shared.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
-from shared.hot_store import HotStore
-from shared.redis_endpoint import RedisEndpoint
-from shared.settings import Settings, load_settings
+from shared.domain.settings import Settings, load_settings
+from shared.ops.databases import run_migrate
+from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from shared.stores.hot_store import HotStore
+from shared.stores.redis_endpoint import RedisEndpoint
 
 TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"

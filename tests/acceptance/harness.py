@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shared.processes import serving, stop_processes
-from shared.settings import Settings
+from shared.domain.settings import Settings
+from shared.ops.processes import serving, stop_processes
 
 
 def process_env(settings: Settings, config_path: Path, **extra: str) -> dict[str, str]:
@@ -39,7 +39,7 @@ def run_cli(
     *args: str, env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.ops.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -60,7 +60,7 @@ class Stack:
         log = (self.log_dir / f"{tag}.log").open("ab")
         self._logs.append(log)
         child = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", command],
+            [sys.executable, "-m", "shared.ops.cli", command],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import Settings
+from shared.domain.settings import Settings
 from tests.acceptance.harness import Stack, process_env, run_cli, write_config
 
 pytestmark = pytest.mark.acceptance
@@ -134,7 +134,7 @@ def test_fill_refuses_an_unknown_type(settings: Settings, tmp_path: Path) -> Non
 def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_path: Path) -> None:
     import yaml
 
-    from shared.apikeys import digest
+    from shared.domain.apikeys import digest
 
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
     result = run_cli("apikey", "--name", "registry", "--types", "farmer", "--rate", "20", env=env)

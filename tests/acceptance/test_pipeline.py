@@ -20,10 +20,10 @@ import aiohttp
 import asyncpg
 import pytest
 
-from shared.cold_store import ColdStore
-from shared.hot_store import HotStore
-from shared.idtypes import build_id_types
-from shared.settings import Settings
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
 from tests.acceptance.harness import Stack, process_env, run_cli, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 
@@ -220,6 +220,6 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
 
 
 def _port() -> int:
-    from shared.embedded import free_port
+    from shared.ops.embedded import free_port
 
     return free_port()

@@ -10,10 +10,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared import redis_keys
-from shared.apikeys import new_api_key
-from shared.hot_store import HotStore
-from shared.settings import Settings
+from shared.domain.apikeys import new_api_key
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 
@@ -77,7 +77,7 @@ def keys() -> dict[str, str]:
 def auth_settings(
     servers: Servers, database: str, keys: dict[str, str], **auth: object
 ) -> Settings:
-    from shared.apikeys import digest
+    from shared.domain.apikeys import digest
 
     clients = [
         {"name": "registry", "sha256": digest(keys["registry"])},

@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from dispenser.app import create_app
-from shared import redis_keys
-from shared.embedded import free_port
-from shared.hot_store import HotStore
-from shared.settings import Settings
+from shared.domain.settings import Settings
+from shared.ops.embedded import free_port
+from shared.stores import redis_keys
+from shared.stores.hot_store import HotStore
 from tests.conftest import dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

@@ -11,14 +11,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from dispenser.app import create_app
+from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.cli import run_migrate
-from shared.cold_store import ColdStore
-from shared.generation import Generator
-from shared.hot_store import HotStore
-from shared.idtypes import build_id_types
-from shared.settings import Settings
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.ops.databases import run_migrate
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 TINY = {
@@ -127,7 +127,7 @@ async def test_validate_endpoint_knows_affixes_and_profiles(
         assert await valid("member", "FAR-3029384756")
         assert not await valid("member", "3029384756")  # prefix missing
         # 5890... wraps 8-9-0: a sequence for mosip only; check digit is right.
-        from shared.checkdigit import verhoeff_digit
+        from shared.domain.checkdigit import verhoeff_digit
 
         wrapped = "358903742" + verhoeff_digit("358903742")
         assert await valid("uin", "3029384756")

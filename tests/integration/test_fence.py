@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from shared import redis_keys
-from shared.hot_store import HotStore
+from shared.stores import redis_keys
+from shared.stores.hot_store import HotStore
 
 
 async def server_token(client: aioredis.Redis) -> str:

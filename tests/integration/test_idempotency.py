@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from shared.hot_store import HotStore
-from shared.settings import Settings
+from shared.domain.settings import Settings
+from shared.stores.hot_store import HotStore
 from tests.conftest import dispenser_over_http
 
 

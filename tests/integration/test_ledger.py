@@ -10,12 +10,12 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared import redis_keys
-from shared.cold_store import ColdStore
-from shared.hot_store import HotStore
-from shared.idtypes import build_id_types
-from shared.ledger import Applied, LedgerDrain, apply, parse
-from shared.settings import Settings
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.ledger import Applied, LedgerDrain, apply, parse
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 KEYS = [f"L{i:06d}" for i in range(100)]  # well-formed base62 keys of length 7
@@ -206,7 +206,7 @@ async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
     from prometheus_client import CollectorRegistry
 
     from keysync.main import drain_ledger
-    from shared.metrics import KeysyncMetrics
+    from keysync.metrics import KeysyncMetrics
 
     async with cold_store.connection() as conn:
         await conn.execute('DROP TABLE "kd_ledger_shortlink"')  # not a connection error

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from starlette.routing import Route
 
 from dispenser.app import ROUTES
-from shared.apikeys import new_api_key
-from shared.hot_store import HotStore
-from shared.settings import Settings
+from shared.domain.apikeys import new_api_key
+from shared.domain.settings import Settings
+from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 CHECKS = ",".join(

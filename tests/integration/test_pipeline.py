@@ -10,16 +10,16 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
 from keysync.main import Keysync
-from shared import redis_keys
-from shared.checkdigit import verhoeff_valid
-from shared.cli import run_migrate
-from shared.cold_store import ColdStore
-from shared.generation import Generator
-from shared.hot_store import HotStore, Popped
-from shared.idtypes import build_id_types
-from shared.settings import Settings
+from shared.domain.checkdigit import verhoeff_valid
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.ops.databases import run_migrate
+from shared.stores import redis_keys
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore, Popped
 from tests.conftest import Servers, make_settings, small_types
 
 

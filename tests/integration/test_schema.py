@@ -3,11 +3,11 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from shared.cold_store import ColdStore
-from shared.errors import KeyspaceChanged, SchemaError
-from shared.idtypes import build_id_types
-from shared.schema import check, latest_version, migrate, migration_files
-from shared.settings import Settings
+from shared.domain.errors import KeyspaceChanged, SchemaError
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.stores.cold_store import ColdStore
+from shared.stores.schema import check, latest_version, migrate, migration_files
 from tests.conftest import Servers, make_settings, small_types
 
 

@@ -12,8 +12,8 @@ from dispenser.auth import (
     TokenBucket,
     Unauthenticated,
 )
-from shared.apikeys import ANONYMOUS, digest, new_api_key
-from shared.settings import AuthConfig
+from shared.domain.apikeys import ANONYMOUS, digest, new_api_key
+from shared.domain.settings import AuthConfig
 
 
 def gate(**client: object) -> tuple[Gate, str]:
@@ -74,8 +74,8 @@ def test_a_token_bucket_refills_at_its_rate(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_config_refuses_duplicate_names_and_unknown_types() -> None:
-    from shared.errors import ConfigError
-    from shared.settings import load_settings
+    from shared.domain.errors import ConfigError
+    from shared.domain.settings import load_settings
     from tests.conftest import EMPTY_CONFIG
 
     _, hashed = new_api_key()

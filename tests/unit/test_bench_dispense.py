@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispenser.bench_dispense import parse_wrk
+from shared.ops.bench.dispense import parse_wrk
 
 WRK = """Running 3s test @ http://127.0.0.1:18080/v1/idgenerator/kd_bench/id
   1 threads and 32 connections

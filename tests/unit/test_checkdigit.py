@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.checkdigit import verhoeff_columns, verhoeff_digit, verhoeff_valid
+from shared.domain.checkdigit import verhoeff_columns, verhoeff_digit, verhoeff_valid
 
 bodies = st.text(alphabet="0123456789", min_size=1, max_size=25)
 

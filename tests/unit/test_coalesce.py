@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from dispenser.coalesce import Coalescer
-from shared.errors import StoreUnavailable
-from shared.hot_store import Popped
+from shared.domain.errors import StoreUnavailable
+from shared.stores.hot_store import Popped
 
 
 class FakePool:

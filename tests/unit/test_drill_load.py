@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.drill.load import Load
+from shared.ops.drill.load import Load
 
 
 def load_with(events: list[tuple[float, bool]]) -> Load:

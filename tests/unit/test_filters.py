@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import filters as f
-from shared.filters import Rules
-from shared.settings import FilterLimits
-from shared.vfilters import prefilter, reject
+from shared.domain import filters as f
+from shared.domain.filters import Rules
+from shared.domain.settings import FilterLimits
+from shared.domain.vfilters import prefilter, reject
 
 OPENG2P = Rules.resolve("openg2p", 10, FilterLimits())
 MOSIP = Rules.resolve("mosip", 10, FilterLimits())

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.headroom import HeadroomWatch
+from keygen.headroom import HeadroomWatch
 
 
 def test_each_threshold_is_reported_once_when_crossed() -> None:

@@ -3,11 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.checkdigit import verhoeff_digit, verhoeff_valid
-from shared.errors import ConfigError, InvalidInput
-from shared.filters import rejected_by
-from shared.idtypes import IdType
-from shared.settings import BASE62_ALPHABET, IdTypeConfig
+from shared.domain.checkdigit import verhoeff_digit, verhoeff_valid
+from shared.domain.errors import ConfigError, InvalidInput
+from shared.domain.filters import rejected_by
+from shared.domain.idtypes import IdType
+from shared.domain.settings import BASE62_ALPHABET, IdTypeConfig
 
 SECRET = b"unit-secret"
 

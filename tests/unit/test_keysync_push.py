@@ -8,9 +8,9 @@ from typing import Any, cast
 import pytest
 
 from keysync.main import Keysync
-from shared.errors import StoreUnavailable
-from shared.hot_store import HotStore, Pushed
-from shared.settings import Settings
+from shared.domain.errors import StoreUnavailable
+from shared.domain.settings import Settings
+from shared.stores.hot_store import HotStore, Pushed
 
 
 class Servers:

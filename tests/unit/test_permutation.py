@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.permutation import FeistelPermutation, derive_key, key_digest
+from shared.domain.permutation import FeistelPermutation, derive_key, key_digest
 
 
 @pytest.mark.parametrize("domain", [1, 2, 3, 7, 10, 62, 100, 999, 1000, 3844, 10_000, 65_537])
@@ -52,7 +52,7 @@ def test_permute_one_matches_vector() -> None:
 
 
 def test_generation_blocks_cover_the_slice_once() -> None:
-    from shared.generation import MAX_BLOCK, blocks
+    from keygen.generation import MAX_BLOCK, blocks
 
     for start, stop, threads in [(0, 1, 2), (5, 100_000, 2), (0, 1 << 20, 2), (7, 3 << 21, 4)]:
         parts = blocks(start, stop, threads)

@@ -10,7 +10,7 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from shared.redis_endpoint import means_primary_moved
+from shared.stores.redis_endpoint import means_primary_moved
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_other_errors_do_not(exc: Exception) -> None:
 
 async def test_no_client_the_endpoint_builds_retries_by_itself() -> None:
     """redis-py retries a command 10 times by default: that would re-run pops."""
-    from shared.redis_endpoint import RedisEndpoint, redis_client
-    from shared.settings import SentinelConfig
+    from shared.domain.settings import SentinelConfig
+    from shared.stores.redis_endpoint import RedisEndpoint, redis_client
 
     config = SentinelConfig(sentinels=("127.0.0.1:1", "127.0.0.1:2"), password=SecretStr("p"))
     clients = [redis_client(("127.0.0.1", 1), config), redis_client(("127.0.0.1", 1))]

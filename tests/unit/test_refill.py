@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dispenser.app import Dispenser
+from dispenser.metrics import DispenserMetrics
 from keysync.main import RefillMeter
-from shared.hot_store import HotStore, Popped, Refill
-from shared.metrics import DispenserMetrics
-from shared.redis_endpoint import RedisEndpoint
-from shared.settings import load_settings
+from shared.domain.settings import load_settings
+from shared.stores.hot_store import HotStore, Popped, Refill
+from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
 
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ConfigError
-from shared.settings import load_settings
+from shared.domain.errors import ConfigError
+from shared.domain.settings import load_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:

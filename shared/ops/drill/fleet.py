@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shared.processes import stop_processes
+from shared.ops.processes import stop_processes
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Fleet:
         log = (self.log_dir / f"{name}.log").open("ab")
         self._logs.append(log)
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", command],
+            [sys.executable, "-m", "shared.ops.cli", command],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -12,11 +12,11 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
-from shared import redis_keys
-from shared.apikeys import ANONYMOUS
-from shared.errors import IdempotencyMismatch, StoreUnavailable
-from shared.redis_endpoint import RedisEndpoint, means_primary_moved
-from shared.settings import Settings
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.errors import IdempotencyMismatch, StoreUnavailable
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
 
 log = logging.getLogger(__name__)
 _WAKE_LIST_MAX = 64
@@ -26,7 +26,7 @@ BATCH_MARKER_TTL_S = 3_600
 
 
 def load_script(name: str) -> str:
-    return resources.files("shared").joinpath("lua", f"{name}.lua").read_text()
+    return resources.files("shared.stores").joinpath("lua", f"{name}.lua").read_text()
 
 
 def fenced_script(name: str) -> str:

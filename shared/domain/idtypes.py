@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shared import permutation
-from shared.checkdigit import verhoeff_columns, verhoeff_valid
-from shared.errors import ConfigError, InvalidInput
-from shared.filters import Rules, rejected_by
-from shared.numeric import ChunkFilter, split_chunks
-from shared.permutation import FeistelPermutation, derive_key, key_digest
-from shared.settings import BASE62_ALPHABET, IdTypeConfig, Settings
-from shared.vfilters import prefilter, reject
+from shared.domain import permutation
+from shared.domain.checkdigit import verhoeff_columns, verhoeff_valid
+from shared.domain.errors import ConfigError, InvalidInput
+from shared.domain.filters import Rules, rejected_by
+from shared.domain.numeric import ChunkFilter, split_chunks
+from shared.domain.permutation import FeistelPermutation, derive_key, key_digest
+from shared.domain.settings import BASE62_ALPHABET, IdTypeConfig, Settings
+from shared.domain.vfilters import prefilter, reject
 
 Cols = npt.NDArray[np.uint8]
 U64 = npt.NDArray[np.uint64]

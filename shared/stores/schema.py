@@ -8,18 +8,18 @@ from importlib import resources
 
 import asyncpg
 
-from shared import sql
-from shared.cold_store import one_row
-from shared.errors import KeyspaceChanged, SchemaError
-from shared.idtypes import IdType
+from shared.domain.errors import KeyspaceChanged, SchemaError
+from shared.domain.idtypes import IdType
+from shared.stores import sql
+from shared.stores.cold_store import one_row
 
 log = logging.getLogger(__name__)
 _MIGRATION_LOCK = 0x6B64_6D69  # "kdmi"
 
 
 def migration_files() -> list[tuple[int, str]]:
-    """(version, SQL) for every file in shared/migrations, in order."""
-    folder = resources.files("shared").joinpath("migrations")
+    """(version, SQL) for every file in shared/stores/migrations, in order."""
+    folder = resources.files("shared.stores").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):

@@ -33,14 +33,14 @@ import asyncpg
 import redis.asyncio as aioredis
 import yaml
 
-from dispenser import bench_servers
-from shared import redis_keys
-from shared.embedded import free_port
-from shared.errors import ConfigError, KeydispenserError
-from shared.hot_store import HotStore
-from shared.processes import serving, stop_process
-from shared.redis_endpoint import RedisEndpoint
-from shared.settings import Settings
+from shared.domain.errors import ConfigError, KeydispenserError
+from shared.domain.settings import Settings
+from shared.ops.bench import servers as bench_servers
+from shared.ops.embedded import free_port
+from shared.ops.processes import serving, stop_process
+from shared.stores import redis_keys
+from shared.stores.hot_store import HotStore
+from shared.stores.redis_endpoint import RedisEndpoint
 
 BENCH_TYPE = "kd_bench"
 CONNECTIONS = 32
@@ -298,7 +298,7 @@ class Bench:
     async def _round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
         single_path = f"/v1/idgenerator/{BENCH_TYPE}/id"
         port = free_port()
-        with Server(_uvicorn("dispenser.bench_servers:bare", port, workers), self._env(), port):
+        with Server(_uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port):
             bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         single_keys = int(60_000 * workers * self.seconds) + 100_000
         single = await self.dispenser(client, workers, single_path, single_keys)
@@ -308,7 +308,7 @@ class Bench:
         )
         port = free_port()
         env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
-        with Server(_uvicorn("dispenser.bench_servers:pg_baseline", port, workers), env, port):
+        with Server(_uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port):
             baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         return {
             "bare_rps": round(bare["rps"]),

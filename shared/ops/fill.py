@@ -12,14 +12,14 @@ import logging
 
 from tqdm import tqdm
 
+from keygen.generation import Generator
 from keygen.main import Keygen
-from shared.cold_store import ColdStore
-from shared.errors import ConfigError, KeyspaceExhausted
-from shared.generation import Generator
-from shared.idtypes import build_id_types
+from shared.domain.errors import ConfigError, KeyspaceExhausted
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
 from shared.runtime import stop_on_signals
-from shared.schema import check
-from shared.settings import Settings
+from shared.stores.cold_store import ColdStore
+from shared.stores.schema import check
 
 log = logging.getLogger(__name__)
 

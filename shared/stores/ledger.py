@@ -18,12 +18,12 @@ from typing import Any
 
 import asyncpg
 
-from shared import sql
-from shared.apikeys import ANONYMOUS
-from shared.cold_store import ColdStore, translated
-from shared.errors import StoreUnavailable
-from shared.hot_store import HotStore, LedgerEntry
-from shared.idtypes import IdType
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import IdType
+from shared.stores import sql
+from shared.stores.cold_store import ColdStore, translated
+from shared.stores.hot_store import HotStore, LedgerEntry
 
 log = logging.getLogger(__name__)
 

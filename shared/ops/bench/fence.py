@@ -9,9 +9,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared import redis_keys
-from shared.hot_store import fenced_script, load_script, pop_keys
-from shared.settings import Settings
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.hot_store import fenced_script, load_script, pop_keys
 
 BENCH_TYPE = "kd_bench_fence"
 CONCURRENCY = 32

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shared.filters import Rules
+from shared.domain.filters import Rules
 
 CHUNK = 5
 Cols = npt.NDArray[np.uint8]

@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from shared import sql
-from shared.errors import KeydispenserError, KeyspaceExhausted, StoreUnavailable
-from shared.idtypes import IdType
+from shared.domain.errors import KeydispenserError, KeyspaceExhausted, StoreUnavailable
+from shared.domain.idtypes import IdType
+from shared.stores import sql
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from shared.embedded import free_port, valkey_server_binary
-from shared.processes import stop_processes
+from shared.ops.embedded import free_port, valkey_server_binary
+from shared.ops.processes import stop_processes
 
 MASTER = "kd"
 

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.errors import KeydispenserError
-from shared.processes import stop_process
+from shared.domain.errors import KeydispenserError
+from shared.ops.processes import stop_process
 
 UNPRIVILEGED_USER = "nobody"
 

@@ -20,7 +20,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from shared.errors import ConfigError
+from shared.domain.errors import ConfigError
 
 ID_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 BASE62_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -252,7 +252,7 @@ class Settings(BaseSettings):
 
 
 def default_config_path() -> Path:
-    return Path(str(resources.files("shared").joinpath("default.yaml")))
+    return Path(str(resources.files("shared.domain").joinpath("default.yaml")))
 
 
 def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:

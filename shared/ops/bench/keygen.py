@@ -10,13 +10,13 @@ from typing import Any
 
 import asyncpg
 
+from keygen.generation import Generator
 from keygen.main import Keygen
-from shared.cold_store import ColdStore
-from shared.databases import drop_database, scratch_database
-from shared.generation import Generator
-from shared.idtypes import IdType, build_id_types
-from shared.schema import migrate
-from shared.settings import Settings
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import Settings
+from shared.ops.databases import drop_database, scratch_database
+from shared.stores.cold_store import ColdStore
+from shared.stores.schema import migrate
 
 # Name in the results -> ID type definition.
 BENCH_TYPES: dict[str, dict[str, Any]] = {

@@ -21,13 +21,13 @@ from typing import Any
 import asyncpg
 import redis
 
-from shared.databases import drop_database, scratch_database
-from shared.drill.fleet import Fleet
-from shared.drill.load import Load
-from shared.drill.topology import MASTER, Topology
-from shared.embedded import EmbeddedPostgres, free_port
-from shared.processes import serving
-from shared.settings import Settings
+from shared.domain.settings import Settings
+from shared.ops.databases import drop_database, scratch_database
+from shared.ops.drill.fleet import Fleet
+from shared.ops.drill.load import Load
+from shared.ops.drill.topology import MASTER, Topology
+from shared.ops.embedded import EmbeddedPostgres, free_port
+from shared.ops.processes import serving
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
@@ -325,7 +325,7 @@ def _migrate(fleet: Fleet) -> str:
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "migrate"],
+        [sys.executable, "-m", "shared.ops.cli", "migrate"],
         env=fleet.env,
         capture_output=True,
         text=True,

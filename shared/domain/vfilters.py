@@ -1,6 +1,6 @@
 """The ID filters over columns of digits: ``cols[i]`` holds digit ``i`` of every ID.
 
-Twin of ``shared.filters``. Columns are contiguous, so every step is a plain
+Twin of ``shared.domain.filters``. Columns are contiguous, so every step is a plain
 vector operation over uint8 arrays. ``prefilter`` applies the cheapest, most
 selective rules to the ID body (check digit not yet known) so the full rule set
 and the check digit run only on the survivors.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shared.filters import CYCLIC_NUMBERS, Rules
+from shared.domain.filters import CYCLIC_NUMBERS, Rules
 
 Cols = npt.NDArray[np.uint8]  # shape (digits, ids)
 Mask = npt.NDArray[np.bool_]

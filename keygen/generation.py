@@ -11,7 +11,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from shared.idtypes import IdType
+from shared.domain.idtypes import IdType
 
 # Measured on 2 cores (docs/benchmarks.md): one block per thread, blocks of
 # 2**17..2**19 candidates; smaller blocks pay numpy's per-call overhead.

@@ -1,10 +1,15 @@
-"""Creating and dropping whole databases (migrate, benchmarks, drills)."""
+"""Creating, migrating and dropping whole databases (migrate, up, benchmarks, drills)."""
 
 from __future__ import annotations
 
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
+
+from shared.domain.errors import KeydispenserError
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.stores.schema import migrate
 
 
 def dsn_with_database(dsn: str, database: str) -> str:
@@ -54,3 +59,17 @@ async def drop_database(admin_dsn: str, name: str) -> None:
         await admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+async def run_migrate(settings: Settings) -> int:
+    """Create the configured database if needed and bring its schema up to date."""
+    id_types = build_id_types(settings)
+    try:
+        await ensure_database(settings.postgres_dsn)
+        conn = await asyncpg.connect(settings.postgres_dsn)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise KeydispenserError(f"postgres_dsn: cannot connect: {exc}") from exc
+    try:
+        return await migrate(conn, id_types)
+    finally:
+        await conn.close()

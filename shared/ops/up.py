@@ -16,10 +16,11 @@ from types import FrameType
 
 from pydantic import SecretStr
 
-from shared.embedded import EmbeddedPostgres, EmbeddedRedis
-from shared.errors import KeydispenserError
-from shared.processes import serving, stop_processes
-from shared.settings import Settings
+from shared.domain.errors import KeydispenserError
+from shared.domain.settings import Settings
+from shared.ops.databases import run_migrate
+from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
+from shared.ops.processes import serving, stop_processes
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")
@@ -75,7 +76,7 @@ class Stack:
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "shared.cli", name]
+        command = [sys.executable, "-m", "shared.ops.cli", name]
         self.children[name] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
 
     def supervise(self, env: dict[str, str]) -> None:
@@ -98,7 +99,6 @@ class Stack:
 
 
 def up(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.cli import run_migrate
 
     stack = Stack(settings, args)
     stack.data_dir.mkdir(parents=True, exist_ok=True)

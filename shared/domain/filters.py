@@ -2,7 +2,7 @@
 reference, written to follow each original's definition literally.
 
 ``s`` is the whole ID including its check digit (without prefix/suffix). A rule
-returns True when the value must be REJECTED. ``shared.vfilters`` is the
+returns True when the value must be REJECTED. ``shared.domain.vfilters`` is the
 vectorised twin used by key generation; tests keep the two in exact agreement.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.settings import FilterLimits
+from shared.domain.settings import FilterLimits
 
 Profile = Literal["openg2p", "mosip", "none"]
 

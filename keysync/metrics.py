@@ -1,0 +1,36 @@
+"""keysync's Prometheus metrics (one registry per process, built in main)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared.metrics import TYPE
+
+
+class KeysyncMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.moved = Counter("kd_keys_moved", "Keys moved cold -> hot", TYPE, registry=registry)
+        self.refill_rate = Gauge(
+            "kd_refill_rate", "Keys/s pushed to a hot list, recent window", TYPE, registry=registry
+        )
+        self.ledger_issued = Counter(
+            "kd_ledger_issued", "Issued keys written to the ledger", registry=registry
+        )
+        self.ledger_used = Counter(
+            "kd_ledger_used", "Keys marked used in the ledger", registry=registry
+        )
+        self.ledger_used_unknown = Counter(
+            "kd_ledger_used_unknown",
+            "Keys marked used that the ledger never saw issued",
+            registry=registry,
+        )
+        self.ledger_duplicates = Counter(
+            "kd_ledger_duplicates",
+            "Keys the ledger saw issued twice (must stay 0)",
+            TYPE,
+            registry=registry,
+        )
+        self.ledger_backlog = Gauge(
+            "kd_ledger_backlog", "Ledger stream entries not yet in PostgreSQL", registry=registry
+        )

@@ -1,0 +1,231 @@
+"""The ``keydispenser`` command line.
+
+Each subcommand is wired to one handler with ``set_defaults(func=...)``. Handlers import
+what they run inside their body: ``keydispenser dispenser`` loads neither keygen's numpy
+code nor the operator tooling's extras (embedded servers, load generators), so the
+runtime image works without the ``ops`` extra. These are ordinary ``import`` statements,
+so the import contracts in ``pyproject.toml`` see them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import SecretStr, ValidationError
+
+from shared import logs
+from shared.domain.apikeys import config_entry, new_api_key
+from shared.domain.errors import ConfigError, KeydispenserError
+from shared.domain.settings import Settings, describe, load_settings
+from shared.ops.bench import TARGETS
+
+Handler = Callable[[Settings, argparse.Namespace], None]
+
+
+def run_keygen(settings: Settings, args: argparse.Namespace) -> None:
+    from keygen.main import main
+
+    main(settings)
+
+
+def run_keysync(settings: Settings, args: argparse.Namespace) -> None:
+    from keysync.main import main
+
+    main(settings)
+
+
+def run_dispenser(settings: Settings, args: argparse.Namespace) -> None:
+    from dispenser.main import main
+
+    main(settings)
+
+
+def run_migrate(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.databases import run_migrate
+
+    version = asyncio.run(run_migrate(settings))
+    print(f"schema at version {version}; id types: {', '.join(sorted(settings.id_types))}")
+
+
+def run_status(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.status import collect_status, format_status
+
+    report = asyncio.run(collect_status(settings))
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
+
+
+def run_fill(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.fill import main
+
+    main(settings, args.id_type, args.count)
+
+
+def run_bench(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.bench import run
+
+    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, args.load))
+    print(json.dumps(results, indent=2))
+    _write_json(results, args.json)
+
+
+def run_drill(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.drill.runner import format_table, run
+
+    only = [f.strip() for f in args.faults.split(",")] if args.faults else None
+    work = Path(args.work_dir).resolve() if args.work_dir else None
+    report = asyncio.run(run(settings, args.rounds, only, work))
+    _write_json(report, args.json)
+    print(format_table(report))
+    if report["duplicates"]:
+        raise KeydispenserError(f"{report['duplicates']} keys were dispensed twice")
+    if report["ledger"]["duplicate_alarms"]:
+        raise KeydispenserError("the ledger raised its duplicate alarm")
+
+
+def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
+    types = [t.strip() for t in args.types.split(",")] if args.types else None
+    key, key_digest = new_api_key()
+    entry = config_entry(args.name, key_digest, types, args.rate)
+    # Validate the entry as the dispenser will, so a bad name or type fails here.
+    auth = {"api_keys": [*settings.dispenser.auth.api_keys, *yaml.safe_load(entry)]}
+    try:
+        Settings.model_validate(
+            settings.model_dump() | {"dispenser": settings.dispenser.model_dump() | {"auth": auth}}
+        )
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from exc
+    print(f"API key (shown once; give it to the client '{args.name}'):\n  {key}\n")
+    print("Add to dispenser.auth.api_keys in the configuration:")
+    print(entry, end="")
+
+
+def run_up(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.up import up
+
+    up(settings, args)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="keydispenser", description=__doc__.split("\n")[0])
+    top.add_argument("--config", help="YAML configuration file (default: $KD_CONFIG or built-in)")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _command(commands, "migrate", run_migrate, "create or update the schema (idempotent)")
+    _command(commands, "keygen", run_keygen, "run a keygen process")
+    _command(commands, "keysync", run_keysync, "run a keysync process")
+    _command(commands, "dispenser", run_dispenser, "run a dispenser process")
+    _add_status(commands)
+    _add_fill(commands)
+    _add_bench(commands)
+    _add_drill(commands)
+    _add_apikey(commands)
+    _add_up(commands)
+    return top
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    func: Handler,
+    help_text: str,
+) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=help_text)
+    command.set_defaults(func=func)
+    return command
+
+
+def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = _command(commands, "status", run_status, "inventory and keyspace headroom per type")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fill = _command(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
+    fill.add_argument("--type", required=True, dest="id_type", help="ID type name")
+    fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = _command(commands, "bench", run_bench, "measure throughput; writes JSON results")
+    bench.add_argument("target", choices=TARGETS, help="what to measure")
+    bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
+    bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
+    bench.add_argument(
+        "--load",
+        choices=("auto", "wrk", "bundled"),
+        default="auto",
+        help="dispense: load generator (auto: wrk when installed)",
+    )
+
+
+def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    drill = _command(
+        commands, "drill", run_drill, "failover drill on loopback: Sentinel, faults, load"
+    )
+    drill.add_argument("--rounds", type=_positive, default=20, help="fault rounds")
+    drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
+    drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
+    drill.add_argument("--work-dir", help="keep servers' data and logs here")
+
+
+def _add_apikey(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    apikey = _command(commands, "apikey", run_apikey, "create an API key; prints its config entry")
+    apikey.add_argument("--name", required=True, help="client name (letters, digits, _ . -)")
+    apikey.add_argument("--types", help="comma-separated ID types it may use (default: all)")
+    apikey.add_argument("--rate", type=float, help="requests per second (default: unlimited)")
+
+
+def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = _command(commands, "up", run_up, "the whole stack on this machine, embedded servers")
+    up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
+    up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
+    up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")
+    up.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        if args.config:  # worker processes (dispenser.workers > 1) read the same file
+            os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
+        logs.configure(args.command, settings.log_level)
+        args.func(settings, args)
+    except ConfigError as exc:
+        print(f"keydispenser: configuration error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeydispenserError as exc:
+        print(f"keydispenser: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _write_json(report: dict[str, Any], path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _positive(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def _with_bench_key(settings: Settings) -> Settings:
+    """Benchmarks generate into scratch databases: any key will do when none is set."""
+    if settings.permutation_key is not None:
+        return settings
+    return settings.model_copy(update={"permutation_key": SecretStr("keydispenser-benchmark-key")})
+
+
+if __name__ == "__main__":
+    main()
