@@ -47,6 +47,8 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import ID_TYPE_NAME, Settings
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import LedgerReader
+from shared.stores.ledger_stream import LedgerStream
+from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
 # A refill rate keysync reported longer ago than this is not trusted for Retry-After.
@@ -60,6 +62,9 @@ class Dispenser:
     def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
         self.settings = settings
         self.hot = hot
+        # The wake channel and the ledger stream share the hot store's connections.
+        self.wake = WakeChannel(hot.endpoint)
+        self.ledger_stream = LedgerStream(hot.endpoint)
         self.metrics = metrics
         self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
@@ -151,7 +156,7 @@ class Dispenser:
 
     async def _send_nudge(self, name: str) -> None:
         try:
-            await self.hot.nudge(name)
+            await self.wake.nudge(name)
         except KeydispenserError as exc:  # keysync still polls; nothing is lost
             log.warning("nudge_failed", extra={"id_type": name, "error": str(exc)})
 
@@ -239,7 +244,7 @@ async def mark_used(request: Request) -> Response:
     client = dispenser.gate.admit(request.headers, name)
     id_type = _ledger_type(dispenser, name)
     value = _well_formed(id_type, request.path_params["id_value"])
-    await dispenser.hot.record_used(name, [value], client)
+    await dispenser.ledger_stream.record_used(name, [value], client)
     return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
 
 
@@ -251,7 +256,7 @@ async def mark_used_batch(request: Request) -> Response:
     keys = _keys_body(await request.body(), dispenser.settings.dispenser.max_batch)
     for key in keys:
         _well_formed(id_type, key)
-    await dispenser.hot.record_used(name, keys, client)
+    await dispenser.ledger_stream.record_used(name, keys, client)
     return JSONResponse({"accepted": len(keys)}, status_code=202)
 
 

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from keysync.metrics import KeysyncMetrics
 from shared.domain.errors import StoreUnavailable
-from shared.domain.idtypes import build_id_types
-from shared.domain.settings import IdTypeConfig, Settings
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import Settings
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     Outage,
@@ -30,7 +30,10 @@ from shared.runtime import (
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
+from shared.stores.ledger_stream import LedgerStream
+from shared.stores.ports import ColdInventory, HotLists
 from shared.stores.schema import check
+from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
 PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
@@ -56,8 +59,8 @@ class Keysync:
     def __init__(
         self,
         settings: Settings,
-        cold: ColdStore,
-        hot: HotStore,
+        cold: ColdInventory,
+        hot: HotLists,
         metrics: KeysyncMetrics | None = None,
     ) -> None:
         self._settings = settings
@@ -69,11 +72,12 @@ class Keysync:
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
 
     async def refill_all(self) -> None:
-        for name, config in self._settings.id_types.items():
-            await self.refill(name, config)
+        for id_type in self._types.values():
+            await self.refill(id_type)
 
-    async def refill(self, name: str, config: IdTypeConfig) -> int:
+    async def refill(self, id_type: IdType) -> int:
         """Top a hot list up to its high watermark when below its low one; returns moved."""
+        name, config = id_type.name, id_type.config
         seen = await self._hot.observe(name)
         self._token, depth = seen.token, seen.length
         if depth >= config.hot.low:
@@ -145,7 +149,7 @@ class Keysync:
         raise StoreUnavailable("redis", f"batch of {len(keys)} {name} keys lost: {reason}")
 
 
-async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: asyncio.Event) -> None:
+async def run(keysync: Keysync, wake: WakeChannel, settings: Settings, stop: asyncio.Event) -> None:
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
@@ -156,14 +160,14 @@ async def run(keysync: Keysync, waker: HotStore, settings: Settings, stop: async
             await keysync.refill_all()
             pg_outage.succeeded()
             redis_outage.succeeded()
-            await waker.wait_for_nudge(settings.keysync.poll_interval_s)
+            await wake.wait(settings.keysync.poll_interval_s)
         except StoreUnavailable as exc:
             outage = redis_outage if exc.store == "redis" else pg_outage
             await sleep_or_stop(stop, outage.failed(exc))
 
 
 async def drain_ledger(
-    drain: LedgerDrain, metrics: KeysyncMetrics, hot: HotStore, stop: asyncio.Event
+    drain: LedgerDrain, metrics: KeysyncMetrics, stream: LedgerStream, stop: asyncio.Event
 ) -> None:
     """Move ledger entries from the Redis stream into PostgreSQL until stopped."""
     outage = Outage("ledger", first_delay_s=0.1, max_delay_s=2.0)
@@ -187,7 +191,7 @@ async def drain_ledger(
             for name, keys in applied.duplicates.items():
                 metrics.ledger_duplicates.labels(name).inc(len(keys))
         with contextlib.suppress(StoreUnavailable):
-            metrics.ledger_backlog.set(await hot.ledger_backlog())
+            metrics.ledger_backlog.set(await stream.backlog())
 
 
 async def serve(settings: Settings) -> None:
@@ -200,11 +204,12 @@ async def serve(settings: Settings) -> None:
     if cold is None:
         return
     hot = HotStore.from_settings(settings)
-    waker = HotStore.from_settings(settings)
-    ledger_hot = HotStore.from_settings(settings)
+    # Separate connections: the wake wait and the stream read block.
+    wake = WakeChannel.from_settings(settings)
+    stream = LedgerStream.from_settings(settings)
     types = build_id_types(settings, generating=False)
     drain = LedgerDrain(
-        ledger_hot,
+        stream,
         cold,
         types,
         instance_name(),
@@ -215,15 +220,15 @@ async def serve(settings: Settings) -> None:
         async with cold.connection() as conn:
             await check(conn, types, keyspace=False)
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
-        tasks = [run(Keysync(settings, cold, hot, metrics), waker, settings, stop)]
+        tasks = [run(Keysync(settings, cold, hot, metrics), wake, settings, stop)]
         if drain.enabled:
-            tasks.append(drain_ledger(drain, metrics, ledger_hot, stop))
+            tasks.append(drain_ledger(drain, metrics, stream, stop))
         await asyncio.gather(*tasks)
     finally:
         await cold.close()
         await hot.close()
-        await waker.close()
-        await ledger_hot.close()
+        await wake.close()
+        await stream.close()
     log.info("keysync_stopped")
 
 

@@ -111,22 +111,22 @@ class ColdStore:
         """
         async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():
             await conn.copy_records_to_table(
-                f"kd_cold_{id_type.name}", records=[(k,) for k in keys], columns=["key"]
+                sql.cold_table_name(id_type.name), records=[(k,) for k in keys], columns=["key"]
             )
             await conn.execute(
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )
 
-    async def take_batch(self, id_type: str, size: int) -> list[str]:
+    async def take_batch(self, name: str, size: int) -> list[str]:
         """Remove and return up to ``size`` keys; committed when this returns."""
         async with translated("take_batch"):
-            rows = await self._pool.fetch(sql.for_type(sql.TAKE_BATCH, id_type), size)
+            rows = await self._pool.fetch(sql.for_type(sql.TAKE_BATCH, name), size)
         return [row["key"] for row in rows]
 
-    async def depth(self, id_type: str, cap: int) -> int:
+    async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""
         async with translated("depth"):
-            value = await self._pool.fetchval(sql.for_type(sql.COUNT_COLD_UP_TO, id_type), cap)
+            value = await self._pool.fetchval(sql.for_type(sql.COUNT_COLD_UP_TO, name), cap)
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
@@ -136,12 +136,12 @@ class ColdStore:
         leased = int(row["last_value"]) + id_type.config.range_size if row["is_called"] else 0
         return SequenceState(min(leased, id_type.domain_size), id_type.domain_size)
 
-    async def range_stats(self, id_type: str) -> dict[str, int]:
+    async def range_stats(self, name: str) -> dict[str, int]:
         async with translated("range_stats"):
-            row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, id_type)
+            row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, name)
         row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
 
-    async def wake_keygen(self, id_type: str) -> None:
+    async def wake_keygen(self, name: str) -> None:
         async with translated("wake_keygen"):
-            await self._pool.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, id_type)
+            await self._pool.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)

@@ -23,7 +23,7 @@ from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated
-from shared.stores.hot_store import HotStore, LedgerEntry
+from shared.stores.ledger_stream import LedgerEntry, LedgerStream
 
 log = logging.getLogger(__name__)
 
@@ -146,20 +146,20 @@ class LedgerReader:
         self._dsn = dsn
         self._store: ColdStore | None = None
 
-    async def lookup(self, id_type: str, key: str) -> dict[str, Any]:
+    async def lookup(self, name: str, key: str) -> dict[str, Any]:
         if self._store is None:
             self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
         async with self._store.connection() as conn, translated("ledger_lookup"):
             try:
-                row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, id_type), key)
+                row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
             except asyncpg.UndefinedTableError as exc:
                 raise StoreUnavailable(
-                    "postgres", f"no ledger table for '{id_type}': run `keydispenser migrate`"
+                    "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
                 ) from exc
         if row is None:
-            return {"id_type": id_type, "key": key, "issued": False, "used": False}
+            return {"id_type": name, "key": key, "issued": False, "used": False}
         return {
-            "id_type": id_type,
+            "id_type": name,
             "key": key,
             "issued": True,
             "issued_at": _iso(row["issued_at"]),
@@ -185,14 +185,14 @@ class LedgerDrain:
 
     def __init__(
         self,
-        hot: HotStore,
+        stream: LedgerStream,
         cold: ColdStore,
         types: dict[str, IdType],
         consumer: str,
         batch_size: int,
         claim_idle_s: float = 30.0,
     ) -> None:
-        self._hot = hot
+        self._stream = stream
         self._cold = cold
         self._types = types
         self._consumer = consumer
@@ -205,7 +205,7 @@ class LedgerDrain:
 
     async def drain_once(self, block_ms: int) -> Applied | None:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
-        entries = await self._hot.ledger_read(
+        entries = await self._stream.read(
             self._consumer, self._batch_size, block_ms, self._claim_idle_ms
         )
         if not entries:
@@ -213,7 +213,7 @@ class LedgerDrain:
         batch = parse(entries, self._types)
         async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
             applied = await apply(conn, batch)
-        await self._hot.ledger_ack([entry_id for entry_id, _ in entries])
+        await self._stream.ack([entry_id for entry_id, _ in entries])
         for name, keys in applied.duplicates.items():
             log.error(
                 "duplicate_key_issued",

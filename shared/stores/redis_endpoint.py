@@ -106,18 +106,21 @@ class RedisEndpoint:
             )
             self._stale = False
             return
-        candidates = await self._reported_primaries()
+        candidates, problems = await self._reported_primaries()
         # Prefer a newly reported primary: during a failover only the leading
         # Sentinel reports the promoted replica, the others still name the old one.
         candidates.sort(key=lambda address: address == self._address)
         for address in candidates:
-            if await _is_primary(address, self._sentinel_config):
+            problem = await _primary_problem(address, self._sentinel_config)
+            if problem is None:
                 await self._use(address)
                 return
-        raise StoreUnavailable("redis", f"no primary among {candidates or 'no answers'}")
+            problems.append(f"{_where(address)} reported as primary: {problem}")
+        raise StoreUnavailable("redis", "no primary found: " + "; ".join(problems))
 
-    async def _reported_primaries(self) -> list[tuple[str, int]]:
-        """Every distinct primary address the Sentinels report, asked in parallel."""
+    async def _reported_primaries(self) -> tuple[list[tuple[str, int]], list[str]]:
+        """Every distinct primary address the Sentinels report, asked in parallel, and
+        what went wrong with each Sentinel that did not report one."""
         config = self._sentinel_config
         assert config is not None
         if not self._sentinels:
@@ -134,12 +137,19 @@ class RedisEndpoint:
             return_exceptions=True,
         )
         found: list[tuple[str, int]] = []
-        for answer in answers:
+        problems: list[str] = []
+        for sentinel, answer in zip(config.addresses(), answers, strict=True):
             if isinstance(answer, list | tuple) and len(answer) == 2:
                 address = (str(answer[0]), int(answer[1]))
                 if address not in found:
                     found.append(address)
-        return found
+            elif isinstance(answer, BaseException):
+                problems.append(f"sentinel {_where(sentinel)}: {answer}")
+            else:
+                problems.append(
+                    f"sentinel {_where(sentinel)}: knows no primary named {config.master_name!r}"
+                )
+        return found, problems
 
     async def _use(self, address: tuple[str, int]) -> None:
         config = self._sentinel_config
@@ -183,16 +193,22 @@ def redis_client(
     return aioredis.Redis(host=address[0], port=address[1], **{**settings, **options})
 
 
-async def _is_primary(address: tuple[str, int], config: SentinelConfig) -> bool:
-    """Whether the server at ``address`` answers and says it is a primary."""
+async def _primary_problem(address: tuple[str, int], config: SentinelConfig) -> str | None:
+    """None when the server at ``address`` answers and says it is a primary, else why not."""
     probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
     try:
         role = await _command(probe, "ROLE")
-        return bool(role) and role[0] in (b"master", "master")
-    except (RedisError, OSError):
-        return False
+    except (RedisError, OSError) as exc:
+        return str(exc) or type(exc).__name__
     finally:
         await probe.aclose()
+    if role and role[0] in (b"master", "master"):
+        return None
+    return f"its role is {role[0] if role else 'unknown'}"
+
+
+def _where(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 # Errors after which the primary may have moved (or the command did not run there).

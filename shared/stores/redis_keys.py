@@ -7,9 +7,9 @@ import hashlib
 PREFIX = "kd"
 
 
-def hot_list_key(id_type: str) -> str:
+def hot_list_key(name: str) -> str:
     """The hot list of an ID type: keys ready to dispense, FIFO."""
-    return f"{PREFIX}:hot:{id_type}"
+    return f"{PREFIX}:hot:{name}"
 
 
 def keysync_wake_key() -> str:
@@ -17,9 +17,9 @@ def keysync_wake_key() -> str:
     return f"{PREFIX}:keysync:wake"
 
 
-def exhausted_key(id_type: str) -> str:
+def exhausted_key(name: str) -> str:
     """Set once a type's sequence is used up and its cold table is empty."""
-    return f"{PREFIX}:exhausted:{id_type}"
+    return f"{PREFIX}:exhausted:{name}"
 
 
 def fence_key() -> str:
@@ -53,6 +53,6 @@ def ledger_stream_key() -> str:
     return f"{PREFIX}:ledger"
 
 
-def refill_key(id_type: str) -> str:
+def refill_key(name: str) -> str:
     """Hash written by keysync: the observed refill rate of a hot list (keys/s) and when."""
-    return f"{PREFIX}:refill:{id_type}"
+    return f"{PREFIX}:refill:{name}"

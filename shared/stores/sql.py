@@ -22,23 +22,30 @@ def ident(name: str) -> str:
     return '"' + name + '"'
 
 
-def cold_table(id_type: str) -> str:
-    return ident(f"kd_cold_{id_type}")
+def cold_table_name(name: str) -> str:
+    """The cold table's bare name, for APIs that quote it themselves (COPY)."""
+    if not ID_TYPE_NAME.match(name):
+        raise ValueError(f"refusing unsafe identifier {name!r}")
+    return f"kd_cold_{name}"
 
 
-def sequence(id_type: str) -> str:
-    return ident(f"kd_seq_{id_type}")
+def cold_table(name: str) -> str:
+    return ident(f"kd_cold_{name}")
 
 
-def ledger_table(id_type: str) -> str:
-    return ident(f"kd_ledger_{id_type}")
+def sequence(name: str) -> str:
+    return ident(f"kd_seq_{name}")
 
 
-def for_type(statement: str, id_type: str, **numbers: int) -> str:
+def ledger_table(name: str) -> str:
+    return ident(f"kd_ledger_{name}")
+
+
+def for_type(statement: str, name: str, **numbers: int) -> str:
     """``statement`` with the type's quoted identifiers (and integers) filled in."""
-    ints = {name: int(value) for name, value in numbers.items()}
+    ints = {key: int(value) for key, value in numbers.items()}
     return statement.format(
-        cold=cold_table(id_type), seq=sequence(id_type), ledger=ledger_table(id_type), **ints
+        cold=cold_table(name), seq=sequence(name), ledger=ledger_table(name), **ints
     )
 
 

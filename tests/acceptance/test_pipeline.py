@@ -24,6 +24,7 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
+from shared.stores.ledger_stream import LedgerStream
 from tests.acceptance.harness import Stack, process_env, run_cli, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 
@@ -56,8 +57,8 @@ class Load:
     empty_replies: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def count(self, id_type: str) -> int:
-        return len(self.keys[id_type])
+    def count(self, name: str) -> int:
+        return len(self.keys[name])
 
 
 async def take(load: Load, urls: list[str], target: dict[str, int], deadline: float) -> None:
@@ -113,7 +114,7 @@ async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             rows = await conn.fetchval('SELECT count(*) FROM "kd_ledger_shortlink"')
-            if rows >= expected and await hot.ledger_backlog() == 0:
+            if rows >= expected and await LedgerStream(hot.endpoint).backlog() == 0:
                 break
             await asyncio.sleep(0.2)
         keys = await conn.fetch('SELECT key FROM "kd_ledger_shortlink" ORDER BY key')

@@ -17,9 +17,9 @@ from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 
-async def fill(hot: HotStore, id_type: str, count: int, prefix: str = "k") -> list[str]:
+async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[str]:
     keys = [f"{prefix}{i:06d}" for i in range(count)]
-    await hot.push(id_type, keys, uuid.uuid4().hex)
+    await hot.push(name, keys, uuid.uuid4().hex)
     return keys
 
 
@@ -29,7 +29,8 @@ async def test_concurrent_single_requests_share_redis_calls_and_never_share_keys
     keys = await fill(hot, "farmer", 900)
     async with dispenser_over_http(settings) as client:
         limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(base_url=client.base_url, limits=limits) as many:
+        # A generous deadline: 600 requests on a loaded 2-core machine may queue.
+        async with httpx.AsyncClient(base_url=client.base_url, limits=limits, timeout=60) as many:
             replies = await asyncio.gather(
                 *(many.post("/v1/idgenerator/farmer/id") for _ in range(600))
             )

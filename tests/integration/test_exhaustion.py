@@ -65,7 +65,7 @@ async def test_tiny_keyspace_is_issued_completely_then_410(
 
         taken: list[str] = []
         for _ in range(20):
-            await keysync.refill("tiny", tiny_settings.id_types["tiny"])
+            await keysync.refill(build_id_types(tiny_settings)["tiny"])
             reply = await http.post("/v1/keys/tiny", params={"count": 1000})
             if reply.status_code != 200:
                 break
@@ -119,8 +119,8 @@ async def test_validate_endpoint_knows_affixes_and_profiles(
         httpx.AsyncClient(transport=transport, base_url="http://dispenser") as client,
     ):
 
-        async def valid(id_type: str, value: str) -> bool:
-            reply = await client.get(f"/v1/idgenerator/{id_type}/id/validate/{value}")
+        async def valid(name: str, value: str) -> bool:
+            reply = await client.get(f"/v1/idgenerator/{name}/id/validate/{value}")
             assert reply.status_code == 200, reply.text
             return bool(reply.json()["response"]["valid"])
 

@@ -17,16 +17,17 @@ from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
-from shared.stores import redis_keys
+from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore, Popped
+from shared.stores.wake import WakeChannel
 from tests.conftest import Servers, make_settings, small_types
 
 
-async def cold_keys(dsn: str, id_type: str) -> list[str]:
+async def cold_keys(dsn: str, name: str) -> list[str]:
     conn = await asyncpg.connect(dsn)
     try:
-        return [r[0] for r in await conn.fetch(f'SELECT key FROM "kd_cold_{id_type}"')]
+        return [r[0] for r in await conn.fetch(f"SELECT key FROM {sql.cold_table(name)}")]
     finally:
         await conn.close()
 
@@ -118,7 +119,7 @@ async def test_keysync_moves_exactly_what_it_deleted(
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
-        moved = await Keysync(settings, cold, hot).refill("farmer", settings.id_types["farmer"])
+        moved = await Keysync(settings, cold, hot).refill(build_id_types(settings)["farmer"])
         after = set(await cold_keys(settings.postgres_dsn, "farmer"))
         pushed = await redis_client.lrange(redis_keys.hot_list_key("farmer"), 0, -1)
         assert moved == len(pushed) == settings.id_types["farmer"].hot.high
@@ -141,7 +142,7 @@ async def test_keysync_leaves_a_list_above_low_watermark_alone(
     try:
         low = settings.id_types["farmer"].hot.low
         await hot.push("farmer", [f"k{i}" for i in range(low)], "batch-1")
-        assert await Keysync(settings, cold, hot).refill("farmer", settings.id_types["farmer"]) == 0
+        assert await Keysync(settings, cold, hot).refill(build_id_types(settings)["farmer"]) == 0
     finally:
         await cold.close()
         await hot.close()
@@ -158,7 +159,8 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
             pass
         syncs = [Keysync(settings, c, h) for c, h in zip(stores, hots, strict=True)]
         config = settings.id_types["shortlink"]
-        await asyncio.gather(*(s.refill("shortlink", config) for s in syncs))
+        shortlink = build_id_types(settings)["shortlink"]
+        await asyncio.gather(*(s.refill(shortlink) for s in syncs))
         pushed = await redis_client.lrange(redis_keys.hot_list_key("shortlink"), 0, -1)
         assert len(pushed) == len(set(pushed)) >= config.hot.high
         assert not set(pushed) & set(await cold_keys(settings.postgres_dsn, "shortlink"))
@@ -185,9 +187,10 @@ async def test_hot_store_push_and_pop_in_order(hot: HotStore) -> None:
 
 
 async def test_nudge_wakes_a_waiting_keysync(hot: HotStore) -> None:
-    await hot.nudge("farmer")
-    assert await hot.wait_for_nudge(1) == "farmer"
-    assert await hot.wait_for_nudge(0.1) is None
+    wake = WakeChannel(hot.endpoint)
+    await wake.nudge("farmer")
+    assert await wake.wait(1) == "farmer"
+    assert await wake.wait(0.1) is None
 
 
 async def test_keygen_listens_again_after_its_connection_dies(settings: Settings) -> None:

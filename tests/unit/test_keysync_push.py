@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
 
 import pytest
 
 from keysync.main import Keysync
 from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
-from shared.stores.hot_store import HotStore, Pushed
+from shared.stores.cold_store import SequenceState
+from shared.stores.hot_store import Depth, Pushed
 
 
 class Servers:
@@ -22,7 +23,16 @@ class Servers:
         self.current = "A"
         self.script: list[str] = []  # per call: ok | lose_reply | down | switch_to_B
 
-    async def push(self, id_type: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
+    async def observe(self, name: str) -> Depth:
+        return Depth(len(self.lists[self.current]), self.current)
+
+    async def record_refill(self, name: str, rate: float, at: float) -> None:
+        pass
+
+    async def mark_exhausted(self, name: str) -> None:
+        pass
+
+    async def push(self, name: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
         step = self.script.pop(0) if self.script else "ok"
         if step == "down":
             raise StoreUnavailable("redis", "connection refused")
@@ -40,9 +50,22 @@ class Servers:
         return Pushed(len(self.lists[server]), server, "pushed")
 
 
+class NoCold:
+    """push() never reads the cold tier."""
+
+    async def take_batch(self, name: str, size: int) -> list[str]:
+        raise AssertionError("not expected")
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState:
+        raise AssertionError("not expected")
+
+    async def wake_keygen(self, name: str) -> None:
+        raise AssertionError("not expected")
+
+
 def keysync(servers: Servers, token: str = "A") -> Keysync:
     settings = Settings.model_validate({"id_types": {}})
-    sync = Keysync(settings, cast(Any, None), cast(HotStore, servers))
+    sync = Keysync(settings, NoCold(), servers)
     sync._token = token
     return sync
 

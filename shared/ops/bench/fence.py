@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from shared.domain.settings import Settings
 from shared.stores import redis_keys
-from shared.stores.hot_store import fenced_script, load_script, pop_keys
+from shared.stores.redis_scripts import fenced_script, load_script, pop_keys
 
 BENCH_TYPE = "kd_bench_fence"
 CONCURRENCY = 32

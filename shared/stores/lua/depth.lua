@@ -1,4 +1,6 @@
 -- Length of a hot list, behind the fence (so inherited keys are never counted).
--- KEYS[4]: hot list. Returns {length, discarded, token}.
+-- Returns {length, discarded, token}.
+local hot_list = KEYS[4]
+
 local discarded, token = enforce_fence()
-return {redis.call('LLEN', KEYS[4]), discarded, token}
+return {redis.call('LLEN', hot_list), discarded, token}

@@ -1,5 +1,8 @@
 -- Fence prologue, prepended to every script that reads or writes hot lists.
--- KEYS[1]: fence (owner token). KEYS[2]: registry of hot lists. KEYS[3]: discard counts.
+-- Its KEYS slots come first in every fenced script's key list (see redis_scripts.py):
+local FENCE = KEYS[1]      -- owner token: run_id:master_replid of the owning server
+local REGISTRY = KEYS[2]   -- set of every hot list name
+local DISCARDS = KEYS[3]   -- hash: hot list -> keys discarded by fences
 --
 -- Replication is asynchronous: a promoted replica, a failed-back primary or a
 -- primary restarted from an older snapshot may hold keys that were already
@@ -20,18 +23,18 @@ end
 
 local function enforce_fence()
   local token = server_token()
-  if redis.call('GET', KEYS[1]) == token then
+  if redis.call('GET', FENCE) == token then
     return 0, token
   end
   local discarded = 0
-  for _, list in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for _, list in ipairs(redis.call('SMEMBERS', REGISTRY)) do
     local n = redis.call('LLEN', list)
     if n > 0 then
-      redis.call('HINCRBY', KEYS[3], list, n)
+      redis.call('HINCRBY', DISCARDS, list, n)
       redis.call('UNLINK', list)
       discarded = discarded + n
     end
   end
-  redis.call('SET', KEYS[1], token)
+  redis.call('SET', FENCE, token)
   return discarded, token
 end

@@ -1,18 +1,22 @@
--- Take up to ARGV[1] keys from the head of a hot list, behind the fence.
--- KEYS[4]: hot list. KEYS[5]: the type's exhausted marker. KEYS[6]: ledger stream.
--- KEYS[7]: the type's refill statistics (written by keysync).
--- ARGV[1]: count (>= 1). ARGV[2]: id type, when the type keeps a ledger, else ''.
--- ARGV[3...]: the API client of each requested key (or one for all), for the ledger.
+-- Take up to `count` keys from the head of a hot list, behind the fence.
 -- Returns {keys, remaining, exhausted, discarded, refill}; exhausted is 1 only when no
 -- key was available and the keyspace is used up (keysync sets the marker); refill is
 -- {rate, at} from keysync when no key was available, else empty.
+local hot_list = KEYS[4]
+local exhausted_marker = KEYS[5]  -- set by keysync once the type's keyspace is used up
+local ledger_stream = KEYS[6]
+local refill_stats = KEYS[7]      -- hash {rate, at} written by keysync
+local count = tonumber(ARGV[1])   -- >= 1
+local ledger_type = ARGV[2]       -- the type's name when it keeps a ledger, else ''
+local FIRST_CLIENT = 3            -- ARGV[3..]: the API client of each key (or one for all)
+
 local discarded = enforce_fence()
-local taken = redis.call('LPOP', KEYS[4], tonumber(ARGV[1]))
+local taken = redis.call('LPOP', hot_list, count)
 if not taken then
-  local refill = redis.call('HMGET', KEYS[7], 'rate', 'at')
-  return {{}, 0, redis.call('EXISTS', KEYS[5]), discarded, refill}
+  local refill = redis.call('HMGET', refill_stats, 'rate', 'at')
+  return {{}, 0, redis.call('EXISTS', exhausted_marker), discarded, refill}
 end
-if ARGV[2] ~= '' then
-  ledger_issue(KEYS[6], ARGV[2], taken, {unpack(ARGV, 3)}, '')
+if ledger_type ~= '' then
+  ledger_issue(ledger_stream, ledger_type, taken, {unpack(ARGV, FIRST_CLIENT)}, '')
 end
-return {taken, redis.call('LLEN', KEYS[4]), 0, discarded, {}}
+return {taken, redis.call('LLEN', hot_list), 0, discarded, {}}

@@ -1,0 +1,78 @@
+"""The ledger stream in Redis: issued keys (appended by the pop scripts) and "used"
+events, drained into PostgreSQL by keysync through a consumer group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis_scripts import RedisPort
+
+LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
+LedgerEntry = tuple[str, dict[str, str]]
+
+
+class LedgerStream(RedisPort):
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LedgerStream:
+        return cls(RedisEndpoint.from_settings(settings))
+
+    async def record_used(self, name: str, keys: Sequence[str], client: str) -> None:
+        """Append a "used" event to the stream (applied by keysync's drain)."""
+        async with self._guard("record_used"):
+            await (await self._endpoint.client()).xadd(
+                redis_keys.ledger_stream_key(),
+                {"op": "used", "type": name, "keys": " ".join(keys), "clients": client},
+            )
+
+    async def read(
+        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
+    ) -> list[LedgerEntry]:
+        """Entries for ``consumer``: first any that another consumer has held
+        unacknowledged for ``claim_idle_ms`` (it died), then new ones."""
+        stream = redis_keys.ledger_stream_key()
+        async with self._guard("ledger_read"):
+            client = await self._endpoint.client()
+            try:
+                _, claimed, *_ = await client.xautoclaim(
+                    stream, LEDGER_GROUP, consumer, claim_idle_ms, "0-0", count=count
+                )
+                if claimed:
+                    return [(str(i), dict(f)) for i, f in claimed if f is not None]
+                answer: Any = await client.xreadgroup(
+                    LEDGER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self._create_group(client, stream)
+                return []
+        return [(str(i), dict(f)) for _, entries in answer for i, f in entries]
+
+    @staticmethod
+    async def _create_group(client: Any, stream: str) -> None:
+        """A new stream (or a new primary): create the group from the start."""
+        try:
+            await client.xgroup_create(stream, LEDGER_GROUP, id="0", mkstream=True)
+        except ResponseError as race:
+            if "BUSYGROUP" not in str(race):  # another keysync just created it
+                raise
+
+    async def ack(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledge and delete applied entries, so the stream only holds the backlog."""
+        stream = redis_keys.ledger_stream_key()
+        async with self._guard("ledger_ack"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.xack(stream, LEDGER_GROUP, *entry_ids)
+                pipe.xdel(stream, *entry_ids)
+                await pipe.execute()
+
+    async def backlog(self) -> int:
+        async with self._guard("ledger_backlog"):
+            return int(await (await self._endpoint.client()).xlen(redis_keys.ledger_stream_key()))

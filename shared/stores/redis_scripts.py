@@ -1,0 +1,100 @@
+"""The Lua scripts and how they are called: one function per script builds its key list.
+
+Every script that reads or writes hot lists is fenced: ``fence.lua`` is prepended, and
+its three slots (``FENCE_SLOTS``) come first in the key list. Each ``.lua`` file names
+its own KEYS/ARGV slots as locals at the top; the functions here fill them in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from shared.domain.errors import StoreUnavailable
+from shared.stores import redis_keys
+from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
+
+UNFENCED = frozenset({"nudge"})
+
+
+def load_script(script: str) -> str:
+    return resources.files("shared.stores").joinpath("lua", f"{script}.lua").read_text()
+
+
+def fenced_script(script: str) -> str:
+    """The fence prologue (and the ledger helper) followed by the script's own body."""
+    return "\n".join((load_script("fence"), load_script("ledger"), load_script(script)))
+
+
+def fence_slots(hot_list: str) -> list[str]:
+    """KEYS[1..4] of every fenced script: fence, registry, discard counts, its hot list."""
+    return [
+        redis_keys.fence_key(),
+        redis_keys.hot_registry_key(),
+        redis_keys.discarded_key(),
+        hot_list,
+    ]
+
+
+def depth_keys(name: str) -> list[str]:
+    return fence_slots(redis_keys.hot_list_key(name))
+
+
+def push_keys(name: str, batch_id: str) -> list[str]:
+    return [*fence_slots(redis_keys.hot_list_key(name)), redis_keys.batch_key(batch_id)]
+
+
+def pop_keys(name: str) -> list[str]:
+    return [
+        *fence_slots(redis_keys.hot_list_key(name)),
+        redis_keys.exhausted_key(name),
+        redis_keys.ledger_stream_key(),
+        redis_keys.refill_key(name),
+    ]
+
+
+def pop_idempotent_keys(name: str, idempotency_key: str) -> list[str]:
+    return [*pop_keys(name), redis_keys.idempotency_key(idempotency_key)]
+
+
+def nudge_keys() -> list[str]:
+    return [redis_keys.keysync_wake_key()]
+
+
+class RedisPort:
+    """A connection to the Redis primary: runs scripts by SHA, translates driver errors."""
+
+    def __init__(self, endpoint: RedisEndpoint) -> None:
+        self._endpoint = endpoint
+        self._scripts: dict[str, AsyncScript] = {}
+
+    @property
+    def endpoint(self) -> RedisEndpoint:
+        return self._endpoint
+
+    async def close(self) -> None:
+        await self._endpoint.close()
+
+    @asynccontextmanager
+    async def _guard(self, operation: str) -> AsyncIterator[None]:
+        """Driver errors -> StoreUnavailable; re-resolve the primary when it may have moved."""
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            if means_primary_moved(exc):
+                self._endpoint.invalidate()
+            raise StoreUnavailable("redis", f"{operation} failed: {exc}") from exc
+
+    async def _run(self, script: str, keys: list[str], args: Sequence[Any]) -> Any:
+        client = await self._endpoint.client()
+        registered = self._scripts.get(script)
+        if registered is None:
+            body = load_script(script) if script in UNFENCED else fenced_script(script)
+            registered = self._scripts[script] = client.register_script(body)
+        # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
+        return await registered(keys=keys, args=list(args), client=client)

@@ -1,0 +1,28 @@
+"""The keysync wake channel: dispensers ask for a refill now instead of at the next poll."""
+
+from __future__ import annotations
+
+from shared.domain.settings import Settings
+from shared.stores import redis_keys
+from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis_scripts import RedisPort, nudge_keys
+
+WAKE_LIST_MAX = 64  # a nudge only needs to be seen once; the list never grows past this
+
+
+class WakeChannel(RedisPort):
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WakeChannel:
+        return cls(RedisEndpoint.from_settings(settings))
+
+    async def nudge(self, name: str) -> None:
+        """Wake a keysync for the type ``name`` now rather than at its next poll."""
+        async with self._guard("nudge"):
+            await self._run("nudge", nudge_keys(), [name, WAKE_LIST_MAX])
+
+    async def wait(self, timeout_s: float) -> str | None:
+        """Block until a nudge arrives (its type's name) or the timeout passes (None)."""
+        async with self._guard("wait_for_nudge"):
+            client = await self._endpoint.client()
+            got = await client.blpop([redis_keys.keysync_wake_key()], timeout=timeout_s)
+        return None if got is None else str(got[1])
