@@ -1,4 +1,4 @@
-"""Keyspace headroom: how much is left, how fast it goes, when to warn (invariant 6)."""
+"""Keyspace headroom and its forecast (invariant exhaustion-foreseen, docs/design.md)."""
 
 from __future__ import annotations
 

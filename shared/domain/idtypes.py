@@ -30,7 +30,7 @@ _HEAD_MIX = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53), np.ui
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """The immutable keyspace definition of an ID type (DESIGN invariant 5)."""
+    """An ID type's immutable keyspace (invariant immutable-keyspace, docs/design.md)."""
 
     kind: str
     length: int

@@ -5,7 +5,7 @@ CREATE TABLE IF NOT EXISTS kd_schema_version (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- One row per ID type: its immutable keyspace fingerprint (DESIGN invariant 5).
+-- One row per ID type: its keyspace fingerprint (invariant immutable-keyspace, docs/design.md).
 CREATE TABLE IF NOT EXISTS kd_id_types (
     name         text PRIMARY KEY,
     fingerprint  jsonb NOT NULL,
