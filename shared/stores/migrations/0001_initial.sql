@@ -1,5 +1,5 @@
 -- Global tables. Per-ID-type objects (a sequence and a cold table each) are
--- created by `keydispenser migrate` from the configuration (shared/schema.py).
+-- created by `keydispenser migrate` from the configuration (shared/stores/schema.py).
 CREATE TABLE IF NOT EXISTS kd_schema_version (
     version     integer PRIMARY KEY,
     applied_at  timestamptz NOT NULL DEFAULT now()

@@ -1,0 +1,64 @@
+"""The runtime works without the ``ops`` extra: the image installs no embedded servers,
+load generators or progress bars, and nothing the three processes run may need them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from shared.ops.cli import OPS_EXTRA
+
+OPS_ONLY = tuple(sorted(OPS_EXTRA))
+
+# Runs in a child: makes the ops-only packages unimportable, as in the image.
+PRELUDE = textwrap.dedent(
+    f"""
+    import sys
+    for name in {OPS_ONLY!r}:
+        sys.modules[name] = None  # 'import name' now raises ImportError
+    """
+)
+
+
+def run_without_ops(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_three_processes_and_the_cli_import_without_ops() -> None:
+    done = run_without_ops(
+        """
+        import keygen.main, keysync.main, dispenser.main, dispenser.app
+        from shared.ops import cli
+        cli.parser().parse_args(["dispenser"])
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_blocker_really_blocks() -> None:
+    """Control: the prelude does make an ops-only package unimportable."""
+    done = run_without_ops("import aiohttp")
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr or "ModuleNotFoundError" in done.stderr
+
+
+def test_operator_tooling_without_ops_names_the_extra() -> None:
+    done = run_without_ops(
+        """
+        from shared.ops import cli
+        cli.main(["fill", "--type", "farmer", "--count", "1"])
+        """
+    )
+    assert done.returncode == 1
+    assert "needs the ops extra (tqdm is missing)" in done.stderr
+    assert "keydispenser[ops]" in done.stderr
+    assert "Traceback" not in done.stderr
