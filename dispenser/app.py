@@ -7,11 +7,9 @@ URL-safe alphabets, so they never need JSON escaping).
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator
@@ -30,134 +28,17 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispenser import envelope
-from dispenser.auth import Gate
-from dispenser.coalesce import Coalescer
 from dispenser.metrics import DispenserMetrics
 from dispenser.openapi import document
+from dispenser.service import Dispenser
 from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import (
-    InvalidInput,
-    KeydispenserError,
-    KeyspaceExhausted,
-    LedgerDisabled,
-    PoolEmpty,
-    UnknownIdType,
-)
-from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import ID_TYPE_NAME, Settings
+from shared.domain.errors import InvalidInput, KeydispenserError
+from shared.domain.idtypes import IdType
+from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
-from shared.stores.ledger import LedgerReader
 
 log = logging.getLogger(__name__)
-# A refill rate keysync reported longer ago than this is not trusted for Retry-After.
-REFILL_FRESH_S = 30.0
 ALLOCATE_ONE = "/v1/idgenerator/{id_type}/id"
-
-
-class Dispenser:
-    """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
-
-    def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
-        self.settings = settings
-        self.hot = hot
-        self.metrics = metrics
-        self.gate = Gate(settings.dispenser.auth)
-        self.id_types = build_id_types(settings, generating=False)
-        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch)
-        self.ledger = LedgerReader(settings.postgres_dsn)
-        self._last_nudge: dict[str, float] = {}
-        self._nudges: set[asyncio.Task[None]] = set()
-
-    def id_type(self, name: str) -> IdType:
-        if not ID_TYPE_NAME.match(name):
-            raise InvalidInput(f"id_type must match {ID_TYPE_NAME.pattern}")
-        found = self.id_types.get(name)
-        if found is None:
-            raise UnknownIdType(name)
-        return found
-
-    async def take_one(self, name: str, client: str) -> str:
-        """One key; concurrent callers of a type share one Redis call."""
-        id_type = self.id_types.get(name) or self.id_type(name)
-        key, popped = await self.coalescer.take(name, client)
-        if key is None:
-            raise self._none_left(id_type, popped)
-        return key
-
-    async def take(
-        self, name: str, count: int, client: str, idempotency_key: str | None = None
-    ) -> Popped:
-        id_type = self.id_type(name)
-        if idempotency_key is None:
-            popped = await self.hot.pop(name, count, (client,), id_type.config.ledger)
-        else:
-            popped = await self.hot.pop_once(
-                name,
-                count,
-                idempotency_key,
-                self.settings.dispenser.idempotency_ttl_s,
-                client,
-                id_type.config.ledger,
-            )
-        self._after_pop(id_type, popped)
-        if not popped.keys:
-            raise self._none_left(id_type, popped)
-        return popped
-
-    async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
-        id_type = self.id_types[name]
-        popped = await self.hot.pop(name, count, clients, id_type.config.ledger)
-        self.metrics.pop_requests.observe(count)
-        self._after_pop(id_type, popped)
-        return popped
-
-    def _after_pop(self, id_type: IdType, popped: Popped) -> None:
-        """Metrics, and a nudge to keysync below the low watermark. Never raises."""
-        name, metrics = id_type.name, self.metrics
-        metrics.hot_depth.labels(name).set(popped.remaining)
-        if popped.replayed:
-            metrics.replays.labels(name).inc()
-        elif popped.keys:
-            metrics.issued.labels(name).inc(len(popped.keys))
-        if popped.discarded:
-            metrics.discarded.inc(popped.discarded)
-        if popped.remaining < id_type.config.hot.low and not popped.exhausted:
-            self._nudge(name)
-
-    def _none_left(self, id_type: IdType, popped: Popped) -> KeydispenserError:
-        if popped.exhausted:
-            return KeyspaceExhausted(id_type.name)
-        return PoolEmpty(id_type.name, self.retry_after(id_type, popped))
-
-    def retry_after(self, id_type: IdType, popped: Popped) -> int:
-        """Seconds until keysync's next batch lands, at the refill rate it last observed."""
-        config = self.settings.dispenser
-        refill = popped.refill
-        if refill is None or refill.rate <= 0 or time.time() - refill.at > REFILL_FRESH_S:
-            return config.retry_after_s
-        seconds = math.ceil(min(id_type.config.sync_batch, id_type.config.hot.high) / refill.rate)
-        return min(config.retry_after_max_s, max(1, seconds))
-
-    def _nudge(self, name: str) -> None:
-        """Wake keysync, at most once per nudge interval per type, off the request path."""
-        now = time.monotonic()
-        if now - self._last_nudge.get(name, -math.inf) < self.settings.dispenser.nudge_interval_s:
-            return
-        self._last_nudge[name] = now
-        self.metrics.nudges.labels(name).inc()
-        task = asyncio.get_running_loop().create_task(self._send_nudge(name))
-        self._nudges.add(task)
-        task.add_done_callback(self._nudges.discard)
-
-    async def _send_nudge(self, name: str) -> None:
-        try:
-            await self.hot.nudge(name)
-        except KeydispenserError as exc:  # keysync still polls; nothing is lost
-            log.warning("nudge_failed", extra={"id_type": name, "error": str(exc)})
-
-    async def close(self) -> None:
-        await asyncio.gather(*self._nudges, return_exceptions=True)
-        await self.ledger.close()
 
 
 def _dispenser(request: Request) -> Dispenser:
@@ -219,13 +100,6 @@ async def validate(request: Request) -> Response:
     return envelope.ok({"id": value, "valid": id_type.validate(value)})
 
 
-def _ledger_type(dispenser: Dispenser, name: str) -> IdType:
-    id_type = dispenser.id_type(name)
-    if not id_type.config.ledger:
-        raise LedgerDisabled(name)
-    return id_type
-
-
 def _well_formed(id_type: IdType, value: str) -> str:
     if not id_type.validate(value):
         raise InvalidInput(f"'{value}' is not a valid {id_type.name} key")
@@ -237,7 +111,7 @@ async def mark_used(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
     await dispenser.hot.record_used(name, [value], client)
     return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
@@ -247,7 +121,7 @@ async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     keys = _keys_body(await request.body(), dispenser.settings.dispenser.max_batch)
     for key in keys:
         _well_formed(id_type, key)
@@ -275,7 +149,7 @@ async def lookup(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
     id_type.core(key)  # refuses values that cannot be keys of any type
     return JSONResponse(await dispenser.ledger.lookup(name, key))
