@@ -25,10 +25,10 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from dispenser import envelope
-from dispenser.metrics import DispenserMetrics
+from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
 from shared.domain.apikeys import ANONYMOUS
@@ -275,8 +275,6 @@ class DispenserApp(Starlette):
     Idempotency-Key, another method) takes the normal route.
     """
 
-    _latency: Any = None
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _ALLOCATE_ONE_PATH.match(scope["path"])
@@ -309,33 +307,7 @@ class DispenserApp(Starlette):
             body, status, headers = bytes(response.body), response.status_code, response.raw_headers
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        if self._latency is None:
-            self._latency = dispenser.metrics.latency.labels(ALLOCATE_ONE)
-        self._latency.observe(time.perf_counter() - started)
-
-
-class Timing:
-    """Pure ASGI middleware: request latency per route template into a histogram."""
-
-    def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
-        self._app = app
-        self._metrics = metrics
-        self._children: dict[str, Any] = {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        try:
-            await self._app(scope, receive, send)
-        finally:
-            route = scope.get("route")
-            label = getattr(route, "path", "unmatched")
-            child = self._children.get(label)
-            if child is None:
-                child = self._children[label] = self._metrics.latency.labels(label)
-            child.observe(time.perf_counter() - started)
+        dispenser.metrics.observe_latency(ALLOCATE_ONE, started)
 
 
 def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
