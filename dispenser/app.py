@@ -2,16 +2,15 @@
 
 The two allocation routes are the hot path: one coalesced Redis call serves many
 concurrent requests, and their bodies are written as bytes (keys are drawn from
-URL-safe alphabets, so they never need JSON escaping).
+URL-safe alphabets, so they never need JSON escaping). ``create_app`` wraps the
+Starlette app in ``dispenser.fastpath.FastPath``, which answers most single-ID
+requests before the route table is reached.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import logging
-import re
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -19,26 +18,21 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from dispenser import envelope
+from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
-from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import InvalidInput, KeydispenserError
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
-
-log = logging.getLogger(__name__)
-ALLOCATE_ONE = "/v1/idgenerator/{id_type}/id"
 
 
 def _dispenser(request: Request) -> Dispenser:
@@ -52,8 +46,8 @@ async def allocate_one(request: Request) -> Response:
     client = dispenser.gate.admit(request.headers, name)
     idempotency_key = _idempotency_key(request)
     if idempotency_key is None:
-        key = await dispenser.take_one(name, client)
-        return Response(envelope.ok_id(key), media_type="application/json")
+        body = await one_id(dispenser, name, client)
+        return Response(body, media_type="application/json")
     popped = await dispenser.take(name, 1, client, idempotency_key)
     return _replay_marked(envelope.ok({"id": popped.keys[0]}), popped)
 
@@ -171,13 +165,13 @@ async def config(request: Request) -> Response:
     dispenser.gate.admit(request.headers)
     types = {
         name: {
-            "kind": t.config.kind,
-            "length": t.config.length,
-            "filter_profile": t.config.filter_profile,
-            "filters": t.config.filters.model_dump(),
-            "ledger": t.config.ledger,
+            "kind": id_type.config.kind,
+            "length": id_type.config.length,
+            "filter_profile": id_type.config.filter_profile,
+            "filters": id_type.config.filters.model_dump(),
+            "ledger": id_type.config.ledger,
         }
-        for name, t in dispenser.id_types.items()
+        for name, id_type in dispenser.id_types.items()
     }
     return envelope.ok({"id_types": types})
 
@@ -220,16 +214,7 @@ async def openapi(request: Request) -> Response:
 
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
-    return _refusal(_dispenser(request), exc, request.url.path)
-
-
-def _refusal(dispenser: Dispenser, exc: KeydispenserError, path: str) -> Response:
-    """A domain error's envelope, counted by errorCode; store failures are logged."""
-    status, code = envelope.classify(exc)
-    if status >= 500 and code != "IDG-001":
-        log.warning("request_failed", extra={"path": path, "error": str(exc)})
-    dispenser.metrics.errors.labels(code).inc()
-    return envelope.from_domain(exc)
+    return refusal(exc, request.url.path, _dispenser(request).metrics)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -241,8 +226,7 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("request_crashed", extra={"path": request.url.path})
-    return envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+    return crashed(request.url.path)
 
 
 ROUTES = [
@@ -262,55 +246,7 @@ ROUTES = [
 ]
 
 
-_ALLOCATE_ONE_PATH = re.compile(r"^/v1/idgenerator/([a-z][a-z0-9_]{0,40})/id$")
-_JSON_HEADERS = (b"content-type", b"application/json")
-
-
-class DispenserApp(Starlette):
-    """Starlette, with ``POST /v1/idgenerator/{id_type}/id`` served before its stack.
-
-    The route OpenG2P clients call once per ID is the one that must run at the HTTP
-    ceiling, so it skips the middleware stack, the router and Request/Response
-    objects. Anything it does not handle itself (an unknown or malformed type, an
-    Idempotency-Key, another method) takes the normal route.
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _ALLOCATE_ONE_PATH.match(scope["path"])
-            dispenser: Dispenser | None = getattr(self.state, "dispenser", None)
-            if (
-                match is not None
-                and dispenser is not None
-                and match.group(1) in dispenser.id_types
-                and not any(name == b"idempotency-key" for name, _ in scope["headers"])
-            ):
-                await self._allocate_one(dispenser, match.group(1), scope, send)
-                return
-        await super().__call__(scope, receive, send)
-
-    async def _allocate_one(
-        self, dispenser: Dispenser, name: str, scope: Scope, send: Send
-    ) -> None:
-        started = time.perf_counter()
-        try:
-            gate = dispenser.gate
-            client = gate.admit(Headers(scope=scope), name) if gate.enabled else ANONYMOUS
-            body = envelope.ok_id(await dispenser.take_one(name, client))
-            status, headers = 200, [_JSON_HEADERS, (b"content-length", b"%d" % len(body))]
-        except KeydispenserError as exc:
-            response = _refusal(dispenser, exc, scope["path"])
-            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
-        except Exception:
-            log.exception("request_crashed", extra={"path": scope["path"]})
-            response = envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
-            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        dispenser.metrics.observe_latency(ALLOCATE_ONE, started)
-
-
-def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
+def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
     metrics = DispenserMetrics(CollectorRegistry())
 
     @asynccontextmanager
@@ -325,7 +261,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
             await dispenser.close()
             await store.close()
 
-    return DispenserApp(
+    app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[Middleware(Timing, metrics=metrics)],
@@ -335,3 +271,4 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
             Exception: on_unexpected,
         },
     )
+    return FastPath(app)
