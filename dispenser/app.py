@@ -2,18 +2,15 @@
 
 The two allocation routes are the hot path: one coalesced Redis call serves many
 concurrent requests, and their bodies are written as bytes (keys are drawn from
-URL-safe alphabets, so they never need JSON escaping).
+URL-safe alphabets, so they never need JSON escaping). ``create_app`` wraps the
+Starlette app in ``dispenser.fastpath.FastPath``, which answers most single-ID
+requests before the route table is reached.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
-import logging
-import math
-import re
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -21,148 +18,21 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispenser import envelope
-from dispenser.auth import Gate
-from dispenser.coalesce import Coalescer
-from dispenser.metrics import DispenserMetrics
+from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
+from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
-from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import (
-    InvalidInput,
-    KeydispenserError,
-    KeyspaceExhausted,
-    LedgerDisabled,
-    PoolEmpty,
-    UnknownIdType,
-)
-from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import ID_TYPE_NAME, Settings
+from dispenser.service import Dispenser
+from shared.domain.errors import InvalidInput, KeydispenserError
+from shared.domain.idtypes import IdType
+from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
-from shared.stores.ledger import LedgerReader
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.wake import WakeChannel
-
-log = logging.getLogger(__name__)
-# A refill rate keysync reported longer ago than this is not trusted for Retry-After.
-REFILL_FRESH_S = 30.0
-ALLOCATE_ONE = "/v1/idgenerator/{id_type}/id"
-
-
-class Dispenser:
-    """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
-
-    def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
-        self.settings = settings
-        self.hot = hot
-        # The wake channel and the ledger stream share the hot store's connections.
-        self.wake = WakeChannel(hot.endpoint)
-        self.ledger_stream = LedgerStream(hot.endpoint)
-        self.metrics = metrics
-        self.gate = Gate(settings.dispenser.auth)
-        self.id_types = build_id_types(settings, generating=False)
-        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch)
-        self.ledger = LedgerReader(settings.postgres_dsn)
-        self._last_nudge: dict[str, float] = {}
-        self._nudges: set[asyncio.Task[None]] = set()
-
-    def id_type(self, name: str) -> IdType:
-        if not ID_TYPE_NAME.match(name):
-            raise InvalidInput(f"id_type must match {ID_TYPE_NAME.pattern}")
-        found = self.id_types.get(name)
-        if found is None:
-            raise UnknownIdType(name)
-        return found
-
-    async def take_one(self, name: str, client: str) -> str:
-        """One key; concurrent callers of a type share one Redis call."""
-        id_type = self.id_types.get(name) or self.id_type(name)
-        key, popped = await self.coalescer.take(name, client)
-        if key is None:
-            raise self._none_left(id_type, popped)
-        return key
-
-    async def take(
-        self, name: str, count: int, client: str, idempotency_key: str | None = None
-    ) -> Popped:
-        id_type = self.id_type(name)
-        if idempotency_key is None:
-            popped = await self.hot.pop(name, count, (client,), id_type.config.ledger)
-        else:
-            popped = await self.hot.pop_once(
-                name,
-                count,
-                idempotency_key,
-                self.settings.dispenser.idempotency_ttl_s,
-                client,
-                id_type.config.ledger,
-            )
-        self._after_pop(id_type, popped)
-        if not popped.keys:
-            raise self._none_left(id_type, popped)
-        return popped
-
-    async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
-        id_type = self.id_types[name]
-        popped = await self.hot.pop(name, count, clients, id_type.config.ledger)
-        self.metrics.pop_requests.observe(count)
-        self._after_pop(id_type, popped)
-        return popped
-
-    def _after_pop(self, id_type: IdType, popped: Popped) -> None:
-        """Metrics, and a nudge to keysync below the low watermark. Never raises."""
-        name, metrics = id_type.name, self.metrics
-        metrics.hot_depth.labels(name).set(popped.remaining)
-        if popped.replayed:
-            metrics.replays.labels(name).inc()
-        elif popped.keys:
-            metrics.issued.labels(name).inc(len(popped.keys))
-        if popped.discarded:
-            metrics.discarded.inc(popped.discarded)
-        if popped.remaining < id_type.config.hot.low and not popped.exhausted:
-            self._nudge(name)
-
-    def _none_left(self, id_type: IdType, popped: Popped) -> KeydispenserError:
-        if popped.exhausted:
-            return KeyspaceExhausted(id_type.name)
-        return PoolEmpty(id_type.name, self.retry_after(id_type, popped))
-
-    def retry_after(self, id_type: IdType, popped: Popped) -> int:
-        """Seconds until keysync's next batch lands, at the refill rate it last observed."""
-        config = self.settings.dispenser
-        refill = popped.refill
-        if refill is None or refill.rate <= 0 or time.time() - refill.at > REFILL_FRESH_S:
-            return config.retry_after_s
-        seconds = math.ceil(min(id_type.config.sync_batch, id_type.config.hot.high) / refill.rate)
-        return min(config.retry_after_max_s, max(1, seconds))
-
-    def _nudge(self, name: str) -> None:
-        """Wake keysync, at most once per nudge interval per type, off the request path."""
-        now = time.monotonic()
-        if now - self._last_nudge.get(name, -math.inf) < self.settings.dispenser.nudge_interval_s:
-            return
-        self._last_nudge[name] = now
-        self.metrics.nudges.labels(name).inc()
-        task = asyncio.get_running_loop().create_task(self._send_nudge(name))
-        self._nudges.add(task)
-        task.add_done_callback(self._nudges.discard)
-
-    async def _send_nudge(self, name: str) -> None:
-        try:
-            await self.wake.nudge(name)
-        except KeydispenserError as exc:  # keysync still polls; nothing is lost
-            log.warning("nudge_failed", extra={"id_type": name, "error": str(exc)})
-
-    async def close(self) -> None:
-        await asyncio.gather(*self._nudges, return_exceptions=True)
-        await self.ledger.close()
 
 
 def _dispenser(request: Request) -> Dispenser:
@@ -176,8 +46,8 @@ async def allocate_one(request: Request) -> Response:
     client = dispenser.gate.admit(request.headers, name)
     idempotency_key = _idempotency_key(request)
     if idempotency_key is None:
-        key = await dispenser.take_one(name, client)
-        return Response(envelope.ok_id(key), media_type="application/json")
+        body = await one_id(dispenser, name, client)
+        return Response(body, media_type="application/json")
     popped = await dispenser.take(name, 1, client, idempotency_key)
     return _replay_marked(envelope.ok({"id": popped.keys[0]}), popped)
 
@@ -224,13 +94,6 @@ async def validate(request: Request) -> Response:
     return envelope.ok({"id": value, "valid": id_type.validate(value)})
 
 
-def _ledger_type(dispenser: Dispenser, name: str) -> IdType:
-    id_type = dispenser.id_type(name)
-    if not id_type.config.ledger:
-        raise LedgerDisabled(name)
-    return id_type
-
-
 def _well_formed(id_type: IdType, value: str) -> str:
     if not id_type.validate(value):
         raise InvalidInput(f"'{value}' is not a valid {id_type.name} key")
@@ -242,7 +105,7 @@ async def mark_used(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
     await dispenser.ledger_stream.record_used(name, [value], client)
     return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
@@ -252,7 +115,7 @@ async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     keys = _keys_body(await request.body(), dispenser.settings.dispenser.max_batch)
     for key in keys:
         _well_formed(id_type, key)
@@ -280,7 +143,7 @@ async def lookup(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     dispenser.gate.admit(request.headers, name)
-    id_type = _ledger_type(dispenser, name)
+    id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
     id_type.core(key)  # refuses values that cannot be keys of any type
     return JSONResponse(await dispenser.ledger.lookup(name, key))
@@ -302,13 +165,13 @@ async def config(request: Request) -> Response:
     dispenser.gate.admit(request.headers)
     types = {
         name: {
-            "kind": t.config.kind,
-            "length": t.config.length,
-            "filter_profile": t.config.filter_profile,
-            "filters": t.config.filters.model_dump(),
-            "ledger": t.config.ledger,
+            "kind": id_type.config.kind,
+            "length": id_type.config.length,
+            "filter_profile": id_type.config.filter_profile,
+            "filters": id_type.config.filters.model_dump(),
+            "ledger": id_type.config.ledger,
         }
-        for name, t in dispenser.id_types.items()
+        for name, id_type in dispenser.id_types.items()
     }
     return envelope.ok({"id_types": types})
 
@@ -351,16 +214,7 @@ async def openapi(request: Request) -> Response:
 
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
-    return _refusal(_dispenser(request), exc, request.url.path)
-
-
-def _refusal(dispenser: Dispenser, exc: KeydispenserError, path: str) -> Response:
-    """A domain error's envelope, counted by errorCode; store failures are logged."""
-    status, code = envelope.classify(exc)
-    if status >= 500 and code != "IDG-001":
-        log.warning("request_failed", extra={"path": path, "error": str(exc)})
-    dispenser.metrics.errors.labels(code).inc()
-    return envelope.from_domain(exc)
+    return refusal(exc, request.url.path, _dispenser(request).metrics)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -372,8 +226,7 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("request_crashed", extra={"path": request.url.path})
-    return envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+    return crashed(request.url.path)
 
 
 ROUTES = [
@@ -393,83 +246,7 @@ ROUTES = [
 ]
 
 
-_ALLOCATE_ONE_PATH = re.compile(r"^/v1/idgenerator/([a-z][a-z0-9_]{0,40})/id$")
-_JSON_HEADERS = (b"content-type", b"application/json")
-
-
-class DispenserApp(Starlette):
-    """Starlette, with ``POST /v1/idgenerator/{id_type}/id`` served before its stack.
-
-    The route OpenG2P clients call once per ID is the one that must run at the HTTP
-    ceiling, so it skips the middleware stack, the router and Request/Response
-    objects. Anything it does not handle itself (an unknown or malformed type, an
-    Idempotency-Key, another method) takes the normal route.
-    """
-
-    _latency: Any = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _ALLOCATE_ONE_PATH.match(scope["path"])
-            dispenser: Dispenser | None = getattr(self.state, "dispenser", None)
-            if (
-                match is not None
-                and dispenser is not None
-                and match.group(1) in dispenser.id_types
-                and not any(name == b"idempotency-key" for name, _ in scope["headers"])
-            ):
-                await self._allocate_one(dispenser, match.group(1), scope, send)
-                return
-        await super().__call__(scope, receive, send)
-
-    async def _allocate_one(
-        self, dispenser: Dispenser, name: str, scope: Scope, send: Send
-    ) -> None:
-        started = time.perf_counter()
-        try:
-            gate = dispenser.gate
-            client = gate.admit(Headers(scope=scope), name) if gate.enabled else ANONYMOUS
-            body = envelope.ok_id(await dispenser.take_one(name, client))
-            status, headers = 200, [_JSON_HEADERS, (b"content-length", b"%d" % len(body))]
-        except KeydispenserError as exc:
-            response = _refusal(dispenser, exc, scope["path"])
-            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
-        except Exception:
-            log.exception("request_crashed", extra={"path": scope["path"]})
-            response = envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
-            body, status, headers = bytes(response.body), response.status_code, response.raw_headers
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        if self._latency is None:
-            self._latency = dispenser.metrics.latency.labels(ALLOCATE_ONE)
-        self._latency.observe(time.perf_counter() - started)
-
-
-class Timing:
-    """Pure ASGI middleware: request latency per route template into a histogram."""
-
-    def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
-        self._app = app
-        self._metrics = metrics
-        self._children: dict[str, Any] = {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        try:
-            await self._app(scope, receive, send)
-        finally:
-            route = scope.get("route")
-            label = getattr(route, "path", "unmatched")
-            child = self._children.get(label)
-            if child is None:
-                child = self._children[label] = self._metrics.latency.labels(label)
-            child.observe(time.perf_counter() - started)
-
-
-def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
+def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
     metrics = DispenserMetrics(CollectorRegistry())
 
     @asynccontextmanager
@@ -484,7 +261,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
             await dispenser.close()
             await store.close()
 
-    return DispenserApp(
+    app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         middleware=[Middleware(Timing, metrics=metrics)],
@@ -494,3 +271,4 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> DispenserApp:
             Exception: on_unexpected,
         },
     )
+    return FastPath(app)

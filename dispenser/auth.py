@@ -58,8 +58,8 @@ class Client:
     config: ApiKeyConfig
     bucket: TokenBucket | None
 
-    def may_use(self, id_type: str) -> bool:
-        return "*" in self.config.id_types or id_type in self.config.id_types
+    def may_use(self, name: str) -> bool:
+        return "*" in self.config.id_types or name in self.config.id_types
 
 
 class Gate:
@@ -73,15 +73,15 @@ class Gate:
             for c in config.api_keys
         }
 
-    def admit(self, headers: Headers, id_type: str | None = None) -> str:
+    def admit(self, headers: Headers, name: str | None = None) -> str:
         """The calling client's name; raises Unauthenticated, Forbidden or RateLimited."""
         if not self.enabled:
             return ANONYMOUS
         client = self._clients.get(digest(_presented_key(headers)))
         if client is None:
             raise Unauthenticated("missing or unknown API key")
-        if id_type is not None and not client.may_use(id_type):
-            raise Forbidden(f"API client '{client.config.name}' may not use id_type '{id_type}'")
+        if name is not None and not client.may_use(name):
+            raise Forbidden(f"API client '{client.config.name}' may not use id_type '{name}'")
         if client.bucket is not None:
             wait = client.bucket.take()
             if wait:

@@ -22,8 +22,8 @@ Waiter = tuple[str, "asyncio.Future[Answer]"]  # (client, where its answer goes)
 
 class Coalescer:
     def __init__(self, pop_many: PopMany, max_batch: int) -> None:
-        """``pop_many(id_type, count, clients)`` pops ``count`` keys; ``clients`` names
-        each key's API client, or holds one name that stands for all."""
+        """``pop_many(name, count, clients)`` pops ``count`` keys; ``clients`` names
+        each key's API client, or holds one client name that stands for all."""
         self._pop_many = pop_many
         self._max_batch = max_batch
         self._queues: dict[str, list[Waiter]] = {}
@@ -32,37 +32,37 @@ class Coalescer:
         self.pops = 0  # Redis calls made
         self.served = 0  # requests answered through them
 
-    async def take(self, id_type: str, client: str) -> Answer:
+    async def take(self, name: str, client: str) -> Answer:
         """One key (None when the pool had none left for this request) and the pop result."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
-        queue = self._queues.get(id_type)
+        queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[id_type] = []
+            queue = self._queues[name] = []
         queue.append((client, future))
-        if id_type not in self._draining:
-            self._draining.add(id_type)
-            task = loop.create_task(self._drain(id_type))
+        if name not in self._draining:
+            self._draining.add(name)
+            task = loop.create_task(self._drain(name))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await future
 
-    async def _drain(self, id_type: str) -> None:
+    async def _drain(self, name: str) -> None:
         try:
-            while queue := self._queues.pop(id_type, None):
+            while queue := self._queues.pop(name, None):
                 batch = queue[: self._max_batch]
                 if len(queue) > self._max_batch:
-                    self._queues[id_type] = queue[self._max_batch :]
-                await self._serve(id_type, batch)
+                    self._queues[name] = queue[self._max_batch :]
+                await self._serve(name, batch)
         finally:
-            self._draining.discard(id_type)
+            self._draining.discard(name)
 
-    async def _serve(self, id_type: str, batch: list[Waiter]) -> None:
+    async def _serve(self, name: str, batch: list[Waiter]) -> None:
         clients = [client for client, _ in batch]
         if len(set(clients)) == 1:
-            clients = clients[:1]  # one name stands for all in the ledger
+            clients = clients[:1]  # one client name stands for all in the ledger
         try:
-            popped = await self._pop_many(id_type, len(batch), clients)
+            popped = await self._pop_many(name, len(batch), clients)
         except BaseException as exc:  # every waiter gets the failure, then it propagates
             for _, future in batch:
                 if not future.done():

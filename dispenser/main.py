@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import uvicorn
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from dispenser.app import create_app
 from shared import logs
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 FACTORY = "dispenser.main:app_from_environment"
 
 
-def app_from_environment() -> Starlette:
+def app_from_environment() -> ASGIApp:
     settings = load_settings()
     logs.configure("dispenser", settings.log_level)
     return create_app(settings)

@@ -1,8 +1,12 @@
-"""The dispenser's Prometheus metrics (one registry per process, built in create_app)."""
+"""The dispenser's Prometheus metrics (one registry per process, built in create_app),
+and the middleware that times requests into them."""
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared.metrics import TYPE
 
@@ -47,3 +51,31 @@ class DispenserMetrics:
             TYPE,
             registry=registry,
         )
+        self._latency_by_route: dict[str, Histogram] = {}
+
+    def observe_latency(self, route: str, started: float) -> None:
+        """Time since ``started`` (``time.perf_counter()``) for a route template."""
+        # One labelled child per route, kept: labels() costs a lock and a lookup per call.
+        child = self._latency_by_route.get(route)
+        if child is None:
+            child = self._latency_by_route[route] = self.latency.labels(route)
+        child.observe(time.perf_counter() - started)
+
+
+class Timing:
+    """Pure ASGI middleware: request latency per route template into a histogram."""
+
+    def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
+        self._app = app
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self._metrics.observe_latency(route, started)

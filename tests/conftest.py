@@ -157,6 +157,19 @@ async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncCl
         await task
 
 
+@asynccontextmanager
+async def dispenser_in_process(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The dispenser app called in-process through httpx, its lifespan entered around it."""
+    app = create_app(settings)
+    starlette = app.app  # the lifespan is the Starlette app's, inside the fast path
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        starlette.router.lifespan_context(starlette),
+        httpx.AsyncClient(transport=transport, base_url="http://dispenser") as client,
+    ):
+        yield client
+
+
 @pytest.fixture
 def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
     return make_settings(servers, database)

@@ -11,12 +11,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from dispenser.app import create_app
 from shared.domain.settings import Settings
 from shared.ops.embedded import free_port
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
-from tests.conftest import dispenser_over_http
+from tests.conftest import dispenser_in_process, dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -145,12 +144,7 @@ async def test_unknown_routes_and_methods(client: httpx.AsyncClient) -> None:
 
 async def test_redis_down_is_503_in_the_envelope(settings: Settings) -> None:
     dead = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
-    app = create_app(dead)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://dispenser") as http,
-    ):
+    async with dispenser_in_process(dead) as http:
         reply = await http.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-005")
     assert reply.headers["Retry-After"] == "1"

@@ -10,7 +10,6 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from dispenser.app import create_app
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
@@ -19,7 +18,13 @@ from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import (
+    Servers,
+    dispenser_in_process,
+    dispenser_over_http,
+    make_settings,
+    small_types,
+)
 
 TINY = {
     "kind": "numeric",
@@ -112,12 +117,7 @@ async def test_validate_endpoint_knows_affixes_and_profiles(
         "uin": {"kind": "numeric", "length": 10, "filter_profile": "mosip"},
     }
     settings = make_settings(servers, database, id_types=types)
-    app = create_app(settings)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://dispenser") as client,
-    ):
+    async with dispenser_in_process(settings) as client:
 
         async def valid(name: str, value: str) -> bool:
             reply = await client.get(f"/v1/idgenerator/{name}/id/validate/{value}")

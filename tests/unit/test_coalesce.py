@@ -19,7 +19,7 @@ class FakePool:
         self.calls: list[tuple[int, list[str]]] = []
         self.fail = False
 
-    async def pop_many(self, id_type: str, count: int, clients: list[str]) -> Popped:
+    async def pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
         self.calls.append((count, clients))
         await asyncio.sleep(0.001)
         if self.fail:

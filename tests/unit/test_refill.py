@@ -7,8 +7,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dispenser.app import Dispenser
 from dispenser.metrics import DispenserMetrics
+from dispenser.service import Dispenser
 from keysync.main import RefillMeter
 from shared.domain.settings import load_settings
 from shared.stores.hot_store import HotStore, Popped, Refill

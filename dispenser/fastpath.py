@@ -1,0 +1,129 @@
+"""The hot path: ``POST /v1/idgenerator/{id_type}/id`` answered before Starlette's stack.
+
+The route OpenG2P clients call once per ID is the one that must run at the HTTP
+ceiling, so ``FastPath`` wraps the Starlette app and answers it without the middleware
+stack, the router or Request/Response objects. What it does not serve itself (an
+unknown or malformed type, an Idempotency-Key, another method, a request before
+start-up has built the service) goes on to the Starlette app, whose route and error
+handlers answer through the same functions: ``one_id``, ``refusal`` and ``crashed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from dispenser import envelope
+from dispenser.auth import Gate
+from dispenser.metrics import DispenserMetrics
+from dispenser.service import Dispenser
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.errors import KeydispenserError
+from shared.domain.settings import ID_TYPE_NAME
+
+log = logging.getLogger(__name__)
+ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
+_JSON_HEADERS: Final = (b"content-type", b"application/json")
+
+
+def path_pattern(template: str, name: re.Pattern[str]) -> re.Pattern[str]:
+    """The paths ``template`` stands for, its ``{id_type}`` a group ``name`` matches.
+
+    Anchored with \\A and \\Z: a $ would also let a path through with a newline after it.
+    """
+    placeholder = re.escape("{id_type}")
+    escaped = re.escape(template)
+    if escaped.count(placeholder) != 1:
+        raise ValueError(f"route template {template!r} must hold {{id_type}} once")
+    group = f"(?P<name>{_unanchored(name)})"
+    return re.compile(r"\A" + escaped.replace(placeholder, group) + r"\Z")
+
+
+def _unanchored(pattern: re.Pattern[str]) -> str:
+    """The body of a ^...$ pattern (ID_TYPE_NAME is anchored: it is also an OpenAPI pattern)."""
+    text = pattern.pattern
+    if not (text.startswith("^") and text.endswith("$")):
+        raise ValueError(f"expected a pattern anchored with ^ and $, got {text!r}")
+    return text[1:-1]
+
+
+ALLOCATE_ONE_PATH: Final = path_pattern(ALLOCATE_ONE, ID_TYPE_NAME)
+
+
+async def one_id(dispenser: Dispenser, name: str, client: str) -> bytes:
+    """The body answering a request for one ID, on the fast path and the route alike."""
+    return envelope.ok_id(await dispenser.take_one(name, client))
+
+
+def refusal(exc: KeydispenserError, path: str, metrics: DispenserMetrics) -> JSONResponse:
+    """A domain error's envelope, counted by errorCode; store failures are logged."""
+    status, code = envelope.classify(exc)
+    if status >= 500 and code != "IDG-001":
+        log.warning("request_failed", extra={"path": path, "error": str(exc)})
+    metrics.errors.labels(code).inc()
+    return envelope.from_domain(exc)
+
+
+def crashed(path: str) -> JSONResponse:
+    """The answer to an unexpected exception, logged with its traceback: call it in ``except``."""
+    log.exception("request_crashed", extra={"path": path})
+    return envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+
+
+class FastPath:
+    """Pure ASGI: serves ALLOCATE_ONE itself, hands everything else to ``app``."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        served = self._served(scope)
+        if served is None:
+            await self.app(scope, receive, send)
+        else:
+            await _allocate_one(*served, scope, receive, send)
+
+    def _served(self, scope: Scope) -> tuple[Dispenser, str] | None:
+        """The service and the type name when this request is one to answer here."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        match = ALLOCATE_ONE_PATH.match(scope["path"])
+        dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
+        if match is None or dispenser is None or match["name"] not in dispenser.id_types:
+            return None  # the route gives the envelope for a malformed or unknown type
+        if any(header == b"idempotency-key" for header, _ in scope["headers"]):
+            return None  # the route validates the key and marks replays
+        return dispenser, match["name"]
+
+
+async def _allocate_one(
+    dispenser: Dispenser, name: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    started = time.perf_counter()
+    try:
+        body = await one_id(dispenser, name, _client(dispenser.gate, scope, name))
+    except KeydispenserError as exc:
+        await refusal(exc, scope["path"], dispenser.metrics)(scope, receive, send)
+    except Exception:
+        await crashed(scope["path"])(scope, receive, send)
+    else:
+        await _send_json(send, body)
+    dispenser.metrics.observe_latency(ALLOCATE_ONE, started)
+
+
+def _client(gate: Gate, scope: Scope, name: str) -> str:
+    # Headers are parsed only when there are API keys to check.
+    return gate.admit(Headers(scope=scope), name) if gate.enabled else ANONYMOUS
+
+
+async def _send_json(send: Send, body: bytes) -> None:
+    headers = [_JSON_HEADERS, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
