@@ -13,14 +13,16 @@ from prometheus_client import CollectorRegistry
 from keygen.generation import Generator
 from keygen.headroom import Headroom, HeadroomWatch
 from keygen.metrics import KeygenMetrics
-from shared.domain.errors import KeyspaceExhausted, StoreUnavailable
+from shared.domain.errors import FenceHalted, KeyspaceExhausted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.metrics import serve as serve_metrics
 from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
 from shared.stores.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
+from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
 from shared.stores.sql import KEYGEN_CHANNEL
+from shared.stores.sync_record import SyncRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +32,12 @@ class Keygen:
         self,
         settings: Settings,
         cold: ColdStore,
+        sync: SyncRecord | None,
         stop: asyncio.Event,
         generator: Generator,
         metrics: KeygenMetrics | None = None,
     ) -> None:
+        """``sync`` None switches the PostgreSQL fence off (scratch databases only)."""
         self._settings = settings
         self._cold = cold
         self._stop = stop
@@ -44,6 +48,7 @@ class Keygen:
         self._name = instance_name()
         self._generator = generator
         self.metrics = metrics or KeygenMetrics(CollectorRegistry())
+        self._guarded = GuardedCold(cold, sync, self._types, self.metrics.fence.observe)
         self._watches = {
             name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
             for name, t in self._types.items()
@@ -54,12 +59,21 @@ class Keygen:
 
     async def run(self) -> None:
         outage = Outage("postgres", first_delay_s=0.1, max_delay_s=1.0)
+        fenced = Outage("postgres_fence", first_delay_s=0.5, max_delay_s=10.0)
         while not self._stop.is_set():
             try:
                 worked = await self.step()
                 outage.succeeded()
+                fenced.succeeded()
             except StoreUnavailable as exc:
                 await sleep_or_stop(self._stop, outage.failed(exc))
+                continue
+            except (PostgresBehind, FenceHalted) as exc:
+                # Behind: the fence runs at the next lease. Halted: an operator must act;
+                # keep trying (and saying so) rather than exit.
+                await sleep_or_stop(
+                    self._stop, fenced.failed(StoreUnavailable("postgres", str(exc)))
+                )
                 continue
             if not worked:
                 await self._idle()
@@ -108,7 +122,7 @@ class Keygen:
     ) -> int:
         """Lease one range and fill it; returns keys added (0: keyspace exhausted)."""
         try:
-            leased = await self._cold.lease_range(id_type, self._name)
+            leased = await self._guarded.lease_range(id_type, self._name)
         except KeyspaceExhausted:
             self._exhausted.add(id_type.name)
             self.metrics.exhausted.labels(id_type.name).set(1)
@@ -227,13 +241,14 @@ async def serve(settings: Settings) -> None:
     if cold is None:
         return
     generator: Generator | None = None
+    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))
         generator = Generator(settings.keygen.threads)
         metrics = KeygenMetrics(CollectorRegistry())
         serve_metrics(metrics.registry, settings.keygen.metrics_host, settings.keygen.metrics_port)
-        keygen = Keygen(settings, cold, stop, generator, metrics)
+        keygen = Keygen(settings, cold, sync, stop, generator, metrics)
         listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
         try:
@@ -242,6 +257,8 @@ async def serve(settings: Settings) -> None:
             listening.cancel()
     finally:
         await cold.close()
+        if sync is not None:
+            await sync.close()
         if generator is not None:
             generator.close()
     log.info("keygen_stopped")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.metrics import TYPE
+from shared.metrics import TYPE, FenceMetrics
 
 
 class KeygenMetrics:
@@ -42,3 +42,4 @@ class KeygenMetrics:
         self.exhausted = Gauge(
             "kd_keyspace_exhausted", "1 once the sequence is used up", TYPE, registry=registry
         )
+        self.fence = FenceMetrics(registry)

@@ -16,7 +16,7 @@ import uuid
 from prometheus_client import CollectorRegistry
 
 from keysync.metrics import KeysyncMetrics
-from shared.domain.errors import StoreUnavailable
+from shared.domain.errors import FenceHalted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.metrics import serve as serve_metrics
@@ -32,7 +32,9 @@ from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
 from shared.stores.ledger_stream import LedgerStream
 from shared.stores.ports import ColdInventory, HotLists
+from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
+from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
@@ -84,13 +86,13 @@ class Keysync:
             return 0
         moved = 0
         while depth < config.hot.high:
-            keys = await self._cold.take_batch(
+            keys, stamp = await self._cold.take_batch(
                 name, min(config.sync_batch, config.hot.high - depth)
             )
             if not keys:
                 await self._cold_empty(name)
                 break
-            depth = await self.push(name, keys)
+            depth = await self.push(name, keys, stamp)
             moved += len(keys)
             await self._record_refill(name, len(keys))
         if moved:
@@ -114,20 +116,22 @@ class Keysync:
         await self._cold.wake_keygen(name)
         log.warning("cold_empty", extra={"id_type": name})
 
-    async def push(self, name: str, keys: list[str]) -> int:
+    async def push(self, name: str, keys: list[str], stamp: Stamp = NO_STAMP) -> int:
         """Push a committed batch exactly once, or lose it (counted); never on two servers.
 
         Each attempt is pinned to the server identity the batch is meant for. A
         refusal is definitive (nothing was pushed), so it may re-pin; after an
         ambiguous failure the batch may already sit on the pinned server, so
         retries stay pinned there and the batch marker makes them idempotent.
+        The push records ``stamp`` (the PostgreSQL fence); a stale stamp means the
+        batch came from a PostgreSQL that lost commits: it is lost, never pushed.
         """
         batch, pin, ambiguous = uuid.uuid4().hex, self._token, False
         deadline = time.monotonic() + PUSH_RETRY_S
         delay = 0.05
         while True:
             try:
-                pushed = await self._hot.push(name, keys, batch, pin)
+                pushed = await self._hot.push(name, keys, batch, pin, stamp)
             except StoreUnavailable:
                 ambiguous = True
                 if time.monotonic() > deadline:
@@ -140,6 +144,8 @@ class Keysync:
                 continue
             if pushed.status == "refused":
                 return self._lost(name, keys, "primary_changed")
+            if pushed.status == "stale":
+                return self._lost(name, keys, "postgres_lost_commits")
             self._token = pushed.token
             return pushed.length
 
@@ -155,15 +161,21 @@ async def run(keysync: Keysync, wake: WakeChannel, settings: Settings, stop: asy
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
         Outage("redis", first_delay_s=0.02, max_delay_s=0.05),
     )
+    fence_outage = Outage("postgres_fence", first_delay_s=0.5, max_delay_s=10.0)
     while not stop.is_set():
         try:
             await keysync.refill_all()
             pg_outage.succeeded()
             redis_outage.succeeded()
+            fence_outage.succeeded()
             await wake.wait(settings.keysync.poll_interval_s)
         except StoreUnavailable as exc:
             outage = redis_outage if exc.store == "redis" else pg_outage
             await sleep_or_stop(stop, outage.failed(exc))
+        except (PostgresBehind, FenceHalted) as exc:
+            # Behind: the fence runs before the next batch. Halted: an operator must
+            # act; keep trying (and saying so) rather than exit.
+            await sleep_or_stop(stop, fence_outage.failed(StoreUnavailable("postgres", str(exc))))
 
 
 async def drain_ledger(
@@ -207,6 +219,7 @@ async def serve(settings: Settings) -> None:
     # Separate connections: the wake wait and the stream read block.
     wake = WakeChannel.from_settings(settings)
     stream = LedgerStream.from_settings(settings)
+    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
     types = build_id_types(settings, generating=False)
     drain = LedgerDrain(
         stream,
@@ -220,7 +233,8 @@ async def serve(settings: Settings) -> None:
         async with cold.connection() as conn:
             await check(conn, types, keyspace=False)
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
-        tasks = [run(Keysync(settings, cold, hot, metrics), wake, settings, stop)]
+        guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
+        tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop)]
         if drain.enabled:
             tasks.append(drain_ledger(drain, metrics, stream, stop))
         await asyncio.gather(*tasks)
@@ -229,6 +243,8 @@ async def serve(settings: Settings) -> None:
         await hot.close()
         await wake.close()
         await stream.close()
+        if sync is not None:
+            await sync.close()
     log.info("keysync_stopped")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.metrics import TYPE
+from shared.metrics import TYPE, FenceMetrics
 
 
 class KeysyncMetrics:
@@ -34,3 +34,4 @@ class KeysyncMetrics:
         self.ledger_backlog = Gauge(
             "kd_ledger_backlog", "Ledger stream entries not yet in PostgreSQL", registry=registry
         )
+        self.fence = FenceMetrics(registry)

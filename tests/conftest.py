@@ -26,6 +26,7 @@ from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.sync_record import SyncRecord
 
 TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
@@ -136,6 +137,14 @@ async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[H
     store = HotStore(RedisEndpoint(servers.redis_url))
     yield store
     await store.close()
+
+
+@pytest.fixture
+async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[SyncRecord]:
+    """The PostgreSQL fence's record, on the flushed test database."""
+    record = SyncRecord(RedisEndpoint(servers.redis_url))
+    yield record
+    await record.close()
 
 
 @asynccontextmanager

@@ -78,3 +78,23 @@ class LedgerDisabled(KeydispenserError):
     def __init__(self, id_type: str) -> None:
         super().__init__(f"id_type '{id_type}' keeps no ledger (set id_types.{id_type}.ledger)")
         self.id_type = id_type
+
+
+class PostgresBehind(KeydispenserError):
+    """PostgreSQL's history does not cover the sync clock's record kept in Redis: it lost
+    commits (a promoted asynchronous replica). The PostgreSQL fence must run first."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"postgres lost committed work: {detail}")
+
+
+class FenceHalted(KeydispenserError):
+    """Redis and PostgreSQL both lost state in the same window: no automatic fence can be
+    proven safe, so leases and syncs stop until an operator runs the fence by hand."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"leases and syncs halted: {reason}; an operator must run "
+            "`keydispenser fence-postgres --skip-ranges N` (docs/reliability.md)"
+        )
+        self.reason = reason

@@ -213,6 +213,10 @@ class Settings(BaseSettings):
     redis_sentinel: SentinelConfig | None = None
     permutation_key: SecretStr | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # The PostgreSQL fence (docs/reliability.md). Switch it off only to show the hazard
+    # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
+    # replica then dispenses keys twice.
+    postgres_fence: bool = True
     id_types: dict[str, IdTypeConfig] = Field(default_factory=dict)
     dispenser: DispenserConfig = DispenserConfig()
     keysync: KeysyncConfig = KeysyncConfig()

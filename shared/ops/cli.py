@@ -109,6 +109,13 @@ def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
     print(entry, end="")
 
 
+def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.status import fence_postgres
+
+    report = asyncio.run(fence_postgres(settings, args.skip_ranges))
+    print(json.dumps(report, indent=2))
+
+
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.up import up
 
@@ -128,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_drill(commands)
     _add_apikey(commands)
+    _add_fence_postgres(commands)
     _add_up(commands)
     return top
 
@@ -184,6 +192,21 @@ def _add_apikey(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     apikey.add_argument("--rate", type=float, help="requests per second (default: unlimited)")
 
 
+def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    fence = _command(
+        commands,
+        "fence-postgres",
+        run_fence_postgres,
+        "after a halt: discard cold inventory, move sequences on, resume (docs/reliability.md)",
+    )
+    fence.add_argument(
+        "--skip-ranges",
+        required=True,
+        type=_whole,
+        help="extra ranges every sequence skips past the highest lease on record",
+    )
+
+
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = _command(commands, "up", run_up, "the whole stack on this machine, embedded servers")
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
@@ -228,6 +251,12 @@ def _write_json(report: dict[str, Any], path: str | None) -> None:
 def _positive(raw: str) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def _whole(raw: str) -> int:
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {raw!r}")
     return int(raw)
 
 

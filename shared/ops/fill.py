@@ -20,6 +20,7 @@ from shared.domain.settings import Settings
 from shared.runtime import stop_on_signals
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check
+from shared.stores.sync_record import SyncRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,13 @@ async def fill(settings: Settings, name: str, count: int) -> int:
         raise ConfigError(f"--type: unknown id type '{name}' (known: {', '.join(sorted(types))})")
     stop = stop_on_signals()
     cold = await ColdStore.connect(settings.postgres_dsn)
+    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
     generator = Generator(settings.keygen.threads)
     added = 0
     try:
         async with cold.connection() as conn:
             await check(conn, types)
-        keygen = Keygen(settings, cold, stop, generator)
+        keygen = Keygen(settings, cold, sync, stop, generator)
         with tqdm(total=count, unit="keys", unit_scale=True, desc=name) as bar:
             while added < count and not stop.is_set():
                 added += await keygen.lease_and_generate(types[name], bar.update)
@@ -44,6 +46,8 @@ async def fill(settings: Settings, name: str, count: int) -> int:
     finally:
         generator.close()
         await cold.close()
+        if sync is not None:
+            await sync.close()
         log.info("fill_done", extra={"id_type": name, "added": added})
     return added
 

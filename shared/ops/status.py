@@ -6,15 +6,20 @@ from typing import Any
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
+from shared.stores.postgres_fence import ensure_fenced
+from shared.stores.sync_record import SyncRecord
 
 _STATUS_CAP = 10_000_000
 
 
 async def collect_status(settings: Settings) -> dict[str, Any]:
+    """{"id_types": {name: inventory and headroom}, "postgres_fence": its state}."""
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
+    sync = SyncRecord(hot.endpoint)
     report: dict[str, Any] = {}
     try:
         for name, id_type in build_id_types(settings, generating=False).items():
@@ -32,16 +37,72 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 "acceptance_rate": rate,
                 "estimated_keys_left": None if rate is None else int(state.headroom * rate),
             }
+        fence = await postgres_fence_state(cold, sync)
     finally:
         await cold.close()
         await hot.close()
-    return report
+    return {"id_types": report, "postgres_fence": fence}
 
 
 def format_status(report: dict[str, Any]) -> str:
     columns = ("hot_depth", "cold_depth", "ranges_leased", "ranges_filled", "counters_headroom")
     lines = ["id_type".ljust(16) + "".join(c.rjust(20) for c in (*columns, "headroom_%"))]
-    for name, row in report.items():
+    for name, row in report["id_types"].items():
         cells = [str(row[c]) for c in columns] + [f"{100 * row['headroom_fraction']:.4f}"]
         lines.append(name.ljust(16) + "".join(cell.rjust(20) for cell in cells))
+    lines.append(_fence_line(report["postgres_fence"]))
     return "\n".join(lines)
+
+
+def _fence_line(fence: dict[str, Any]) -> str:
+    if fence["halted"]:
+        state = f"HALTED ({fence['halt_reason']}): run `keydispenser fence-postgres`"
+    elif fence["fence_needed"]:
+        state = "fence pending (lost commits detected)"
+    else:
+        state = "ok"
+    last = fence["last_fence"]
+    seen = "never fenced" if last is None else f"last fence {last['at']} ({last['reason']})"
+    return f"postgres fence: {state}; {seen}"
+
+
+async def fence_postgres(settings: Settings, skip_ranges: int) -> dict[str, Any]:
+    """The operator's fence after a halt: unconditional, sequences moved ``skip_ranges``
+    ranges past the highest lease on record."""
+    id_types = build_id_types(settings, generating=False)
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    sync = SyncRecord.from_settings(settings)
+    try:
+        report = await ensure_fenced(cold, sync, id_types, skip_ranges=skip_ranges)
+    finally:
+        await cold.close()
+        await sync.close()
+    assert report is not None  # an operator's fence always runs
+    return {
+        "keys_discarded": report.keys_discarded,
+        "next_starts": report.next_starts,
+        "clock": report.stamp.clock,
+    }
+
+
+async def postgres_fence_state(cold: ColdStore, sync: SyncRecord) -> dict[str, Any]:
+    """The fence as status shows it: the record, the server's clock, the last event."""
+    record = await sync.read()
+    async with cold.connection() as conn:
+        clock = await conn.fetchrow(sql.SELECT_SYNC_CLOCK)
+        event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+    return {
+        "record": {"timeline": record.timeline, "clock": record.clock},
+        "server": dict(clock) if clock is not None else None,
+        "untrusted": record.untrusted,
+        "fence_needed": record.fence_needed,
+        "halted": record.halted,
+        "halt_reason": record.halt_reason or None,
+        "last_fence": None
+        if event is None
+        else {
+            "at": event["fenced_at"].isoformat(),
+            "reason": event["reason"],
+            "keys_discarded": event["keys_discarded"],
+        },
+    }

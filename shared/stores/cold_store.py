@@ -10,9 +10,15 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.errors import KeydispenserError, KeyspaceExhausted, StoreUnavailable
+from shared.domain.errors import (
+    KeydispenserError,
+    KeyspaceExhausted,
+    PostgresBehind,
+    StoreUnavailable,
+)
 from shared.domain.idtypes import IdType
 from shared.stores import sql
+from shared.stores.sync_record import Record, Stamp
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +30,11 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
+    # A connection broken mid-operation by a failover ("cannot switch to state 15").
+    asyncpg.InternalClientError,
+    # Reached a server that is (now) a standby: the primary moved.
+    asyncpg.ReadOnlySQLTransactionError,
+    TimeoutError,
 )
 
 
@@ -79,22 +90,27 @@ class ColdStore:
         async with translated("acquire"), self._pool.acquire() as conn:
             yield conn
 
-    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
-        """Lease the next ``range_size`` counters; KeyspaceExhausted at MAXVALUE."""
+    async def lease_range(
+        self, id_type: IdType, lessee: str, record: Record
+    ) -> tuple[LeasedRange, Stamp]:
+        """Lease the next ``range_size`` counters behind the guard (sql.py).
+
+        KeyspaceExhausted at MAXVALUE; PostgresBehind when this server's history does
+        not cover ``record`` (nothing was leased).
+        """
         statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
+        size, domain = id_type.config.range_size, id_type.domain_size
         try:
             async with translated("lease_range"):
                 row = await self._pool.fetchrow(
-                    statement,
-                    id_type.name,
-                    id_type.config.range_size,
-                    id_type.domain_size,
-                    lessee,
+                    statement, *record.guard_args(), id_type.name, size, domain, lessee
                 )
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc
-        row = one_row(row, "lease_range")
-        return LeasedRange(int(row["range_start"]), int(row["range_end"]))
+        if row is None:
+            raise PostgresBehind(f"lease of '{id_type.name}' refused by the guard")
+        stamp = Stamp(int(row["timeline"]), int(row["fork"]), int(row["clock"]))
+        return LeasedRange(int(row["range_start"]), int(row["range_end"])), stamp
 
     async def insert_keys(
         self,
@@ -117,11 +133,17 @@ class ColdStore:
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )
 
-    async def take_batch(self, name: str, size: int) -> list[str]:
-        """Remove and return up to ``size`` keys; committed when this returns."""
+    async def take_batch(self, name: str, size: int, record: Record) -> tuple[list[str], Stamp]:
+        """Remove and return up to ``size`` keys behind the guard; committed when this
+        returns. PostgresBehind when this server's history does not cover ``record``."""
+        statement = sql.for_type(sql.TAKE_BATCH, name)
         async with translated("take_batch"):
-            rows = await self._pool.fetch(sql.for_type(sql.TAKE_BATCH, name), size)
-        return [row["key"] for row in rows]
+            row = one_row(
+                await self._pool.fetchrow(statement, *record.guard_args(), size), "take_batch"
+            )
+        if row["clock"] is None:
+            raise PostgresBehind(f"batch of '{name}' refused by the guard")
+        return list(row["keys"]), Stamp(int(row["timeline"]), int(row["fork"]), int(row["clock"]))
 
     async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""

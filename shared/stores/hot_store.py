@@ -23,6 +23,7 @@ from shared.stores.redis_scripts import (
     pop_keys,
     push_keys,
 )
+from shared.stores.sync_record import NO_STAMP, Stamp
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600
@@ -84,11 +85,20 @@ class HotStore(RedisPort):
             log.warning("hot_lists_discarded", extra={"keys": count, "operation": operation})
         return count
 
-    async def push(self, name: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
-        """Append a batch once (``batch_id``), only on the server ``pin`` names if set."""
+    async def push(
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = NO_STAMP,
+    ) -> Pushed:
+        """Append a batch once (``batch_id``), only on the server ``pin`` names if set,
+        recording its PostgreSQL ``stamp`` (status 'stale': not pushed)."""
+        args = [pin, BATCH_MARKER_TTL_S, *stamp.args(), *keys]
         async with self._guard("push"):
             length, discarded, token, status = await self._run(
-                "push", push_keys(name, batch_id), [pin, BATCH_MARKER_TTL_S, *keys]
+                "push", push_keys(name, batch_id), args
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 

@@ -12,12 +12,13 @@ from typing import Protocol
 from shared.domain.idtypes import IdType
 from shared.stores.cold_store import SequenceState
 from shared.stores.hot_store import Depth, Pushed
+from shared.stores.sync_record import Stamp
 
 
 class ColdInventory(Protocol):
     """keysync's view of the cold tier."""
 
-    async def take_batch(self, name: str, size: int) -> list[str]: ...
+    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]: ...
 
     async def sequence_state(self, id_type: IdType) -> SequenceState: ...
 
@@ -30,7 +31,7 @@ class HotLists(Protocol):
     async def observe(self, name: str) -> Depth: ...
 
     async def push(
-        self, name: str, keys: Sequence[str], batch_id: str, pin: str = ""
+        self, name: str, keys: Sequence[str], batch_id: str, pin: str = "", stamp: Stamp = ...
     ) -> Pushed: ...
 
     async def record_refill(self, name: str, rate: float, at: float) -> None: ...

@@ -56,3 +56,9 @@ def ledger_stream_key() -> str:
 def refill_key(name: str) -> str:
     """Hash written by keysync: the observed refill rate of a hot list (keys/s) and when."""
     return f"{PREFIX}:refill:{name}"
+
+
+def sync_record_key() -> str:
+    """Hash: the record of PostgreSQL's sync clock kept outside PostgreSQL (the PostgreSQL
+    fence, ``lua/sync_record.lua``) and the highest counter ever leased per type."""
+    return f"{PREFIX}:sync:record"

@@ -1,7 +1,8 @@
 """The Lua scripts and how they are called: one function per script builds its key list.
 
-Every script that reads or writes hot lists is fenced: ``fence.lua`` is prepended, and
-its three slots (``FENCE_SLOTS``) come first in the key list. Each ``.lua`` file names
+Every script that reads or writes hot lists or the sync clock's record is fenced:
+``fence.lua`` is prepended, and its four slots (``fence_slots``) come first in the key
+list. Each ``.lua`` file names
 its own KEYS/ARGV slots as locals at the top; the functions here fill them in that order.
 """
 
@@ -27,31 +28,38 @@ def load_script(script: str) -> str:
 
 
 def fenced_script(script: str) -> str:
-    """The fence prologue (and the ledger helper) followed by the script's own body."""
-    return "\n".join((load_script("fence"), load_script("ledger"), load_script(script)))
+    """The fence prologue and the helpers, followed by the script's own body."""
+    parts = ("fence", "ledger", "sync_record", script)
+    return "\n".join(load_script(part) for part in parts)
 
 
-def fence_slots(hot_list: str) -> list[str]:
-    """KEYS[1..4] of every fenced script: fence, registry, discard counts, its hot list."""
+def fence_slots() -> list[str]:
+    """KEYS[1..4] of every fenced script: fence, registry, discard counts, sync record."""
     return [
         redis_keys.fence_key(),
         redis_keys.hot_registry_key(),
         redis_keys.discarded_key(),
-        hot_list,
+        redis_keys.sync_record_key(),
     ]
 
 
 def depth_keys(name: str) -> list[str]:
-    return fence_slots(redis_keys.hot_list_key(name))
+    return [*fence_slots(), redis_keys.hot_list_key(name)]
 
 
 def push_keys(name: str, batch_id: str) -> list[str]:
-    return [*fence_slots(redis_keys.hot_list_key(name)), redis_keys.batch_key(batch_id)]
+    return [*fence_slots(), redis_keys.hot_list_key(name), redis_keys.batch_key(batch_id)]
+
+
+def record_keys() -> list[str]:
+    """read_record, record_lease, reset_record, halt_record: the fence's slots only."""
+    return fence_slots()
 
 
 def pop_keys(name: str) -> list[str]:
     return [
-        *fence_slots(redis_keys.hot_list_key(name)),
+        *fence_slots(),
+        redis_keys.hot_list_key(name),
         redis_keys.exhausted_key(name),
         redis_keys.ledger_stream_key(),
         redis_keys.refill_key(name),

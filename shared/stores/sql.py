@@ -126,12 +126,48 @@ SELECT_LEDGER_KEY: Final = (
 # No parameters. State of a type's sequence: last value handed out and whether any was.
 SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"
 
-# $1: id type, $2: range size, $3: domain size, $4: lessee. Leases one range.
-LEASE_RANGE: Final = """
-INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
-SELECT $1, v, LEAST(v + $2, $3), $4 FROM (SELECT nextval('{seq}') AS v) AS lease
-RETURNING range_start, range_end
+# The PostgreSQL fence's guard (docs/reliability.md, "PostgreSQL failover"), the first
+# step of every statement that leases a range or takes a batch. It advances the sync
+# clock and yields its stamp only when this server's history covers the record kept in
+# Redis; otherwise it yields no row and the statement does nothing.
+# $1: record timeline (0: no record), $2: record clock, $3: record untrusted (Redis lost
+# state: only a server that has not forked since its last guarded write passes).
+_GUARD: Final = """
+WITH here AS (
+    SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint AS tl
+),
+stamp AS (
+    UPDATE kd_sync_clock AS c
+    SET fork = CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END,
+        timeline = here.tl,
+        clock = c.clock + 1
+    FROM here
+    WHERE c.id = 1 AND CASE
+        WHEN $3::boolean THEN c.timeline IN (0, here.tl)
+        WHEN $1::bigint = 0 THEN true
+        WHEN here.tl = $1 THEN c.clock >= $2::bigint
+        WHEN here.tl > $1 THEN
+            (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) >= $2::bigint
+        ELSE false
+    END
+    RETURNING c.timeline, c.fork, c.clock
+)"""
+
+# $1-$3: the guard's. $4: id type, $5: range size, $6: domain size, $7: lessee.
+# Leases one range; no row when the guard refused (nothing leased).
+LEASE_RANGE: Final = (
+    _GUARD
+    + """,
+lease AS (
+    INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
+    SELECT $4, v, LEAST(v + $5, $6), $7
+    FROM (SELECT nextval('{seq}') AS v WHERE EXISTS (SELECT 1 FROM stamp)) AS next
+    RETURNING range_start, range_end
+)
+SELECT lease.range_start, lease.range_end, stamp.timeline, stamp.fork, stamp.clock
+FROM lease, stamp
 """
+)
 
 # $1: id type, $2: range start, $3: candidates, $4: accepted (both added to the
 # range's totals), $5: true when this was the range's last slice (marks it filled).
@@ -143,12 +179,22 @@ SET candidates = coalesce(candidates, 0) + $3,
 WHERE id_type = $1 AND range_start = $2
 """
 
-# $1: batch size. Claims and removes up to $1 keys; concurrent callers skip each other's rows.
-TAKE_BATCH: Final = """
-DELETE FROM {cold}
-WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1 FOR UPDATE SKIP LOCKED))
-RETURNING key
+# $1-$3: the guard's. $4: batch size. Claims and removes up to $4 keys (concurrent
+# callers skip each other's rows); one row: the stamp (NULL when the guard refused and
+# nothing was taken) and the keys.
+TAKE_BATCH: Final = (
+    _GUARD
+    + """,
+taken AS (
+    DELETE FROM {cold}
+    WHERE EXISTS (SELECT 1 FROM stamp)
+      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))
+    RETURNING key
+)
+SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
+       (SELECT clock FROM stamp) AS clock, ARRAY(SELECT key FROM taken) AS keys
 """
+)
 
 # $1: cap. Cold inventory, counted up to $1 rows so the cost stays bounded.
 COUNT_COLD_UP_TO: Final = "SELECT count(*) FROM (SELECT 1 FROM {cold} LIMIT $1) AS capped"
@@ -165,3 +211,41 @@ FROM kd_ranges WHERE id_type = $1
 # $1: channel, $2: payload. Wakes keygen processes listening on the channel.
 NOTIFY: Final = "SELECT pg_notify($1, $2)"
 KEYGEN_CHANNEL: Final = "kd_keygen_wake"
+
+# The fence itself (one transaction; the row lock makes concurrent fencers and guarded
+# statements wait for it).
+# No parameters. Locks the clock row; the server's timeline.
+LOCK_SYNC_CLOCK: Final = """
+SELECT c.timeline, c.fork, c.clock,
+       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint AS here
+FROM kd_sync_clock AS c WHERE c.id = 1 FOR UPDATE
+"""
+
+# No parameters. Discards a cold table's inventory (never reissued: the sequence moves
+# on); returns how many keys that was.
+DISCARD_COLD: Final = "WITH gone AS (DELETE FROM {cold} RETURNING 1) SELECT count(*) FROM gone"
+
+# $1: the value the next nextval adds the increment to. Moves a sequence (forward only:
+# the caller computes $1 from SELECT_SEQUENCE_STATE in the same transaction).
+SET_SEQUENCE: Final = "SELECT setval('{seq}', $1::bigint, true)"
+
+# $1: timeline, $2: the fork point and clock floor. After a fence, this server's history
+# is declared to cover the record (its inventory is gone, its sequences moved past it).
+RESET_SYNC_CLOCK: Final = """
+UPDATE kd_sync_clock SET timeline = $1, fork = GREATEST(clock, $2), clock = GREATEST(clock, $2) + 1
+WHERE id = 1
+RETURNING timeline, fork, clock
+"""
+
+# $1: reason, $2: keys discarded, $3: detail (json).
+INSERT_FENCE_EVENT: Final = """
+INSERT INTO kd_fence_events (reason, keys_discarded, detail) VALUES ($1, $2, $3::jsonb)
+"""
+
+# No parameters. The latest fence event, for status.
+SELECT_LAST_FENCE: Final = """
+SELECT fenced_at, reason, keys_discarded FROM kd_fence_events ORDER BY id DESC LIMIT 1
+"""
+
+# No parameters. The sync clock, for status.
+SELECT_SYNC_CLOCK: Final = "SELECT timeline, fork, clock FROM kd_sync_clock WHERE id = 1"

@@ -65,11 +65,14 @@ def test_migrate_then_status(settings: Settings, tmp_path: Path) -> None:
     status = run_cli("status", "--json", env=env)
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
-    assert set(report) == {"farmer", "shortlink"}
-    assert report["farmer"]["hot_depth"] == 0
-    assert report["farmer"]["counters_headroom"] == 10**9
+    assert set(report["id_types"]) == {"farmer", "shortlink"}
+    assert report["id_types"]["farmer"]["hot_depth"] == 0
+    assert report["id_types"]["farmer"]["counters_headroom"] == 10**9
+    assert report["postgres_fence"]["halted"] is False
+    assert report["postgres_fence"]["last_fence"] is None
     table = run_cli("status", env=env)
     assert "farmer" in table.stdout and "headroom" in table.stdout
+    assert "postgres fence: ok; never fenced" in table.stdout
 
 
 @pytest.mark.parametrize("command", ["keygen", "keysync", "dispenser"])
@@ -116,7 +119,7 @@ def test_fill_adds_keys_with_a_progress_bar(settings: Settings, tmp_path: Path) 
     added = int(result.stdout.split("added ")[1].split()[0])
     assert added >= 5000
     assert "keys" in result.stderr  # tqdm draws on stderr
-    report = json.loads(run_cli("status", "--json", env=env).stdout)
+    report = json.loads(run_cli("status", "--json", env=env).stdout)["id_types"]
     assert report["farmer"]["cold_depth"] == added
     assert 0.05 < report["farmer"]["acceptance_rate"] < 0.2
     assert report["farmer"]["estimated_keys_left"] > 0
@@ -178,3 +181,19 @@ def test_bench_dispense_measures_all_four_and_writes_json(
         assert not run["pool_ran_dry"]
     if load == "bundled":
         assert report["load_generator"] == "bundled-asyncio-client"
+
+
+def test_fence_postgres_moves_sequences_on_and_reports(settings: Settings, tmp_path: Path) -> None:
+    """The operator's command after a halt: unconditional, in one clear JSON answer."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    assert run_cli("migrate", env=env).returncode == 0
+    fenced = run_cli("fence-postgres", "--skip-ranges", "3", env=env)
+    assert fenced.returncode == 0, fenced.stderr
+    report = json.loads(fenced.stdout)
+    size = settings.id_types["farmer"].range_size
+    assert report["next_starts"]["farmer"] == 3 * size
+    status = json.loads(run_cli("status", "--json", env=env).stdout)
+    assert status["postgres_fence"]["last_fence"]["reason"] == "operator"
+    assert status["id_types"]["farmer"]["counters_leased"] == 3 * size
+    refused = run_cli("fence-postgres", "--skip-ranges", "x", env=env)
+    assert refused.returncode == 2 and "whole number" in refused.stderr

@@ -18,6 +18,8 @@ from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
+from shared.stores.postgres_fence import GuardedCold
+from shared.stores.sync_record import SyncRecord
 from tests.conftest import (
     Servers,
     dispenser_in_process,
@@ -52,14 +54,19 @@ async def http(tiny_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_tiny_keyspace_is_issued_completely_then_410(
-    tiny_settings: Settings, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+    tiny_settings: Settings,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    sync: SyncRecord,
 ) -> None:
     cold = await ColdStore.connect(tiny_settings.postgres_dsn)
     hot = HotStore.from_settings(tiny_settings)
     generator = Generator(2)
     try:
-        keygen = Keygen(tiny_settings, cold, asyncio.Event(), generator)
-        keysync = Keysync(tiny_settings, cold, hot)
+        keygen = Keygen(tiny_settings, cold, sync, asyncio.Event(), generator)
+        keysync = Keysync(
+            tiny_settings, GuardedCold(cold, sync, build_id_types(tiny_settings)), hot
+        )
         tiny = build_id_types(tiny_settings)["tiny"]
         with caplog.at_level(logging.WARNING):
             while await keygen.lease_and_generate(tiny):
@@ -91,11 +98,11 @@ async def test_tiny_keyspace_is_issued_completely_then_410(
         await hot.close()
 
 
-async def test_headroom_is_exported_as_metrics(tiny_settings: Settings) -> None:
+async def test_headroom_is_exported_as_metrics(tiny_settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(tiny_settings.postgres_dsn)
     generator = Generator(1)
     try:
-        keygen = Keygen(tiny_settings, cold, asyncio.Event(), generator)
+        keygen = Keygen(tiny_settings, cold, sync, asyncio.Event(), generator)
         tiny = build_id_types(tiny_settings)["tiny"]
         await keygen.lease_and_generate(tiny)
         seen = await keygen.watch_headroom(tiny)

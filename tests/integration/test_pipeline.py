@@ -20,6 +20,8 @@ from shared.ops.databases import run_migrate
 from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore, Popped
+from shared.stores.postgres_fence import GuardedCold
+from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
 from tests.conftest import Servers, make_settings, small_types
 
@@ -32,10 +34,10 @@ async def cold_keys(dsn: str, name: str) -> list[str]:
         await conn.close()
 
 
-async def test_keygen_fills_cold_to_high_watermark(settings: Settings) -> None:
+async def test_keygen_fills_cold_to_high_watermark(settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
+        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         for name, config in settings.id_types.items():
@@ -51,10 +53,10 @@ async def test_keygen_fills_cold_to_high_watermark(settings: Settings) -> None:
         await cold.close()
 
 
-async def test_keygen_idles_above_low_watermark(settings: Settings) -> None:
+async def test_keygen_idles_above_low_watermark(settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
+        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         assert not await keygen.step()
@@ -63,14 +65,14 @@ async def test_keygen_idles_above_low_watermark(settings: Settings) -> None:
 
 
 async def test_concurrent_keygens_never_produce_the_same_key(
-    servers: Servers, database: str
+    servers: Servers, database: str, sync: SyncRecord
 ) -> None:
     types = small_types()
     types["shortlink"]["cold"] = {"low": 500_000, "high": 1_000_000}
     settings = make_settings(servers, database, id_types=types)
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
     try:
-        gens = [Keygen(settings, store, asyncio.Event(), Generator(2)) for store in stores]
+        gens = [Keygen(settings, store, sync, asyncio.Event(), Generator(2)) for store in stores]
         await asyncio.gather(*(g.step() for g in gens))
         await asyncio.gather(*(g.step() for g in gens))
         keys = await cold_keys(settings.postgres_dsn, "shortlink")
@@ -82,7 +84,7 @@ async def test_concurrent_keygens_never_produce_the_same_key(
 
 
 async def test_exhausted_keyspace_is_logged_and_generation_stops(
-    servers: Servers, database: str, caplog: pytest.LogCaptureFixture
+    servers: Servers, database: str, caplog: pytest.LogCaptureFixture, sync: SyncRecord
 ) -> None:
     tiny = {
         "kind": "numeric",
@@ -95,7 +97,7 @@ async def test_exhausted_keyspace_is_logged_and_generation_stops(
     await run_migrate(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
+        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         with caplog.at_level(logging.ERROR):
             for _ in range(10):
                 await keygen.step()
@@ -110,16 +112,18 @@ async def test_exhausted_keyspace_is_logged_and_generation_stops(
 
 
 async def test_keysync_moves_exactly_what_it_deleted(
-    settings: Settings, redis_client: aioredis.Redis
+    settings: Settings, redis_client: aioredis.Redis, sync: SyncRecord
 ) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event(), Generator(2))
+        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
-        moved = await Keysync(settings, cold, hot).refill(build_id_types(settings)["farmer"])
+        moved = await Keysync(
+            settings, GuardedCold(cold, sync, build_id_types(settings)), hot
+        ).refill(build_id_types(settings)["farmer"])
         after = set(await cold_keys(settings.postgres_dsn, "farmer"))
         pushed = await redis_client.lrange(redis_keys.hot_list_key("farmer"), 0, -1)
         assert moved == len(pushed) == settings.id_types["farmer"].hot.high
@@ -135,29 +139,37 @@ async def test_keysync_moves_exactly_what_it_deleted(
 
 
 async def test_keysync_leaves_a_list_above_low_watermark_alone(
-    settings: Settings, redis_client: aioredis.Redis
+    settings: Settings, redis_client: aioredis.Redis, sync: SyncRecord
 ) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
     try:
         low = settings.id_types["farmer"].hot.low
         await hot.push("farmer", [f"k{i}" for i in range(low)], "batch-1")
-        assert await Keysync(settings, cold, hot).refill(build_id_types(settings)["farmer"]) == 0
+        assert (
+            await Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot).refill(
+                build_id_types(settings)["farmer"]
+            )
+            == 0
+        )
     finally:
         await cold.close()
         await hot.close()
 
 
 async def test_concurrent_keysyncs_never_push_a_key_twice(
-    settings: Settings, redis_client: aioredis.Redis
+    settings: Settings, redis_client: aioredis.Redis, sync: SyncRecord
 ) -> None:
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
     hots = [HotStore.from_settings(settings) for _ in range(3)]
     try:
-        keygen = Keygen(settings, stores[0], asyncio.Event(), Generator(2))
+        keygen = Keygen(settings, stores[0], sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
-        syncs = [Keysync(settings, c, h) for c, h in zip(stores, hots, strict=True)]
+        syncs = [
+            Keysync(settings, GuardedCold(c, sync, build_id_types(settings)), h)
+            for c, h in zip(stores, hots, strict=True)
+        ]
         config = settings.id_types["shortlink"]
         shortlink = build_id_types(settings)["shortlink"]
         await asyncio.gather(*(s.refill(shortlink) for s in syncs))
@@ -193,10 +205,12 @@ async def test_nudge_wakes_a_waiting_keysync(hot: HotStore) -> None:
     assert await wake.wait(0.1) is None
 
 
-async def test_keygen_listens_again_after_its_connection_dies(settings: Settings) -> None:
+async def test_keygen_listens_again_after_its_connection_dies(
+    settings: Settings, sync: SyncRecord
+) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     stop = asyncio.Event()
-    keygen = Keygen(settings, cold, stop, Generator(1))
+    keygen = Keygen(settings, cold, sync, stop, Generator(1))
     listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
     admin = await asyncpg.connect(settings.postgres_dsn)
     try:

@@ -8,6 +8,7 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check, latest_version, migrate, migration_files
+from shared.stores.sync_record import UNGUARDED
 from tests.conftest import Servers, make_settings, small_types
 
 
@@ -53,7 +54,8 @@ async def _columns(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
     rows = await conn.fetch(
         "SELECT table_name, column_name, data_type FROM information_schema.columns "
         "WHERE table_schema = 'public' AND table_name IN "
-        "('kd_schema_version', 'kd_id_types', 'kd_ranges') ORDER BY 1, 2"
+        "('kd_schema_version', 'kd_id_types', 'kd_ranges', 'kd_sync_clock', 'kd_fence_events') "
+        "ORDER BY 1, 2"
     )
     return [(r[0], r[1], r[2]) for r in rows]
 
@@ -64,7 +66,7 @@ async def test_keyspace_change_is_refused_once_keys_exist(
     types = build_id_types(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        await cold.lease_range(types["farmer"], "test")
+        await cold.lease_range(types["farmer"], "test", UNGUARDED)
     finally:
         await cold.close()
     changed = small_types()
@@ -91,7 +93,7 @@ async def test_filters_and_watermarks_may_change(
     types["farmer"]["hot"] = {"low": 1, "high": 5}
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        await cold.lease_range(build_id_types(settings)["farmer"], "test")  # keys exist
+        await cold.lease_range(build_id_types(settings)["farmer"], "test", UNGUARDED)  # keys exist
     finally:
         await cold.close()
     changed = build_id_types(make_settings(servers, database, id_types=types))

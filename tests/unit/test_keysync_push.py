@@ -12,6 +12,7 @@ from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.cold_store import SequenceState
 from shared.stores.hot_store import Depth, Pushed
+from shared.stores.sync_record import NO_STAMP, Stamp
 
 
 class Servers:
@@ -32,7 +33,9 @@ class Servers:
     async def mark_exhausted(self, name: str) -> None:
         pass
 
-    async def push(self, name: str, keys: Sequence[str], batch_id: str, pin: str = "") -> Pushed:
+    async def push(
+        self, name: str, keys: Sequence[str], batch_id: str, pin: str = "", stamp: Stamp = NO_STAMP
+    ) -> Pushed:
         step = self.script.pop(0) if self.script else "ok"
         if step == "down":
             raise StoreUnavailable("redis", "connection refused")
@@ -53,7 +56,7 @@ class Servers:
 class NoCold:
     """push() never reads the cold tier."""
 
-    async def take_batch(self, name: str, size: int) -> list[str]:
+    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
         raise AssertionError("not expected")
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:

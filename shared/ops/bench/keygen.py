@@ -59,7 +59,8 @@ async def stored(settings: Settings, name: str, seconds: float) -> float:
     cold = await ColdStore.connect(settings.postgres_dsn)
     generator = Generator(settings.keygen.threads)
     try:
-        keygen = Keygen(settings, cold, asyncio.Event(), generator)
+        # A scratch database: no PostgreSQL fence (its record would be the real one's).
+        keygen = Keygen(settings, cold, None, asyncio.Event(), generator)
         id_type = build_id_types(settings)[name]
         before = (await cold.range_stats(name))["accepted"]
         started = time.perf_counter()

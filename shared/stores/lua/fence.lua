@@ -3,6 +3,7 @@
 local FENCE = KEYS[1]      -- owner token: run_id:master_replid of the owning server
 local REGISTRY = KEYS[2]   -- set of every hot list name
 local DISCARDS = KEYS[3]   -- hash: hot list -> keys discarded by fences
+local SYNC_RECORD = KEYS[4]  -- hash: the PostgreSQL sync clock's record (sync_record.lua)
 --
 -- Replication is asynchronous: a promoted replica, a failed-back primary or a
 -- primary restarted from an older snapshot may hold keys that were already
@@ -35,6 +36,10 @@ local function enforce_fence()
       discarded = discarded + n
     end
   end
+  -- The sync clock's record may have lost its latest updates with the old server:
+  -- until a guarded write vouches for it again, PostgreSQL alone must prove it has
+  -- not forked (see sync_record.lua).
+  redis.call('HSET', SYNC_RECORD, 'untrusted', '1')
   redis.call('SET', FENCE, token)
   return discarded, token
 end

@@ -2,10 +2,10 @@
 -- Returns {keys, remaining, exhausted, discarded, refill}; exhausted is 1 only when no
 -- key was available and the keyspace is used up (keysync sets the marker); refill is
 -- {rate, at} from keysync when no key was available, else empty.
-local hot_list = KEYS[4]
-local exhausted_marker = KEYS[5]  -- set by keysync once the type's keyspace is used up
-local ledger_stream = KEYS[6]
-local refill_stats = KEYS[7]      -- hash {rate, at} written by keysync
+local hot_list = KEYS[5]
+local exhausted_marker = KEYS[6]  -- set by keysync once the type's keyspace is used up
+local ledger_stream = KEYS[7]
+local refill_stats = KEYS[8]      -- hash {rate, at} written by keysync
 local count = tonumber(ARGV[1])   -- >= 1
 local ledger_type = ARGV[2]       -- the type's name when it keeps a ledger, else ''
 local FIRST_CLIENT = 3            -- ARGV[3..]: the API client of each key (or one for all)

@@ -3,11 +3,11 @@
 -- 'replayed' (the keys of the first request with this idempotency key) or
 -- 'mismatch' (the key was used for another type or count). Scripts run one at a
 -- time, so concurrent retries see the first one's record: no lock is needed.
-local hot_list = KEYS[4]
-local exhausted_marker = KEYS[5]
-local ledger_stream = KEYS[6]
-local refill_stats = KEYS[7]
-local record_key = KEYS[8]        -- the idempotency record
+local hot_list = KEYS[5]
+local exhausted_marker = KEYS[6]
+local ledger_stream = KEYS[7]
+local refill_stats = KEYS[8]
+local record_key = KEYS[9]        -- the idempotency record
 local count = tonumber(ARGV[1])
 local ledger_type = ARGV[2]       -- the type's name when it keeps a ledger, else ''
 local client = ARGV[3]            -- API client name

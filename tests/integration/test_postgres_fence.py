@@ -1,0 +1,177 @@
+"""The PostgreSQL fence: a server that lost commits never hands a key out again.
+
+Lost commits are made real by cloning the test database (the "replica" that will be
+promoted), then committing more work on the original (the "old primary") and moving
+the processes to the clone: exactly what a promoted asynchronous replica looks like.
+Each hazard has its control case with the guard switched off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from keygen.generation import Generator
+from keygen.main import Keygen
+from keysync.main import Keysync
+from shared.domain.errors import FenceHalted
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import Settings
+from shared.stores import redis_keys, sql
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.postgres_fence import GuardedCold, ensure_fenced
+from shared.stores.sync_record import SyncRecord
+from tests.conftest import Servers
+
+
+@asynccontextmanager
+async def cold_at(dsn: str) -> AsyncIterator[ColdStore]:
+    store = await ColdStore.connect(dsn)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def clone(servers: Servers, source: str, name: str) -> str:
+    """A copy of ``source`` as it is now (no session may be connected to it)."""
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+    finally:
+        await admin.close()
+    return servers.dsn_for(name)
+
+
+async def drop(servers: Servers, name: str) -> None:
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def generate(
+    settings: Settings, sync: SyncRecord | None, farmer: IdType, dsn: str | None = None
+) -> None:
+    async with cold_at(dsn or settings.postgres_dsn) as cold:
+        generator = Generator(1)
+        try:
+            await Keygen(settings, cold, sync, asyncio.Event(), generator).lease_and_generate(
+                farmer
+            )
+        finally:
+            generator.close()
+
+
+async def refill_and_dispense(
+    settings: Settings, dsn: str, sync: SyncRecord | None, hot: HotStore, farmer: IdType
+) -> list[str]:
+    """keysync fills the hot list from ``dsn``; every key pushed is then dispensed."""
+    types = build_id_types(settings)
+    async with cold_at(dsn) as cold:
+        keysync = Keysync(settings, GuardedCold(cold, sync, types), hot)
+        await keysync.refill(farmer)
+    popped = await hot.pop(farmer.name, 10_000)
+    return popped.keys
+
+
+async def failover_scenario(
+    servers: Servers, database: str, settings: Settings, hot: HotStore, sync: SyncRecord | None
+) -> tuple[list[str], list[str], str]:
+    farmer = build_id_types(settings)["farmer"]
+    await generate(settings, sync, farmer)
+    replica = await clone(servers, database, f"{database}_replica")
+    # The old primary keeps committing: batches taken (and dispensed), another lease.
+    before = await refill_and_dispense(settings, settings.postgres_dsn, sync, hot, farmer)
+    await generate(settings, sync, farmer)
+    # The replica, which never saw those commits, is promoted; the processes follow:
+    # keysync first (it finds the replica's inventory), then keygen and keysync again.
+    after = await refill_and_dispense(settings, replica, sync, hot, farmer)
+    await generate(settings, sync, farmer, replica)
+    after += await refill_and_dispense(settings, replica, sync, hot, farmer)
+    return before, after, replica
+
+
+async def test_a_server_that_lost_commits_is_fenced_and_reissues_nothing(
+    servers: Servers, database: str, settings: Settings, hot: HotStore, sync: SyncRecord
+) -> None:
+    before, after, replica = await failover_scenario(servers, database, settings, hot, sync)
+    try:
+        assert before and after
+        assert not set(before) & set(after)
+        conn = await asyncpg.connect(replica)
+        try:
+            event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+            assert event is not None
+            assert event["reason"] == "behind"
+            assert event["keys_discarded"] > 0  # the replica's whole inventory
+            state = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, "farmer"))
+        finally:
+            await conn.close()
+        # The replica had seen one lease; its first lease after the fence starts past
+        # both ranges leased on the old primary.
+        size = settings.id_types["farmer"].range_size
+        assert state is not None
+        assert int(state["last_value"]) == 2 * size
+        record = await sync.read()
+        assert record.leased["farmer"] == 3 * size
+        assert not record.untrusted and not record.fence_needed
+    finally:
+        await drop(servers, f"{database}_replica")
+
+
+async def test_control_without_the_guard_the_same_failover_reissues_keys(
+    servers: Servers, database: str, settings: Settings, hot: HotStore
+) -> None:
+    """The hazard the guard closes: without it, dispensed keys come back."""
+    before, after, _ = await failover_scenario(servers, database, settings, hot, None)
+    try:
+        assert set(before) & set(after)
+    finally:
+        await drop(servers, f"{database}_replica")
+
+
+async def test_a_redis_failover_alone_needs_no_fence(
+    settings: Settings, hot: HotStore, sync: SyncRecord, redis_client: aioredis.Redis
+) -> None:
+    farmer = build_id_types(settings)["farmer"]
+    await generate(settings, sync, farmer)
+    await redis_client.delete(redis_keys.fence_key())  # the next call sees a new server
+    assert (await sync.read()).untrusted
+    keys = await refill_and_dispense(settings, settings.postgres_dsn, sync, hot, farmer)
+    assert keys  # PostgreSQL vouched for itself: same timeline as its last write
+    assert not (await sync.read()).untrusted
+
+
+async def test_both_tiers_losing_state_halts_until_an_operator_fences(
+    settings: Settings, hot: HotStore, sync: SyncRecord, redis_client: aioredis.Redis
+) -> None:
+    types = build_id_types(settings)
+    farmer = types["farmer"]
+    await generate(settings, sync, farmer)
+    async with cold_at(settings.postgres_dsn) as cold:
+        # PostgreSQL's last guarded write was on another timeline (it was promoted),
+        # and Redis lost its record (a new server): nothing can prove what was lost.
+        async with cold.connection() as conn:
+            await conn.execute("UPDATE kd_sync_clock SET timeline = timeline + 100")
+        await redis_client.delete(redis_keys.fence_key())
+        guarded = GuardedCold(cold, sync, types)
+        with pytest.raises(FenceHalted):
+            await guarded.take_batch("farmer", 10)
+        with pytest.raises(FenceHalted):  # and it stays halted
+            await guarded.take_batch("farmer", 10)
+        assert await cold.depth("farmer", 10**9) > 0  # nothing was taken
+        report = await ensure_fenced(cold, sync, types, skip_ranges=10)
+        assert report is not None and report.reason == "operator"
+        keys, _ = await guarded.take_batch("farmer", 10)
+        assert keys == []  # the inventory was discarded; keygen makes new keys
+        state = await cold.sequence_state(farmer)
+        assert state.leased_counters >= 11 * farmer.config.range_size
