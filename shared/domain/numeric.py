@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shared.domain.arrays import Cols, Mask
 from shared.domain.filters import Rules
 
 CHUNK = 5
-Cols = npt.NDArray[np.uint8]
-Mask = npt.NDArray[np.bool_]
 
 
 @cache

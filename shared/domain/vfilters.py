@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shared.domain.arrays import Cols, Mask
 from shared.domain.filters import CYCLIC_NUMBERS, Rules
-
-Cols = npt.NDArray[np.uint8]  # shape (digits, ids)
-Mask = npt.NDArray[np.bool_]
 
 
 def _none(n: int) -> Mask:
