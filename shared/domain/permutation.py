@@ -29,9 +29,9 @@ _S13 = np.uint32(13)
 _S16 = np.uint32(16)
 
 
-def derive_key(secret: bytes, id_type: str) -> bytes:
+def derive_key(secret: bytes, name: str) -> bytes:
     """Per-type permutation key: two types with one secret get unrelated orders."""
-    return hmac.new(secret, b"keydispenser/permutation/v1/" + id_type.encode(), "sha256").digest()
+    return hmac.new(secret, b"keydispenser/permutation/v1/" + name.encode(), "sha256").digest()
 
 
 def key_digest(key: bytes) -> str:

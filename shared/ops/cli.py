@@ -65,7 +65,7 @@ def run_status(settings: Settings, args: argparse.Namespace) -> None:
 def run_fill(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.fill import main
 
-    main(settings, args.id_type, args.count)
+    main(settings, args.name, args.count)
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
@@ -148,7 +148,7 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fill = _command(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
-    fill.add_argument("--type", required=True, dest="id_type", help="ID type name")
+    fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
 
 
