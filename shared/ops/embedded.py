@@ -13,7 +13,6 @@ permission of the user's own directories is ever changed.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -24,12 +23,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.domain.errors import KeydispenserError
-from shared.ops.processes import stop_process
+from shared.ops.processes import listening, spawn, stop_process
 
 UNPRIVILEGED_USER = "nobody"
 
@@ -115,15 +113,6 @@ def _as_user() -> str | None:
     return UNPRIVILEGED_USER if os.geteuid() == 0 else None
 
 
-def _wait_for_port(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise EmbeddedServerError(f"server on 127.0.0.1:{port} did not start in {timeout_s}s")
-
-
 @dataclass
 class EmbeddedPostgres:
     data_dir: Path
@@ -204,7 +193,7 @@ class EmbeddedRedis:
     def start(self) -> None:
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [
                 valkey_server_binary(),
                 "--bind",
@@ -220,11 +209,10 @@ class EmbeddedRedis:
                 "--logfile",
                 str(self.data_dir / "server.log"),
             ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            output="discard",
         )
-        _wait_for_port(self.port, 10)
+        if not listening(self.port, 10, self.process):
+            raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 
     def stop(self) -> None:
         stop_process(self.process)

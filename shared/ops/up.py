@@ -9,7 +9,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -20,7 +19,7 @@ from shared.domain.errors import KeydispenserError
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
-from shared.ops.processes import serving, stop_processes
+from shared.ops.processes import cli_command, serving, spawn, stop_processes
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")
@@ -76,8 +75,7 @@ class Stack:
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "shared.ops.cli", name]
-        self.children[name] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self.children[name] = spawn(cli_command(name), env)
 
     def supervise(self, env: dict[str, str]) -> None:
         """Restart a child that dies until asked to stop."""

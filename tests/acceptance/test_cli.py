@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shared.domain.settings import Settings
-from tests.acceptance.harness import Stack, process_env, run_cli, write_config
+from shared.ops.processes import run_cli
+from tests.acceptance.harness import Stack, process_env, write_config
 
 pytestmark = pytest.mark.acceptance
 
@@ -166,7 +167,7 @@ def test_bench_dispense_measures_all_four_and_writes_json(
         "--json",
         str(out),
         env=env,
-        timeout=300,
+        timeout_s=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

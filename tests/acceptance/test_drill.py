@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import run_cli
+from shared.ops.processes import run_cli
 from tests.conftest import TEST_SECRET, Servers
 
 pytestmark = pytest.mark.acceptance
@@ -41,7 +41,7 @@ def test_no_key_is_dispensed_twice_through_failovers(servers: Servers, tmp_path:
         "--json",
         str(report_path),
         env=env,
-        timeout=480,
+        timeout_s=480,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(report_path.read_text())

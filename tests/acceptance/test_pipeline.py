@@ -22,9 +22,10 @@ import pytest
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.ops.processes import run_cli
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from tests.acceptance.harness import Stack, process_env, run_cli, wait_for_http, write_config
+from tests.acceptance.harness import Stack, process_env, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance

@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings
 from shared.ops.bench import servers as bench_servers
 from shared.ops.embedded import free_port
-from shared.ops.processes import serving, stop_process
+from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -172,13 +171,11 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
-        self.process = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not _listening(self.port):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise KeydispenserError(f"bench server did not start: {' '.join(self.argv)}")
-            time.sleep(0.1)
+        # stdout is the bench's own report: the servers may only use stderr.
+        self.process = spawn(self.argv, self.env, "stderr_only")
+        if not listening(self.port, 30, self.process):
+            self.__exit__()
+            raise KeydispenserError(f"bench server did not start: {' '.join(self.argv)}")
         url = f"http://127.0.0.1:{self.port}{self.ready_path}"
         if self.ready_path and not serving(url, 30):
             self.__exit__()
@@ -188,11 +185,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         stop_process(self.process)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _uvicorn(factory: str, port: int, workers: int) -> list[str]:
@@ -242,10 +234,9 @@ class Bench:
             raise ConfigError("redis_sentinel: bench dispense needs redis_url (a scratch database)")
 
     def _env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
-        env["KD_CONFIG"] = str(self.config)
-        env["KD_PERMUTATION_KEY"] = "keydispenser-benchmark-key"
-        return env | extra
+        return scrubbed_env(
+            KD_CONFIG=str(self.config), KD_PERMUTATION_KEY="keydispenser-benchmark-key", **extra
+        )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
         hot = redis_keys.hot_list_key(BENCH_TYPE)
@@ -273,8 +264,7 @@ class Bench:
         before = await self.fill(client, keys)
         port = free_port()
         env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
-        argv = [str(Path(sys.executable).parent / "keydispenser"), "dispenser"]
-        with Server(argv, env, port, ready_path="/healthz"):
+        with Server(cli_command("dispenser"), env, port, ready_path="/healthz"):
             result = await self.load.run(f"http://127.0.0.1:{port}{path}")
         after = int(await client.llen(redis_keys.hot_list_key(BENCH_TYPE)))
         result["keys_served"] = before - after

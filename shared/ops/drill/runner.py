@@ -27,7 +27,7 @@ from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.load import Load
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import EmbeddedPostgres, free_port
-from shared.ops.processes import serving
+from shared.ops.processes import run_cli, scrubbed_env, serving
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
@@ -307,8 +307,7 @@ def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Flee
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
     config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": keysync}))
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
-    env.update(
+    env = scrubbed_env(
         KD_CONFIG=str(config),
         KD_POSTGRES_DSN=dsn,
         KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
@@ -321,17 +320,7 @@ def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Flee
 
 
 def _migrate(fleet: Fleet) -> str:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", "migrate"],
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("migrate", env=fleet.env, timeout_s=120)
     return "" if done.returncode == 0 else done.stderr
 
 

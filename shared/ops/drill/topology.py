@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from shared.ops.embedded import free_port, valkey_server_binary
-from shared.ops.processes import stop_processes
+from shared.ops.processes import spawn, stop_processes
 
 MASTER = "kd"
 
@@ -86,9 +86,7 @@ class Topology:
         ]
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
-        server.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        server.process = spawn(args, output="discard")
         self._wait_port(server)
 
     def _launch_sentinel(self, sentinel: Server, primary_port: int) -> None:
@@ -102,11 +100,8 @@ class Topology:
             f"sentinel failover-timeout {MASTER} 4000\n"
             f"sentinel parallel-syncs {MASTER} 2\n"
         )
-        sentinel.process = subprocess.Popen(
-            [valkey_server_binary(), str(conf), "--sentinel"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        sentinel.process = spawn(
+            [valkey_server_binary(), str(conf), "--sentinel"], output="discard"
         )
         self._wait_port(sentinel)
 
