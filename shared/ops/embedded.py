@@ -109,6 +109,28 @@ def valkey_server_binary() -> str:
     return path
 
 
+def redis_server_command(port: int, data_dir: Path, *options: str) -> list[str]:
+    """A Redis-compatible server on loopback ``port`` without persistence (no automatic
+    snapshot, no append-only file), logging to ``data_dir/server.log``; ``options`` are
+    further command-line flags."""
+    return [
+        valkey_server_binary(),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--logfile",
+        str(data_dir / "server.log"),
+        *options,
+    ]
+
+
 def _as_user() -> str | None:
     return UNPRIVILEGED_USER if os.geteuid() == 0 else None
 
@@ -193,24 +215,7 @@ class EmbeddedRedis:
     def start(self) -> None:
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = spawn(
-            [
-                valkey_server_binary(),
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.data_dir),
-                "--logfile",
-                str(self.data_dir / "server.log"),
-            ],
-            output="discard",
-        )
+        self.process = spawn(redis_server_command(self.port, self.data_dir), output="discard")
         if not listening(self.port, 10, self.process):
             raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from shared.ops.embedded import free_port, valkey_server_binary
+from shared.ops.embedded import free_port, redis_server_command, valkey_server_binary
 from shared.ops.processes import spawn, stop_processes
 
 MASTER = "kd"
@@ -67,26 +67,13 @@ class Topology:
 
     def _launch(self, server: Server, replica_of: int | None) -> None:
         server.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            valkey_server_binary(),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(server.port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(server.data_dir),
-            "--dbfilename",
-            server.dump.name,
-            "--logfile",
-            str(server.data_dir / "server.log"),
-        ]
+        # SAVE writes to ``dump``, which the old-snapshot fault copies and restores.
+        options = ["--dbfilename", server.dump.name]
         if replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(replica_of)]
-        server.process = spawn(args, output="discard")
+            options += ["--replicaof", "127.0.0.1", str(replica_of)]
+        server.process = spawn(
+            redis_server_command(server.port, server.data_dir, *options), output="discard"
+        )
         self._wait_port(server)
 
     def _launch_sentinel(self, sentinel: Server, primary_port: int) -> None:
