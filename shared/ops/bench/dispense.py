@@ -41,7 +41,13 @@ from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 
-BENCH_TYPE = "kd_bench"
+# The one ID type this bench dispenses (from a hot list it fills itself).
+DISPENSE_TYPE = "kd_bench"
+DISPENSE_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "hot": {"low": 0, "high": 1},
+}
 CONNECTIONS = 32
 BATCH = 1_000
 TARGETS = {
@@ -64,7 +70,7 @@ return redis.call('LLEN', KEYS[1])
 """
 
 
-class Load:
+class LoadGenerator:
     """wrk when present, else the bundled client; same connections and duration."""
 
     def __init__(self, seconds: float, choice: str = "auto") -> None:
@@ -160,7 +166,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     }
 
 
-class Server:
+class BenchServer:
     """One uvicorn server in a child process, stopped on exit."""
 
     def __init__(
@@ -170,7 +176,7 @@ class Server:
         self.argv, self.env, self.port, self.ready_path = argv, env, port, ready_path
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> BenchServer:
         # stdout is the bench's own report: the servers may only use stderr.
         self.process = spawn(self.argv, self.env, "stderr_only")
         if not listening(self.port, 30, self.process):
@@ -212,7 +218,7 @@ class Bench:
     def __init__(self, settings: Settings, seconds: float, work: Path, load: str) -> None:
         self.settings = settings
         self.seconds = seconds
-        self.load = Load(seconds, load)
+        self.load = LoadGenerator(seconds, load)
         self.config = work / "bench.yaml"
         self.config.write_text(
             yaml.safe_dump(
@@ -220,13 +226,7 @@ class Bench:
                     "postgres_dsn": settings.postgres_dsn,
                     "redis_url": settings.redis_url,
                     "log_level": "WARNING",
-                    "id_types": {
-                        BENCH_TYPE: {
-                            "kind": "numeric",
-                            "length": 10,
-                            "hot": {"low": 0, "high": 1},
-                        }
-                    },
+                    "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
                 }
             )
         )
@@ -239,13 +239,13 @@ class Bench:
         )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
-        hot = redis_keys.hot_list_key(BENCH_TYPE)
+        hot = redis_keys.hot_list_key(DISPENSE_TYPE)
         await client.delete(hot)
         # The fence takes ownership first: on a server it has not seen, it would
         # discard every registered hot list, the one filled here included.
         store = HotStore(RedisEndpoint(self.settings.redis_url))
         try:
-            await store.observe(BENCH_TYPE)
+            await store.observe(DISPENSE_TYPE)
         finally:
             await store.close()
         step = 500_000
@@ -264,9 +264,9 @@ class Bench:
         before = await self.fill(client, keys)
         port = free_port()
         env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
-        with Server(cli_command("dispenser"), env, port, ready_path="/healthz"):
+        with BenchServer(cli_command("dispenser"), env, port, ready_path="/healthz"):
             result = await self.load.run(f"http://127.0.0.1:{port}{path}")
-        after = int(await client.llen(redis_keys.hot_list_key(BENCH_TYPE)))
+        after = int(await client.llen(redis_keys.hot_list_key(DISPENSE_TYPE)))
         result["keys_served"] = before - after
         result["pool_ran_dry"] = after == 0
         return result
@@ -280,25 +280,29 @@ class Bench:
             for workers in sorted({1, cores}):
                 runs[f"workers_{workers}"] = await self._round(client, workers)
         finally:
-            await client.delete(redis_keys.hot_list_key(BENCH_TYPE))
+            await client.delete(redis_keys.hot_list_key(DISPENSE_TYPE))
             await client.aclose()
             await self._drop_baseline()
         return self._report(runs, cores)
 
     async def _round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
-        single_path = f"/v1/idgenerator/{BENCH_TYPE}/id"
+        single_path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
         port = free_port()
-        with Server(_uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port):
+        with BenchServer(
+            _uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port
+        ):
             bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         single_keys = int(60_000 * workers * self.seconds) + 100_000
         single = await self.dispenser(client, workers, single_path, single_keys)
         batch_keys = int(3_000_000 * self.seconds) + 1_000_000
         batch = await self.dispenser(
-            client, workers, f"/v1/keys/{BENCH_TYPE}?count={BATCH}", batch_keys
+            client, workers, f"/v1/keys/{DISPENSE_TYPE}?count={BATCH}", batch_keys
         )
         port = free_port()
         env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
-        with Server(_uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port):
+        with BenchServer(
+            _uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port
+        ):
             baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         return {
             "bare_rps": round(bare["rps"]),

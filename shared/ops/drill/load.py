@@ -12,7 +12,7 @@ import aiohttp
 
 
 @dataclass
-class Load:
+class RecordingLoad:
     urls: list[str]
     id_type: str = "farmer"
     clients: int = 8

@@ -24,7 +24,7 @@ import redis
 from shared.domain.settings import Settings
 from shared.ops.databases import drop_database, scratch_database
 from shared.ops.drill.fleet import Fleet
-from shared.ops.drill.load import Load
+from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import EmbeddedPostgres, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
@@ -49,7 +49,7 @@ LEDGER_SETTLE_S = 30.0  # how long the drill waits for keysync to drain the ledg
 class Drill:
     topology: Topology
     fleet: Fleet
-    load: Load
+    load: RecordingLoad
     postgres: EmbeddedPostgres | None
     snapshot: Path
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -213,7 +213,7 @@ async def _drill(
     topology = Topology(base / "redis")
     postgres: EmbeddedPostgres | None = None
     fleet: Fleet | None = None
-    load: Load | None = None
+    load: RecordingLoad | None = None
     admin_dsn: str | None = None
     database: str | None = None
     try:
@@ -238,7 +238,7 @@ async def _drill(
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
-        load = Load(urls)
+        load = RecordingLoad(urls)
         drill = Drill(topology, fleet, load, postgres, base / "snapshot.rdb")
         kinds = only or list(drill.faults())
         unknown = set(kinds) - set(drill.faults())
