@@ -6,7 +6,7 @@ from shared.ops.drill.load import RecordingLoad
 
 
 def load_with(events: list[tuple[float, bool]]) -> RecordingLoad:
-    load = RecordingLoad(["http://127.0.0.1:1"])
+    load = RecordingLoad(["http://127.0.0.1:1"], "t")
     load.events = events
     return load
 

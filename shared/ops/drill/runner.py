@@ -28,19 +28,20 @@ from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import EmbeddedPostgres, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
+from shared.stores import redis_keys, sql
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
-DRILL_TYPES: dict[str, Any] = {
-    "farmer": {
-        "kind": "numeric",
-        "length": 10,
-        "range_size": 262_144,
-        "hot": {"low": 3_000, "high": 8_000},
-        "cold": {"low": 30_000, "high": 60_000},
-        "sync_batch": 1_000,
-        "ledger": True,
-    },
+# The one ID type the drill takes keys of; it keeps a ledger, checked after the drill.
+DRILL_TYPE = "drill"
+DRILL_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "range_size": 262_144,
+    "hot": {"low": 3_000, "high": 8_000},
+    "cold": {"low": 30_000, "high": 60_000},
+    "sync_batch": 1_000,
+    "ledger": True,
 }
 LEDGER_SETTLE_S = 30.0  # how long the drill waits for keysync to drain the ledger
 
@@ -56,7 +57,7 @@ class Drill:
 
     def discarded(self) -> int:
         try:
-            counts = self.topology.primary().client().hgetall("kd:discarded")
+            counts = self.topology.primary().client().hgetall(redis_keys.discarded_key())
         except (redis.RedisError, RuntimeError):
             return 0
         return sum(int(v) for v in counts.values())
@@ -238,7 +239,7 @@ async def _drill(
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
-        load = RecordingLoad(urls)
+        load = RecordingLoad(urls, DRILL_TYPE)
         drill = Drill(topology, fleet, load, postgres, base / "snapshot.rdb")
         kinds = only or list(drill.faults())
         unknown = set(kinds) - set(drill.faults())
@@ -251,7 +252,7 @@ async def _drill(
         load.stop()
         await runner
         drill.measure_disruptions()
-        ledger = await ledger_check(dsn, set(load.keys), base / "logs")
+        ledger = await ledger_check(dsn, DRILL_TYPE, set(load.keys), base / "logs")
         return _report(drill, kinds) | {"ledger": ledger}
     finally:
         if load is not None:
@@ -266,23 +267,24 @@ async def _drill(
             postgres.stop()
 
 
-async def ledger_check(dsn: str, received: set[str], logs: Path) -> dict[str, int]:
-    """Compare the ledger keysync wrote with the keys clients received.
+async def ledger_check(dsn: str, name: str, received: set[str], logs: Path) -> dict[str, int]:
+    """Compare the ledger keysync wrote for type ``name`` with the keys clients received.
 
     ``missing``: received but not recorded (entries lost with a primary that died before
     replicating them). ``unreceived``: recorded but never received (the answer was lost:
     a killed dispenser, a timed-out request). ``duplicate_alarms`` must be 0.
     """
+    ledger = sql.ledger_table(name)
     conn = await asyncpg.connect(dsn)
     try:
         rows, stable_since = -1, time.monotonic()
         deadline = time.monotonic() + LEDGER_SETTLE_S
         while time.monotonic() < deadline and time.monotonic() - stable_since < 3:
-            now = int(await conn.fetchval('SELECT count(*) FROM "kd_ledger_farmer"'))
+            now = int(await conn.fetchval(f"SELECT count(*) FROM {ledger}"))
             if now != rows:
                 rows, stable_since = now, time.monotonic()
             await asyncio.sleep(0.5)
-        recorded = {r["key"] for r in await conn.fetch('SELECT key FROM "kd_ledger_farmer"')}
+        recorded = {r["key"] for r in await conn.fetch(f"SELECT key FROM {ledger}")}
     finally:
         await conn.close()
     alarms = await asyncio.to_thread(_duplicate_alarms, logs)
@@ -305,7 +307,7 @@ def _duplicate_alarms(logs: Path) -> int:
 def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Fleet:
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
-    config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": keysync}))
+    config.write_text(json.dumps({"id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG}, "keysync": keysync}))
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),
