@@ -37,6 +37,15 @@ def permutation_key(settings: Settings, data_dir: Path) -> str:
     return path.read_text().strip()
 
 
+def greeting(settings: Settings, base: str) -> str:
+    """What ``up`` prints once the dispenser serves: where, and a request to try."""
+    lines = [f"keydispenser is up: {base}  (Ctrl-C stops everything)"]
+    first = next(iter(settings.id_types), None)
+    if first is not None:  # a configuration may define no type at all
+        lines.append(f"  try: curl -X POST {base}/v1/idgenerator/{first}/id")
+    return "\n".join(lines)
+
+
 class Stack:
     def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
         self.settings = settings
@@ -118,8 +127,7 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         base = f"http://{settings.dispenser.host}:{args.port}"
         if not serving(f"{base}/healthz", 30):
             raise KeydispenserError("dispenser did not start; see its log above")
-        print(f"keydispenser is up: {base}  (Ctrl-C stops everything)", flush=True)
-        print(f"  try: curl -X POST {base}/v1/idgenerator/farmer/id", flush=True)
+        print(greeting(settings, base), flush=True)
         stack.supervise(env)
     finally:
         stack.shutdown()
