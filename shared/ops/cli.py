@@ -25,7 +25,7 @@ from shared import logs
 from shared.domain.apikeys import config_entry, new_api_key
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings, describe, load_settings
-from shared.ops.bench import TARGETS
+from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
 
@@ -224,7 +224,7 @@ def _with_bench_key(settings: Settings) -> Settings:
     """Benchmarks generate into scratch databases: any key will do when none is set."""
     if settings.permutation_key is not None:
         return settings
-    return settings.model_copy(update={"permutation_key": SecretStr("keydispenser-benchmark-key")})
+    return settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import yaml
 
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings
+from shared.ops.bench import BENCH_PERMUTATION_KEY
 from shared.ops.bench import servers as bench_servers
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
@@ -235,7 +236,7 @@ class Bench:
 
     def _env(self, **extra: str) -> dict[str, str]:
         return scrubbed_env(
-            KD_CONFIG=str(self.config), KD_PERMUTATION_KEY="keydispenser-benchmark-key", **extra
+            KD_CONFIG=str(self.config), KD_PERMUTATION_KEY=BENCH_PERMUTATION_KEY, **extra
         )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
