@@ -23,6 +23,7 @@ import pytest
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.ops.processes import run_cli
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from tests.acceptance.harness import Stack, process_env, wait_for_http, write_config
@@ -109,15 +110,16 @@ async def kill_mid_run(
 async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
     """The shortlink ledger's keys once it holds ``expected`` rows and no backlog."""
     hot = HotStore.from_settings(settings)
+    ledger = sql.ledger_table("shortlink")
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            rows = await conn.fetchval('SELECT count(*) FROM "kd_ledger_shortlink"')
+            rows = await conn.fetchval(f"SELECT count(*) FROM {ledger}")
             if rows >= expected and await hot.ledger_backlog() == 0:
                 break
             await asyncio.sleep(0.2)
-        keys = await conn.fetch('SELECT key FROM "kd_ledger_shortlink" ORDER BY key')
+        keys = await conn.fetch(f"SELECT key FROM {ledger} ORDER BY key")
         return sorted(r["key"] for r in keys)
     finally:
         await conn.close()
@@ -128,7 +130,6 @@ async def account(settings: Settings) -> dict[str, dict[str, int]]:
     """Per type: accepted into cold, still in cold/hot, and unfilled ranges."""
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
-    conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         out = {}
         for name in TYPES:
@@ -137,16 +138,10 @@ async def account(settings: Settings) -> dict[str, dict[str, int]]:
                 "accepted": stats["accepted"],
                 "cold": await cold.depth(name, 10**9),
                 "hot": await hot.depth(name),
-                "unfilled_ranges": int(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM kd_ranges WHERE id_type = $1 AND filled_at IS NULL",
-                        name,
-                    )
-                ),
+                "unfilled_ranges": stats["leased"] - stats["filled"],
             }
         return out
     finally:
-        await conn.close()
         await cold.close()
         await hot.close()
 

@@ -17,16 +17,16 @@ from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
-from shared.stores import redis_keys
+from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore, Popped
 from tests.conftest import Servers, make_settings, small_types
 
 
-async def cold_keys(dsn: str, id_type: str) -> list[str]:
+async def cold_keys(dsn: str, name: str) -> list[str]:
     conn = await asyncpg.connect(dsn)
     try:
-        return [r[0] for r in await conn.fetch(f'SELECT key FROM "kd_cold_{id_type}"')]
+        return [r[0] for r in await conn.fetch(f"SELECT key FROM {sql.cold_table(name)}")]
     finally:
         await conn.close()
 
