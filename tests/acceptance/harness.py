@@ -33,7 +33,7 @@ def write_config(settings: Settings, path: Path) -> Path:
 
 
 @dataclass
-class Stack:
+class ChildProcesses:
     """Child processes of one test; every one is ended when the test ends."""
 
     log_dir: Path

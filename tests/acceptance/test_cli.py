@@ -11,7 +11,7 @@ import pytest
 
 from shared.domain.settings import Settings
 from shared.ops.processes import run_cli
-from tests.acceptance.harness import Stack, process_env, write_config
+from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
 pytestmark = pytest.mark.acceptance
 
@@ -78,7 +78,7 @@ def test_processes_stop_cleanly_on_sigterm(
     settings: Settings, tmp_path: Path, command: str
 ) -> None:
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"), KD_DISPENSER__PORT="0")
-    stack = Stack(tmp_path)
+    stack = ChildProcesses(tmp_path)
     child = stack.spawn(command, env, command)
     try:
         started = {

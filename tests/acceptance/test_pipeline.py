@@ -26,7 +26,7 @@ from shared.ops.processes import run_cli
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from tests.acceptance.harness import Stack, process_env, wait_for_http, write_config
+from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
@@ -92,7 +92,7 @@ async def take(load: Load, urls: list[str], target: dict[str, int], deadline: fl
 
 async def kill_mid_run(
     load: Load,
-    stack: Stack,
+    stack: ChildProcesses,
     victims: dict[str, subprocess.Popen[bytes]],
     env: dict[str, str],
     at: int,
@@ -158,7 +158,7 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
     config = write_config(settings, tmp_path / "config.yaml")
     env = process_env(settings, config)
     assert run_cli("migrate", env=env).returncode == 0
-    stack = Stack(tmp_path)
+    stack = ChildProcesses(tmp_path)
     ports = [_port() for _ in range(2)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
