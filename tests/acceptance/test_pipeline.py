@@ -58,8 +58,8 @@ class Load:
     empty_replies: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def count(self, id_type: str) -> int:
-        return len(self.keys[id_type])
+    def count(self, name: str) -> int:
+        return len(self.keys[name])
 
 
 async def take(load: Load, urls: list[str], target: dict[str, int], deadline: float) -> None:
@@ -72,12 +72,12 @@ async def take(load: Load, urls: list[str], target: dict[str, int], deadline: fl
             if not pending:
                 return
             i = next(turns)
-            id_type = pending[i % len(pending)]
-            url = f"{urls[(i + n) % len(urls)]}/v1/idgenerator/{id_type}/id"
+            name = pending[i % len(pending)]
+            url = f"{urls[(i + n) % len(urls)]}/v1/idgenerator/{name}/id"
             async with session.post(url) as reply:
                 body = await reply.json()
                 if reply.status == 200:
-                    load.keys[id_type].append(body["response"]["id"])
+                    load.keys[name].append(body["response"]["id"])
                 elif reply.status == 503 and body["errors"][0]["errorCode"] == "IDG-001":
                     load.empty_replies += 1
                     await asyncio.sleep(0.02)

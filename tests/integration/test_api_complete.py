@@ -17,9 +17,9 @@ from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 
-async def fill(hot: HotStore, id_type: str, count: int, prefix: str = "k") -> list[str]:
+async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[str]:
     keys = [f"{prefix}{i:06d}" for i in range(count)]
-    await hot.push(id_type, keys, uuid.uuid4().hex)
+    await hot.push(name, keys, uuid.uuid4().hex)
     return keys
 
 

@@ -27,8 +27,8 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-async def fill(hot: HotStore, id_type: str, keys: list[str]) -> None:
-    await hot.push(id_type, keys, uuid.uuid4().hex)
+async def fill(hot: HotStore, name: str, keys: list[str]) -> None:
+    await hot.push(name, keys, uuid.uuid4().hex)
 
 
 def assert_envelope(body: dict[str, Any]) -> None:

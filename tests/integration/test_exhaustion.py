@@ -119,8 +119,8 @@ async def test_validate_endpoint_knows_affixes_and_profiles(
         httpx.AsyncClient(transport=transport, base_url="http://dispenser") as client,
     ):
 
-        async def valid(id_type: str, value: str) -> bool:
-            reply = await client.get(f"/v1/idgenerator/{id_type}/id/validate/{value}")
+        async def valid(name: str, value: str) -> bool:
+            reply = await client.get(f"/v1/idgenerator/{name}/id/validate/{value}")
             assert reply.status_code == 200, reply.text
             return bool(reply.json()["response"]["valid"])
 
