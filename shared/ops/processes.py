@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -76,6 +77,13 @@ def stop_processes(
 
 def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
     stop_processes([process], timeout_s)
+
+
+def kill_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
+    """SIGKILL ``process`` if it still runs, and reap it: a crash, not a shutdown."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout_s)
 
 
 def listening(port: int, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:

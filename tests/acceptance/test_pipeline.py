@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import pytest
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
-from shared.ops.processes import run_cli
+from shared.ops.processes import kill_process, run_cli
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
@@ -102,8 +101,7 @@ async def kill_mid_run(
     while sum(load.count(t) for t in TYPES) < start + at:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     for name, child in victims.items():
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+        kill_process(child)
         stack.spawn(name, env, f"{name}-restarted")
 
 

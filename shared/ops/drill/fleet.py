@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.ops.processes import cli_command, spawn, stop_processes
+from shared.ops.processes import cli_command, kill_process, spawn, stop_processes
 
 
 @dataclass
@@ -23,10 +22,7 @@ class Fleet:
         self.processes[name] = spawn(cli_command(command), env, self.log_dir / f"{name}.log")
 
     def kill(self, name: str) -> None:
-        child = self.processes[name]
-        if child.poll() is None:
-            child.send_signal(signal.SIGKILL)
-            child.wait(10)
+        kill_process(self.processes[name])
 
     def restart(self, name: str) -> None:
         self.kill(name)

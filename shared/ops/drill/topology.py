@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Any
 import redis
 
 from shared.ops.embedded import free_port, redis_server_command, valkey_server_binary
-from shared.ops.processes import spawn, stop_processes
+from shared.ops.processes import kill_process, spawn, stop_processes
 
 MASTER = "kd"
 
@@ -160,9 +159,7 @@ class Topology:
     # --- faults ---------------------------------------------------------------
 
     def kill(self, server: RedisServer) -> None:
-        if server.process is not None and server.alive():
-            server.process.send_signal(signal.SIGKILL)
-            server.process.wait(10)
+        kill_process(server.process)
 
     def restart(self, server: RedisServer, snapshot: Path | None = None) -> None:
         """Start a killed server again (from ``snapshot`` if given); Sentinel re-adopts it."""
