@@ -41,3 +41,6 @@ def configure(process: str, level: str = "INFO") -> None:
     root.setLevel(level)
     for noisy in ("uvicorn.access", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # While PostgreSQL is down the pool logs a traceback per reconnection attempt; the
+    # stores already log one store_unavailable line per outage.
+    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)

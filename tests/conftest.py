@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -22,7 +21,7 @@ import uvicorn
 
 from dispenser.app import create_app
 from shared.domain.settings import Settings, load_settings
-from shared.ops.databases import run_migrate
+from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -39,8 +38,7 @@ class Servers:
     redis_url: str
 
     def dsn_for(self, database: str) -> str:
-        parts = urlsplit(self.postgres_admin_dsn)
-        return urlunsplit(parts._replace(path=f"/{database}"))
+        return dsn_with_database(self.postgres_admin_dsn, database)
 
 
 def small_types() -> dict[str, Any]:
@@ -98,15 +96,12 @@ def servers() -> Iterator[Servers]:
 async def template_db(servers: Servers) -> AsyncIterator[str]:
     """A database migrated with the test types; each test clones it."""
     name = f"kd_template_{os.getpid()}"
-    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    await scratch_database(servers.postgres_admin_dsn, name)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        await admin.execute(f'CREATE DATABASE "{name}"')
         await run_migrate(make_settings(servers, name))
         yield name
     finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(servers.postgres_admin_dsn, name)
 
 
 @pytest.fixture

@@ -18,35 +18,35 @@ class SchemaError(KeydispenserError):
 class KeyspaceChanged(KeydispenserError):
     """A start-up tried to change an immutable keyspace field of an ID type."""
 
-    def __init__(self, id_type: str, field: str, stored: object, configured: object) -> None:
+    def __init__(self, name: str, field: str, stored: object, configured: object) -> None:
         super().__init__(
-            f"id_types.{id_type}.{field}: keyspace of '{id_type}' is immutable once keys exist "
+            f"id_types.{name}.{field}: keyspace of '{name}' is immutable once keys exist "
             f"(stored {stored!r}, configured {configured!r}); create a new ID type instead"
         )
-        self.id_type = id_type
+        self.name = name
         self.field = field
 
 
 class KeyspaceExhausted(KeydispenserError):
     """Every counter of an ID type's domain has been leased."""
 
-    def __init__(self, id_type: str) -> None:
-        super().__init__(f"keyspace of '{id_type}' is exhausted: its sequence reached MAXVALUE")
-        self.id_type = id_type
+    def __init__(self, name: str) -> None:
+        super().__init__(f"keyspace of '{name}' is exhausted: its sequence reached MAXVALUE")
+        self.name = name
 
 
 class UnknownIdType(KeydispenserError):
-    def __init__(self, id_type: str) -> None:
-        super().__init__(f"unknown id_type '{id_type}'")
-        self.id_type = id_type
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown id_type '{name}'")
+        self.name = name
 
 
 class PoolEmpty(KeydispenserError):
     """The hot list of an ID type is empty right now; retry shortly."""
 
-    def __init__(self, id_type: str, retry_after_s: int) -> None:
-        super().__init__(f"no keys of type '{id_type}' available right now; retry later")
-        self.id_type = id_type
+    def __init__(self, name: str, retry_after_s: int) -> None:
+        super().__init__(f"no keys of type '{name}' available right now; retry later")
+        self.name = name
         self.retry_after_s = retry_after_s
 
 
@@ -75,9 +75,9 @@ class StoreUnavailable(KeydispenserError):
 class LedgerDisabled(KeydispenserError):
     """A ledger operation on an ID type that keeps no ledger."""
 
-    def __init__(self, id_type: str) -> None:
-        super().__init__(f"id_type '{id_type}' keeps no ledger (set id_types.{id_type}.ledger)")
-        self.id_type = id_type
+    def __init__(self, name: str) -> None:
+        super().__init__(f"id_type '{name}' keeps no ledger (set id_types.{name}.ledger)")
+        self.name = name
 
 
 class PostgresBehind(KeydispenserError):

@@ -68,6 +68,18 @@ class Rules:
             restricted=tuple(r for r in restricted if r),
         )
 
+    @property
+    def banned_first_digits(self) -> tuple[int, ...]:
+        """The single-digit ``not_start_with`` entries: digits no ID may start with.
+
+        Both profiles reject them, and a first digit is the cheapest thing to test, so
+        the vectorised filters check these before anything else; longer MOSIP prefixes
+        are matched whole elsewhere.
+        """
+        if self.profile == "none":
+            return ()
+        return tuple(int(p) for p in self.not_start_with if len(p) == 1 and p.isdigit())
+
 
 # --- OpenG2P -----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.domain import permutation
+from shared.domain.arrays import U64, Cols
 from shared.domain.checkdigit import verhoeff_columns, verhoeff_valid
 from shared.domain.errors import ConfigError, InvalidInput
 from shared.domain.filters import Rules, rejected_by
@@ -17,8 +18,6 @@ from shared.domain.permutation import FeistelPermutation, derive_key, key_digest
 from shared.domain.settings import BASE62_ALPHABET, IdTypeConfig, Settings
 from shared.domain.vfilters import prefilter, reject
 
-Cols = npt.NDArray[np.uint8]
-U64 = npt.NDArray[np.uint64]
 _MAX_INPUT = 256
 _ASCII_ZERO = np.uint8(48)
 _BASE62_BYTES = np.frombuffer(BASE62_ALPHABET.encode(), dtype=np.uint8)

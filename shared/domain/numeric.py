@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shared.domain.arrays import Cols, Mask
 from shared.domain.filters import Rules
 
 CHUNK = 5
-Cols = npt.NDArray[np.uint8]
-Mask = npt.NDArray[np.bool_]
 
 
 @cache
@@ -71,17 +70,10 @@ class ChunkFilter:
         self.widths = chunk_widths(width)
         first = self.widths[0]
         self.first_bad = adjacent_repeat_table(first).copy()
-        banned = self._banned_first_digits(rules)
-        if banned:
-            self.first_bad |= np.isin(digit_table(first)[0], banned)
+        if rules.banned_first_digits:
+            self.first_bad |= np.isin(digit_table(first)[0], rules.banned_first_digits)
         self.inner_bad = adjacent_repeat_table(CHUNK)
         self.leading = digit_table(CHUNK)[0]
-
-    @staticmethod
-    def _banned_first_digits(rules: Rules) -> list[int]:
-        if rules.profile == "none":
-            return []
-        return [int(p) for p in rules.not_start_with if len(p) == 1 and p.isdigit()]
 
     def survivors(self, chunks: list[npt.NDArray[np.intp]]) -> npt.NDArray[np.intp]:
         """Indices of values that pass stage 1."""

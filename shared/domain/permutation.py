@@ -17,7 +17,8 @@ import hashlib
 import hmac
 
 import numpy as np
-import numpy.typing as npt
+
+from shared.domain.arrays import U32, U64
 
 ROUNDS = 8
 ALGORITHM = "feistel-fmix32-8r-v1"  # part of the keyspace fingerprint
@@ -27,13 +28,10 @@ _C2 = np.uint32(0xC2B2AE35)
 _S13 = np.uint32(13)
 _S16 = np.uint32(16)
 
-U64Array = npt.NDArray[np.uint64]
-U32Array = npt.NDArray[np.uint32]
 
-
-def derive_key(secret: bytes, id_type: str) -> bytes:
+def derive_key(secret: bytes, name: str) -> bytes:
     """Per-type permutation key: two types with one secret get unrelated orders."""
-    return hmac.new(secret, b"keydispenser/permutation/v1/" + id_type.encode(), "sha256").digest()
+    return hmac.new(secret, b"keydispenser/permutation/v1/" + name.encode(), "sha256").digest()
 
 
 def key_digest(key: bytes) -> str:
@@ -41,12 +39,12 @@ def key_digest(key: bytes) -> str:
     return hashlib.sha256(b"keydispenser/key-digest/v1/" + key).hexdigest()[:32]
 
 
-def fmix32(x: U32Array) -> U32Array:
+def fmix32(x: U32) -> U32:
     x = x ^ (x >> _S16)
     x = x * _C1
     x = x ^ (x >> _S13)
     x = x * _C2
-    out: U32Array = x ^ (x >> _S16)
+    out: U32 = x ^ (x >> _S16)
     return out
 
 
@@ -65,15 +63,15 @@ class FeistelPermutation:
             np.uint32(int.from_bytes(stream[4 * i : 4 * i + 4], "big")) for i in range(ROUNDS)
         ]
 
-    def _encrypt(self, values: U64Array) -> U64Array:
+    def _encrypt(self, values: U64) -> U64:
         left = (values >> self._shift).astype(np.uint32)
         right = (values & self._mask64).astype(np.uint32)
         for round_key in self._round_keys:
             left, right = right, left ^ (fmix32(right ^ round_key) & self._mask32)
-        out: U64Array = (left.astype(np.uint64) << self._shift) | right
+        out: U64 = (left.astype(np.uint64) << self._shift) | right
         return out
 
-    def permute(self, counters: U64Array) -> U64Array:
+    def permute(self, counters: U64) -> U64:
         """Map every counter in ``[0, domain)`` to its image in ``[0, domain)``."""
         out = self._encrypt(counters.astype(np.uint64, copy=False))
         if self.domain == MAX_DOMAIN:

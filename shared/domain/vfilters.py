@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shared.domain.arrays import Cols, Mask
 from shared.domain.filters import CYCLIC_NUMBERS, Rules
-
-Cols = npt.NDArray[np.uint8]  # shape (digits, ids)
-Mask = npt.NDArray[np.bool_]
 
 
 def _none(n: int) -> Mask:
@@ -136,8 +134,7 @@ def reject(cols: Cols, rules: Rules) -> Mask:
     if mosip:
         out = _starts_with(cols, rules.not_start_with)
     else:
-        firsts = [int(p) for p in rules.not_start_with if len(p) == 1 and p.isdigit()]
-        out = np.isin(cols[0], firsts)
+        out = np.isin(cols[0], rules.banned_first_digits)
     out |= _sequence(cols, rules.sequence, wrap=mosip)
     out |= _repeats_within(cols, rules.repeating_digit if mosip else rules.repeating_digit - 1)
     out |= _repeating_block(cols, rules.repeating_block)
@@ -167,8 +164,7 @@ def prefilter(body: Cols, rules: Rules, stage: int) -> Mask:
             prefixes = [p for p in rules.not_start_with if len(p) < rules.length]
             out = _starts_with(body, prefixes)
         else:
-            firsts = [int(p) for p in rules.not_start_with if len(p) == 1 and p.isdigit()]
-            out = np.isin(body[0], firsts)
+            out = np.isin(body[0], rules.banned_first_digits)
         return out | _repeats_within(body, min(distance, 1))
     out = _sequence(body, rules.sequence, wrap=mosip)
     out |= _repeats_within(body, distance)

@@ -25,7 +25,7 @@ from shared import logs
 from shared.domain.apikeys import config_entry, new_api_key
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings, describe, load_settings
-from shared.ops.bench import TARGETS
+from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
 # Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
@@ -67,7 +67,7 @@ def run_status(settings: Settings, args: argparse.Namespace) -> None:
 def run_fill(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.fill import main
 
-    main(settings, args.id_type, args.count)
+    main(settings, args.name, args.count)
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
@@ -83,13 +83,15 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
 
     only = [f.strip() for f in args.faults.split(",")] if args.faults else None
     work = Path(args.work_dir).resolve() if args.work_dir else None
-    report = asyncio.run(run(settings, args.rounds, only, work))
+    report = asyncio.run(run(settings, args.rounds, only, work, not args.no_postgres_fence))
     _write_json(report, args.json)
     print(format_table(report))
     if report["duplicates"]:
         raise KeydispenserError(f"{report['duplicates']} keys were dispensed twice")
     if report["ledger"]["duplicate_alarms"]:
         raise KeydispenserError("the ledger raised its duplicate alarm")
+    if report["process_exits"]:
+        raise KeydispenserError(f"processes exited during the drill: {report['process_exits']}")
 
 
 def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
@@ -158,7 +160,7 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fill = _command(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
-    fill.add_argument("--type", required=True, dest="id_type", help="ID type name")
+    fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
 
 
@@ -183,6 +185,11 @@ def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
     drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
     drill.add_argument("--work-dir", help="keep servers' data and logs here")
+    drill.add_argument(
+        "--no-postgres-fence",
+        action="store_true",
+        help="switch the PostgreSQL fence off, to show the duplicates it prevents",
+    )
 
 
 def _add_apikey(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -264,7 +271,7 @@ def _with_bench_key(settings: Settings) -> Settings:
     """Benchmarks generate into scratch databases: any key will do when none is set."""
     if settings.permutation_key is not None:
         return settings
-    return settings.model_copy(update={"permutation_key": SecretStr("keydispenser-benchmark-key")})
+    return settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})
 
 
 if __name__ == "__main__":

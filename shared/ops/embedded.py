@@ -21,6 +21,7 @@ import importlib.util
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.domain.errors import KeydispenserError
-from shared.ops.processes import stop_process
+from shared.ops.processes import listening, spawn, stop_process
 
 UNPRIVILEGED_USER = "nobody"
 
@@ -111,17 +112,30 @@ def valkey_server_binary() -> str:
     return path
 
 
+def redis_server_command(port: int, data_dir: Path, *options: str) -> list[str]:
+    """A Redis-compatible server on loopback ``port`` without persistence (no automatic
+    snapshot, no append-only file), logging to ``data_dir/server.log``; ``options`` are
+    further command-line flags."""
+    return [
+        valkey_server_binary(),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--logfile",
+        str(data_dir / "server.log"),
+        *options,
+    ]
+
+
 def _as_user() -> str | None:
     return UNPRIVILEGED_USER if os.geteuid() == 0 else None
-
-
-def _wait_for_port(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise EmbeddedServerError(f"server on 127.0.0.1:{port} did not start in {timeout_s}s")
 
 
 @dataclass
@@ -155,6 +169,10 @@ class EmbeddedPostgres:
             self._pg_ctl("-w", "-m", mode, "stop", check=False)
 
     def _initdb(self) -> None:
+        self._make_pgdata()
+        self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+
+    def _make_pgdata(self) -> None:
         self.pgdata.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         if self.pgdata.parent != self.data_dir:
@@ -162,7 +180,34 @@ class EmbeddedPostgres:
         if self._user:
             record = pwd.getpwnam(self._user)
             os.chown(self.pgdata, record.pw_uid, record.pw_gid)
-        self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+
+    def start_replica_of(self, primary: EmbeddedPostgres) -> None:
+        """Become an asynchronous streaming replica of ``primary`` (a fresh base backup,
+        whatever this data directory held before) and start."""
+        self.port = self.port or free_port()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.pgdata, ignore_errors=True)
+        self._make_pgdata()
+        source = ("-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres")
+        self._run(
+            "pg_basebackup", *source, "-D", str(self.pgdata), "-R", "-X", "stream", "-c", "fast"
+        )
+        self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process of it, as a machine that dies would: no
+        shutdown checkpoint, no backend finishing its statement."""
+        pid_file = self.pgdata / "postmaster.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            postmaster = int(pid_file.read_text().split()[0])
+            for pid in [postmaster, *_children(postmaster)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        _wait_for_port_closed(self.port, 10)
+        # The dead postmaster may linger as a zombie nobody reaps (a container's init):
+        # PostgreSQL would take it for a live server and refuse to start here again.
+        for stale in [pid_file, *self.pgdata.glob(".s.PGSQL.*")]:
+            stale.unlink(missing_ok=True)
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), *args, check=check)
@@ -204,27 +249,31 @@ class EmbeddedRedis:
     def start(self) -> None:
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [
-                valkey_server_binary(),
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.data_dir),
-                "--logfile",
-                str(self.data_dir / "server.log"),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_for_port(self.port, 10)
+        self.process = spawn(redis_server_command(self.port, self.data_dir), output="discard")
+        if not listening(self.port, 10, self.process):
+            raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 
     def stop(self) -> None:
         stop_process(self.process)
+
+
+def _wait_for_port_closed(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise EmbeddedServerError(f"server on 127.0.0.1:{port} still listening after {timeout_s}s")
+
+
+def _children(parent: int) -> list[int]:
+    """Processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+    return found

@@ -1,12 +1,62 @@
-"""Child processes: stopping them, and waiting for one to serve HTTP."""
+"""Child processes: starting them, stopping them, and waiting for one to serve."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+# Where a child's output goes: appended to a log file (both streams), this process's
+# terminal, the terminal for stderr only (when our stdout carries a report), or nowhere.
+Output = Path | Literal["inherit", "stderr_only", "discard"]
+
+
+def cli_command(*args: str) -> list[str]:
+    """``keydispenser ARGS`` run by this interpreter, so a child runs the same install
+    as its parent whether or not the console script is on PATH."""
+    return [sys.executable, "-m", "shared.ops.cli", *args]
+
+
+def scrubbed_env(**settings: str) -> dict[str, str]:
+    """This process's environment without its ``KD_`` variables, plus ``settings``.
+
+    A child configured this way sees only the configuration its parent chose for it,
+    not whatever the operator's shell happens to export.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
+    return env | settings
+
+
+def spawn(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, output: Output = "inherit"
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdin closed (no child waits on a terminal it cannot read)."""
+    if isinstance(output, Path):
+        # The child holds its own descriptor of the log; ours can close at once.
+        with output.open("ab") as log:
+            return subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+    stdout = None if output == "inherit" else subprocess.DEVNULL
+    stderr = subprocess.DEVNULL if output == "discard" else None
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str], timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``keydispenser ARGS`` to completion; its output is captured as text."""
+    return subprocess.run(
+        cli_command(*args), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
 
 
 def stop_processes(
@@ -27,6 +77,26 @@ def stop_processes(
 
 def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
     stop_processes([process], timeout_s)
+
+
+def kill_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10) -> None:
+    """SIGKILL ``process`` if it still runs, and reap it: a crash, not a shutdown."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout_s)
+
+
+def listening(port: int, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:
+    """Poll until something accepts connections on loopback ``port`` (True), or
+    ``timeout_s`` passes or ``process``, the server expected there, exits (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def serving(url: str, timeout_s: float) -> bool:

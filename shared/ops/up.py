@@ -9,7 +9,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -20,7 +19,7 @@ from shared.domain.errors import KeydispenserError
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
-from shared.ops.processes import serving, stop_processes
+from shared.ops.processes import cli_command, serving, spawn, stop_processes
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")
@@ -36,6 +35,15 @@ def permutation_key(settings: Settings, data_dir: Path) -> str:
         path.write_text(secrets.token_urlsafe(48))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def greeting(settings: Settings, base: str) -> str:
+    """What ``up`` prints once the dispenser serves: where, and a request to try."""
+    lines = [f"keydispenser is up: {base}  (Ctrl-C stops everything)"]
+    first = next(iter(settings.id_types), None)
+    if first is not None:  # a configuration may define no type at all
+        lines.append(f"  try: curl -X POST {base}/v1/idgenerator/{first}/id")
+    return "\n".join(lines)
 
 
 class Stack:
@@ -76,8 +84,7 @@ class Stack:
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "shared.ops.cli", name]
-        self.children[name] = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self.children[name] = spawn(cli_command(name), env)
 
     def supervise(self, env: dict[str, str]) -> None:
         """Restart a child that dies until asked to stop."""
@@ -120,8 +127,7 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         base = f"http://{settings.dispenser.host}:{args.port}"
         if not serving(f"{base}/healthz", 30):
             raise KeydispenserError("dispenser did not start; see its log above")
-        print(f"keydispenser is up: {base}  (Ctrl-C stops everything)", flush=True)
-        print(f"  try: curl -X POST {base}/v1/idgenerator/farmer/id", flush=True)
+        print(greeting(settings, base), flush=True)
         stack.supervise(env)
     finally:
         stack.shutdown()

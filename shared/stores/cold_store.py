@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -72,15 +73,30 @@ def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
     return row
 
 
+# Every statement's deadline. A server that dies mid-COPY can leave the client waiting
+# to write forever; the deadline turns that into an outage the caller rides out.
+COMMAND_TIMEOUT_S = 30.0
+
+
 class ColdStore:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
         self._pool = pool
+        self._timeout_s = timeout_s
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> ColdStore:
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> ColdStore:
         async with translated("connect"):
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
-        return cls(pool)
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s
+            )
+        return cls(pool, command_timeout_s)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -126,9 +142,12 @@ class ColdStore:
         ``final`` marks the range filled: every key of it is now in the cold table.
         """
         async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():
-            await conn.copy_records_to_table(
+            copy = conn.copy_records_to_table(
                 sql.cold_table_name(id_type.name), records=[(k,) for k in keys], columns=["key"]
             )
+            # The driver's own timeout does not cover a COPY whose server died: a deadline
+            # of ours does (the connection is then discarded).
+            await asyncio.wait_for(copy, self._timeout_s)
             await conn.execute(
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )

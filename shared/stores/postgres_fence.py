@@ -22,7 +22,7 @@ from shared.domain.errors import FenceHalted, PostgresBehind
 from shared.domain.idtypes import IdType
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, LeasedRange, SequenceState, one_row, translated
-from shared.stores.sync_record import UNGUARDED, Record, Stamp, SyncRecord
+from shared.stores.sync_record import NO_STAMP, UNGUARDED, Record, Stamp, SyncRecord
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +214,13 @@ class GuardedCold:
         return report
 
     async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
+        """A batch and its stamp (NO_STAMP with the guard off: nothing is recorded)."""
         try:
-            return await self.cold.take_batch(name, size, await self.record())
+            keys, stamp = await self.cold.take_batch(name, size, await self.record())
         except PostgresBehind:
             await self.fence()
-            return await self.cold.take_batch(name, size, await self.record())
+            keys, stamp = await self.cold.take_batch(name, size, await self.record())
+        return keys, stamp if self._sync is not None else NO_STAMP
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         """Lease behind the guard and record the lease before any key of it is made."""

@@ -247,5 +247,8 @@ SELECT_LAST_FENCE: Final = """
 SELECT fenced_at, reason, keys_discarded FROM kd_fence_events ORDER BY id DESC LIMIT 1
 """
 
+# No parameters. Every cold key PostgreSQL fences have discarded (the drill's figure).
+SUM_FENCE_DISCARDED: Final = "SELECT coalesce(sum(keys_discarded), 0) FROM kd_fence_events"
+
 # No parameters. The sync clock, for status.
 SELECT_SYNC_CLOCK: Final = "SELECT timeline, fork, clock FROM kd_sync_clock WHERE id = 1"

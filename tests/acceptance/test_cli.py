@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shared.domain.settings import Settings
-from tests.acceptance.harness import Stack, process_env, run_cli, write_config
+from shared.ops.processes import run_cli
+from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
 pytestmark = pytest.mark.acceptance
 
@@ -80,7 +81,7 @@ def test_processes_stop_cleanly_on_sigterm(
     settings: Settings, tmp_path: Path, command: str
 ) -> None:
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"), KD_DISPENSER__PORT="0")
-    stack = Stack(tmp_path)
+    stack = ChildProcesses(tmp_path)
     child = stack.spawn(command, env, command)
     try:
         started = {
@@ -169,7 +170,7 @@ def test_bench_dispense_measures_all_four_and_writes_json(
         "--json",
         str(out),
         env=env,
-        timeout=300,
+        timeout_s=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,10 +21,12 @@ import pytest
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.ops.processes import kill_process, run_cli
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger_stream import LedgerStream
-from tests.acceptance.harness import Stack, process_env, run_cli, wait_for_http, write_config
+from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
@@ -71,12 +72,12 @@ async def take(load: Load, urls: list[str], target: dict[str, int], deadline: fl
             if not pending:
                 return
             i = next(turns)
-            id_type = pending[i % len(pending)]
-            url = f"{urls[(i + n) % len(urls)]}/v1/idgenerator/{id_type}/id"
+            name = pending[i % len(pending)]
+            url = f"{urls[(i + n) % len(urls)]}/v1/idgenerator/{name}/id"
             async with session.post(url) as reply:
                 body = await reply.json()
                 if reply.status == 200:
-                    load.keys[id_type].append(body["response"]["id"])
+                    load.keys[name].append(body["response"]["id"])
                 elif reply.status == 503 and body["errors"][0]["errorCode"] == "IDG-001":
                     load.empty_replies += 1
                     await asyncio.sleep(0.02)
@@ -91,7 +92,7 @@ async def take(load: Load, urls: list[str], target: dict[str, int], deadline: fl
 
 async def kill_mid_run(
     load: Load,
-    stack: Stack,
+    stack: ChildProcesses,
     victims: dict[str, subprocess.Popen[bytes]],
     env: dict[str, str],
     at: int,
@@ -101,23 +102,23 @@ async def kill_mid_run(
     while sum(load.count(t) for t in TYPES) < start + at:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     for name, child in victims.items():
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+        kill_process(child)
         stack.spawn(name, env, f"{name}-restarted")
 
 
 async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
     """The shortlink ledger's keys once it holds ``expected`` rows and no backlog."""
     hot = HotStore.from_settings(settings)
+    ledger = sql.ledger_table("shortlink")
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            rows = await conn.fetchval('SELECT count(*) FROM "kd_ledger_shortlink"')
+            rows = await conn.fetchval(f"SELECT count(*) FROM {ledger}")
             if rows >= expected and await LedgerStream(hot.endpoint).backlog() == 0:
                 break
             await asyncio.sleep(0.2)
-        keys = await conn.fetch('SELECT key FROM "kd_ledger_shortlink" ORDER BY key')
+        keys = await conn.fetch(f"SELECT key FROM {ledger} ORDER BY key")
         return sorted(r["key"] for r in keys)
     finally:
         await conn.close()
@@ -128,7 +129,6 @@ async def account(settings: Settings) -> dict[str, dict[str, int]]:
     """Per type: accepted into cold, still in cold/hot, and unfilled ranges."""
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
-    conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         out = {}
         for name in TYPES:
@@ -137,16 +137,10 @@ async def account(settings: Settings) -> dict[str, dict[str, int]]:
                 "accepted": stats["accepted"],
                 "cold": await cold.depth(name, 10**9),
                 "hot": await hot.depth(name),
-                "unfilled_ranges": int(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM kd_ranges WHERE id_type = $1 AND filled_at IS NULL",
-                        name,
-                    )
-                ),
+                "unfilled_ranges": stats["leased"] - stats["filled"],
             }
         return out
     finally:
-        await conn.close()
         await cold.close()
         await hot.close()
 
@@ -163,7 +157,7 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
     config = write_config(settings, tmp_path / "config.yaml")
     env = process_env(settings, config)
     assert run_cli("migrate", env=env).returncode == 0
-    stack = Stack(tmp_path)
+    stack = ChildProcesses(tmp_path)
     ports = [_port() for _ in range(2)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:

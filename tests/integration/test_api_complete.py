@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from shared.domain.apikeys import new_api_key
 from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.stores import redis_keys, sql
 from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
@@ -194,7 +194,7 @@ async def test_a_ledger_lookup_without_its_table_is_a_clear_503(
     types["shortlink"]["ledger"] = True
     settings = make_settings(servers, database, id_types=types)
     conn = await asyncpg.connect(settings.postgres_dsn)
-    await conn.execute('DROP TABLE "kd_ledger_shortlink"')
+    await conn.execute(f"DROP TABLE {sql.ledger_table('shortlink')}")
     await conn.close()
     async with dispenser_over_http(settings) as client:
         reply = await client.get("/v1/keys/shortlink/Abc1234")

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import Applied, LedgerDrain, apply, parse
@@ -219,7 +219,7 @@ async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
     from keysync.metrics import KeysyncMetrics
 
     async with cold_store.connection() as conn:
-        await conn.execute('DROP TABLE "kd_ledger_shortlink"')  # not a connection error
+        await conn.execute(f"DROP TABLE {sql.ledger_table('shortlink')}")  # no connection error
     fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000001", "clients": "-"}
     await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
     monkeypatch.setattr("keysync.main.LEDGER_FAILURE_DELAY_S", 0.05)

@@ -6,6 +6,7 @@ import pytest
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.ops.databases import drop_database, scratch_database
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check, latest_version, migrate, migration_files
 from shared.stores.sync_record import UNGUARDED
@@ -29,11 +30,9 @@ async def test_migrations_in_order_give_the_current_schema(
     servers: Servers, template_db: str
 ) -> None:
     """A database built file by file equals the template the suite uses."""
-    admin = await asyncpg.connect(servers.postgres_admin_dsn)
-    await admin.execute("DROP DATABASE IF EXISTS kd_schema_probe")
-    await admin.execute("CREATE DATABASE kd_schema_probe")
+    dsn = await scratch_database(servers.postgres_admin_dsn, "kd_schema_probe")
     try:
-        conn = await asyncpg.connect(servers.dsn_for("kd_schema_probe"))
+        conn = await asyncpg.connect(dsn)
         try:
             for _, text in migration_files():
                 await conn.execute(text)
@@ -41,8 +40,7 @@ async def test_migrations_in_order_give_the_current_schema(
         finally:
             await conn.close()
     finally:
-        await admin.execute("DROP DATABASE IF EXISTS kd_schema_probe WITH (FORCE)")
-        await admin.close()
+        await drop_database(servers.postgres_admin_dsn, "kd_schema_probe")
     template = await asyncpg.connect(servers.dsn_for(template_db))
     try:
         assert probe_columns == await _columns(template)
@@ -132,9 +130,7 @@ async def test_unused_keyspace_may_be_redefined(
 
 
 async def test_check_refuses_an_unmigrated_database(servers: Servers) -> None:
-    admin = await asyncpg.connect(servers.postgres_admin_dsn)
-    await admin.execute("DROP DATABASE IF EXISTS kd_empty_probe")
-    await admin.execute("CREATE DATABASE kd_empty_probe")
+    await scratch_database(servers.postgres_admin_dsn, "kd_empty_probe")
     try:
         settings = make_settings(servers, "kd_empty_probe")
         conn = await asyncpg.connect(settings.postgres_dsn)
@@ -144,5 +140,4 @@ async def test_check_refuses_an_unmigrated_database(servers: Servers) -> None:
         finally:
             await conn.close()
     finally:
-        await admin.execute("DROP DATABASE IF EXISTS kd_empty_probe WITH (FORCE)")
-        await admin.close()
+        await drop_database(servers.postgres_admin_dsn, "kd_empty_probe")

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.ops.drill.load import Load
+from shared.ops.drill.load import RecordingLoad
 
 
-def load_with(events: list[tuple[float, bool]]) -> Load:
-    load = Load(["http://127.0.0.1:1"])
+def load_with(events: list[tuple[float, bool]]) -> RecordingLoad:
+    load = RecordingLoad(["http://127.0.0.1:1"], "t")
     load.events = events
     return load
 

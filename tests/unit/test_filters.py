@@ -40,6 +40,16 @@ def test_mosip_not_start_with_matches_whole_prefixes() -> None:
     assert "not_start_with" in f.rejected_by("2357", r)
 
 
+@pytest.mark.parametrize("profile", ["openg2p", "mosip"])
+def test_banned_first_digits_are_the_single_digit_prefixes(profile: f.Profile) -> None:
+    r = rules(profile, 4, not_start_with=("0", "1", "23", "x"))
+    assert r.banned_first_digits == (0, 1)
+
+
+def test_profile_none_bans_no_first_digit() -> None:
+    assert rules("none", 4, not_start_with=("0", "1")).banned_first_digits == ()
+
+
 @pytest.mark.parametrize(
     ("value", "openg2p", "mosip"),
     [

@@ -15,7 +15,7 @@ from shared.stores.hot_store import Depth, Pushed
 from shared.stores.sync_record import NO_STAMP, Stamp
 
 
-class Servers:
+class ServerEpochs:
     """Two server epochs; ``current`` answers. Can lose a reply after executing."""
 
     def __init__(self) -> None:
@@ -66,7 +66,7 @@ class NoCold:
         raise AssertionError("not expected")
 
 
-def keysync(servers: Servers, token: str = "A") -> Keysync:
+def keysync(servers: ServerEpochs, token: str = "A") -> Keysync:
     settings = Settings.model_validate({"id_types": {}})
     sync = Keysync(settings, NoCold(), servers)
     sync._token = token
@@ -74,27 +74,27 @@ def keysync(servers: Servers, token: str = "A") -> Keysync:
 
 
 async def test_plain_push() -> None:
-    servers = Servers()
+    servers = ServerEpochs()
     assert await keysync(servers).push("t", ["k1", "k2"]) == 2
     assert servers.lists == {"A": ["k1", "k2"], "B": []}
 
 
 async def test_stale_pin_is_refused_then_repinned() -> None:
-    servers = Servers()
+    servers = ServerEpochs()
     servers.current = "B"
     assert await keysync(servers, token="A").push("t", ["k"]) == 1
     assert servers.lists == {"A": [], "B": ["k"]}
 
 
 async def test_lost_reply_then_retry_on_the_same_server_adds_nothing() -> None:
-    servers = Servers()
+    servers = ServerEpochs()
     servers.script = ["lose_reply", "down", "ok"]
     assert await keysync(servers).push("t", ["k1", "k2"]) == 2
     assert servers.lists["A"] == ["k1", "k2"]
 
 
 async def test_lost_reply_then_failover_loses_the_batch_but_never_doubles_it() -> None:
-    servers = Servers()
+    servers = ServerEpochs()
     servers.script = ["lose_reply", "switch_to_B"]
     with pytest.raises(StoreUnavailable, match="lost"):
         await keysync(servers).push("t", ["k1"])
@@ -105,7 +105,7 @@ async def test_unreachable_until_the_deadline_loses_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("keysync.main.PUSH_RETRY_S", 0.2)
-    servers = Servers()
+    servers = ServerEpochs()
     servers.script = ["down"] * 100
     with pytest.raises(StoreUnavailable, match="unreachable"):
         await keysync(servers).push("t", ["k1"])

@@ -11,6 +11,8 @@ from typing import Any
 from shared.domain.settings import Settings
 
 TARGETS = ("keygen", "fence", "dispense")
+# Benchmarks generate into scratch databases: any permutation key will do there.
+BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
 
 async def run(target: str, settings: Settings, seconds: float, load: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,14 +34,21 @@ import yaml
 
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings
+from shared.ops.bench import BENCH_PERMUTATION_KEY
 from shared.ops.bench import servers as bench_servers
 from shared.ops.embedded import free_port
-from shared.ops.processes import serving, stop_process
+from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 
-BENCH_TYPE = "kd_bench"
+# The one ID type this bench dispenses (from a hot list it fills itself).
+DISPENSE_TYPE = "kd_bench"
+DISPENSE_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "hot": {"low": 0, "high": 1},
+}
 CONNECTIONS = 32
 BATCH = 1_000
 TARGETS = {
@@ -65,7 +71,7 @@ return redis.call('LLEN', KEYS[1])
 """
 
 
-class Load:
+class LoadGenerator:
     """wrk when present, else the bundled client; same connections and duration."""
 
     def __init__(self, seconds: float, choice: str = "auto") -> None:
@@ -161,7 +167,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     }
 
 
-class Server:
+class BenchServer:
     """One uvicorn server in a child process, stopped on exit."""
 
     def __init__(
@@ -171,14 +177,12 @@ class Server:
         self.argv, self.env, self.port, self.ready_path = argv, env, port, ready_path
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Server:
-        self.process = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not _listening(self.port):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise KeydispenserError(f"bench server did not start: {' '.join(self.argv)}")
-            time.sleep(0.1)
+    def __enter__(self) -> BenchServer:
+        # stdout is the bench's own report: the servers may only use stderr.
+        self.process = spawn(self.argv, self.env, "stderr_only")
+        if not listening(self.port, 30, self.process):
+            self.__exit__()
+            raise KeydispenserError(f"bench server did not start: {' '.join(self.argv)}")
         url = f"http://127.0.0.1:{self.port}{self.ready_path}"
         if self.ready_path and not serving(url, 30):
             self.__exit__()
@@ -188,11 +192,6 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         stop_process(self.process)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _uvicorn(factory: str, port: int, workers: int) -> list[str]:
@@ -220,7 +219,7 @@ class Bench:
     def __init__(self, settings: Settings, seconds: float, work: Path, load: str) -> None:
         self.settings = settings
         self.seconds = seconds
-        self.load = Load(seconds, load)
+        self.load = LoadGenerator(seconds, load)
         self.config = work / "bench.yaml"
         self.config.write_text(
             yaml.safe_dump(
@@ -228,13 +227,7 @@ class Bench:
                     "postgres_dsn": settings.postgres_dsn,
                     "redis_url": settings.redis_url,
                     "log_level": "WARNING",
-                    "id_types": {
-                        BENCH_TYPE: {
-                            "kind": "numeric",
-                            "length": 10,
-                            "hot": {"low": 0, "high": 1},
-                        }
-                    },
+                    "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
                 }
             )
         )
@@ -242,19 +235,18 @@ class Bench:
             raise ConfigError("redis_sentinel: bench dispense needs redis_url (a scratch database)")
 
     def _env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
-        env["KD_CONFIG"] = str(self.config)
-        env["KD_PERMUTATION_KEY"] = "keydispenser-benchmark-key"
-        return env | extra
+        return scrubbed_env(
+            KD_CONFIG=str(self.config), KD_PERMUTATION_KEY=BENCH_PERMUTATION_KEY, **extra
+        )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
-        hot = redis_keys.hot_list_key(BENCH_TYPE)
+        hot = redis_keys.hot_list_key(DISPENSE_TYPE)
         await client.delete(hot)
         # The fence takes ownership first: on a server it has not seen, it would
         # discard every registered hot list, the one filled here included.
         store = HotStore(RedisEndpoint(self.settings.redis_url))
         try:
-            await store.observe(BENCH_TYPE)
+            await store.observe(DISPENSE_TYPE)
         finally:
             await store.close()
         step = 500_000
@@ -273,10 +265,9 @@ class Bench:
         before = await self.fill(client, keys)
         port = free_port()
         env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
-        argv = [str(Path(sys.executable).parent / "keydispenser"), "dispenser"]
-        with Server(argv, env, port, ready_path="/healthz"):
+        with BenchServer(cli_command("dispenser"), env, port, ready_path="/healthz"):
             result = await self.load.run(f"http://127.0.0.1:{port}{path}")
-        after = int(await client.llen(redis_keys.hot_list_key(BENCH_TYPE)))
+        after = int(await client.llen(redis_keys.hot_list_key(DISPENSE_TYPE)))
         result["keys_served"] = before - after
         result["pool_ran_dry"] = after == 0
         return result
@@ -290,25 +281,29 @@ class Bench:
             for workers in sorted({1, cores}):
                 runs[f"workers_{workers}"] = await self._round(client, workers)
         finally:
-            await client.delete(redis_keys.hot_list_key(BENCH_TYPE))
+            await client.delete(redis_keys.hot_list_key(DISPENSE_TYPE))
             await client.aclose()
             await self._drop_baseline()
         return self._report(runs, cores)
 
     async def _round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
-        single_path = f"/v1/idgenerator/{BENCH_TYPE}/id"
+        single_path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
         port = free_port()
-        with Server(_uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port):
+        with BenchServer(
+            _uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port
+        ):
             bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         single_keys = int(60_000 * workers * self.seconds) + 100_000
         single = await self.dispenser(client, workers, single_path, single_keys)
         batch_keys = int(3_000_000 * self.seconds) + 1_000_000
         batch = await self.dispenser(
-            client, workers, f"/v1/keys/{BENCH_TYPE}?count={BATCH}", batch_keys
+            client, workers, f"/v1/keys/{DISPENSE_TYPE}?count={BATCH}", batch_keys
         )
         port = free_port()
         env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
-        with Server(_uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port):
+        with BenchServer(
+            _uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port
+        ):
             baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         return {
             "bare_rps": round(bare["rps"]),

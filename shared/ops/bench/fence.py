@@ -13,15 +13,16 @@ from shared.domain.settings import Settings
 from shared.stores import redis_keys
 from shared.stores.redis_scripts import fenced_script, load_script, pop_keys
 
-BENCH_TYPE = "kd_bench_fence"
+# The ID type whose hot list this bench pops from (one it fills itself).
+FENCE_TYPE = "kd_bench_fence"
 CONCURRENCY = 32
 ARGS: list[str | int] = [1, "", "-"]  # one key, no ledger
 
 
 async def _measure(client: aioredis.Redis, body: str, seconds: float) -> dict[str, float]:
     script = client.register_script(body)
-    hot = redis_keys.hot_list_key(BENCH_TYPE)
-    keys = pop_keys(BENCH_TYPE)
+    hot = redis_keys.hot_list_key(FENCE_TYPE)
+    keys = pop_keys(FENCE_TYPE)
     await client.delete(hot)
     await client.rpush(hot, *[f"k{i}" for i in range(200_000)])
     await script(keys=keys, args=ARGS)  # load it; the fence takes ownership once here

@@ -12,9 +12,9 @@ import aiohttp
 
 
 @dataclass
-class Load:
+class RecordingLoad:
     urls: list[str]
-    id_type: str = "farmer"
+    name: str  # of the ID type taken
     clients: int = 8
     max_requests: int = 2_000_000
     keys: Counter[str] = field(default_factory=Counter)
@@ -49,9 +49,9 @@ class Load:
             base = self.urls[i % len(self.urls)]
             batch = i % 2 == 0
             url = (
-                f"{base}/v1/keys/{self.id_type}?count=20"
+                f"{base}/v1/keys/{self.name}?count=20"
                 if batch
-                else f"{base}/v1/idgenerator/{self.id_type}/id"
+                else f"{base}/v1/idgenerator/{self.name}/id"
             )
             got = await self._request(session, url, batch)
             self.events.append((time.monotonic(), bool(got)))

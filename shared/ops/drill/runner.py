@@ -22,41 +22,46 @@ import asyncpg
 import redis
 
 from shared.domain.settings import Settings
-from shared.ops.databases import drop_database, scratch_database
+from shared.ops.databases import scratch_database
 from shared.ops.drill.fleet import Fleet
-from shared.ops.drill.load import Load
+from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.postgres import PostgresPair
 from shared.ops.drill.topology import MASTER, Topology
-from shared.ops.embedded import EmbeddedPostgres, free_port
-from shared.ops.processes import serving
+from shared.ops.embedded import free_port
+from shared.ops.processes import run_cli, scrubbed_env, serving
+from shared.stores import redis_keys, sql
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
-DRILL_TYPES: dict[str, Any] = {
-    "farmer": {
-        "kind": "numeric",
-        "length": 10,
-        "range_size": 262_144,
-        "hot": {"low": 3_000, "high": 8_000},
-        "cold": {"low": 30_000, "high": 60_000},
-        "sync_batch": 1_000,
-        "ledger": True,
-    },
+# The one ID type the drill takes keys of; it keeps a ledger, checked after the drill.
+DRILL_TYPE = "drill"
+DRILL_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "range_size": 262_144,
+    "hot": {"low": 3_000, "high": 8_000},
+    "cold": {"low": 30_000, "high": 60_000},
+    "sync_batch": 1_000,
+    "ledger": True,
 }
 LEDGER_SETTLE_S = 30.0  # how long the drill waits for keysync to drain the ledger
+LAG_WINDOW_S = 2.0  # postgres_failover: how long the replica misses commits before it
 
 
 @dataclass
 class Drill:
     topology: Topology
     fleet: Fleet
-    load: Load
-    postgres: EmbeddedPostgres | None
+    load: RecordingLoad
+    postgres: PostgresPair
+    database: str
     snapshot: Path
     results: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)  # the current fault's own figures
 
     def discarded(self) -> int:
         try:
-            counts = self.topology.primary().client().hgetall("kd:discarded")
+            counts = self.topology.primary().client().hgetall(redis_keys.discarded_key())
         except (redis.RedisError, RuntimeError):
             return 0
         return sum(int(v) for v in counts.values())
@@ -139,26 +144,49 @@ class Drill:
         return kill_and_restart
 
     async def restart_postgres(self) -> int | None:
-        assert self.postgres is not None
-        await asyncio.to_thread(self.postgres.stop, "immediate")
+        primary = self.postgres.pair()[0]
+        await asyncio.to_thread(primary.stop, "immediate")
         await asyncio.sleep(1.0)
-        await asyncio.to_thread(self.postgres.start)
+        await asyncio.to_thread(primary.start)
         return None
 
+    async def postgres_failover(self) -> int | None:
+        """The replica falls behind under load, the primary dies, the replica is promoted:
+        the new primary lacks leases and batches whose keys were already dispensed."""
+        fenced_before = await self.postgres_discarded()
+        dispensed = self.load.dispensed
+        await self.postgres.pause_replication()
+        await asyncio.sleep(LAG_WINDOW_S)
+        self.notes["keys_in_lag_window"] = self.load.dispensed - dispensed
+        await self.postgres.fail_over()
+        await self.postgres.wait_for_replica()
+        self.notes["postgres_fenced_before"] = fenced_before
+        return None
+
+    async def postgres_discarded(self) -> int:
+        """Cold keys PostgreSQL fences discarded so far (0 while unreachable)."""
+        dsn = self.postgres.dsn(self.database)
+        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn = await asyncpg.connect(dsn, timeout=5)
+            try:
+                return int(await conn.fetchval(sql.SUM_FENCE_DISCARDED))
+            finally:
+                await conn.close()
+        return 0
+
     def faults(self) -> dict[str, Callable[[], Awaitable[int | None]]]:
-        faults = {
+        return {
             "primary_sigkill": self.primary_sigkill,
             "sentinel_failover": self.sentinel_failover,
             "kill_keysync": self._process("keysync"),
             "failback": self.failback,
+            "postgres_failover": self.postgres_failover,
             "cut_links_then_sigkill": self.cut_links_then_sigkill,
             "kill_keygen": self._process("keygen"),
             "restart_from_old_snapshot": self.restart_from_old_snapshot,
             "kill_dispenser": self._process("dispenser-0"),
+            "restart_postgres": self.restart_postgres,
         }
-        if self.postgres is not None:
-            faults["restart_postgres"] = self.restart_postgres
-        return faults
 
     async def round(self, number: int, name: str) -> None:
         await asyncio.sleep(SETTLE_S)
@@ -173,19 +201,25 @@ class Drill:
             log.error("drill_fault_failed", extra={"fault": name, "error": error})
             await self.settle_redis()
         await asyncio.sleep(1.0)  # let the first refill after the fault land
-        after = self.discarded()
-        self.results.append(
-            {
-                "round": number,
-                "fault": name,
-                "fault_at": time.strftime("%H:%M:%S", time.gmtime(wall))
-                + f".{int(wall % 1 * 1000):03d}",
-                "keys_discarded": max(after - (before if baseline is None else baseline), 0),
-                "error": error,
-                "requests": self.load.requests - requests,
-                "_at": at,
-            }
-        )
+        redis_discarded = max(self.discarded() - (before if baseline is None else baseline), 0)
+        row = {
+            "round": number,
+            "fault": name,
+            "fault_at": time.strftime("%H:%M:%S", time.gmtime(wall))
+            + f".{int(wall % 1 * 1000):03d}",
+            "keys_discarded": redis_discarded,
+            "error": error,
+            "requests": self.load.requests - requests,
+            "_at": at,
+        }
+        if "postgres_fenced_before" in self.notes:
+            fenced = await self.postgres_discarded() - self.notes.pop("postgres_fenced_before")
+            row["postgres_keys_discarded"] = fenced
+            row["keys_discarded"] = redis_discarded + fenced
+        row.update(self.notes)
+        row["process_exits"] = self.fleet.restart_exited()
+        self.notes.clear()
+        self.results.append(row)
         log.info("drill_round", extra={k: v for k, v in self.results[-1].items() if k[0] != "_"})
 
     def measure_disruptions(self) -> None:
@@ -198,34 +232,35 @@ class Drill:
 
 
 async def run(
-    settings: Settings, rounds: int, only: list[str] | None, work_dir: Path | None
+    settings: Settings,
+    rounds: int,
+    only: list[str] | None,
+    work_dir: Path | None,
+    postgres_fence: bool = True,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kd-drill-") as tmp:
         base = work_dir or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
-        return await _drill(settings, rounds, only, base)
+        return await _drill(settings, rounds, only, base, postgres_fence)
 
 
 async def _drill(
-    settings: Settings, rounds: int, only: list[str] | None, base: Path
+    settings: Settings, rounds: int, only: list[str] | None, base: Path, postgres_fence: bool
 ) -> dict[str, Any]:
+    """The drill runs its own servers (it kills and promotes them): Redis with replicas
+    and Sentinels, PostgreSQL with a streaming replica."""
     topology = Topology(base / "redis")
-    postgres: EmbeddedPostgres | None = None
+    postgres = PostgresPair(base)
     fleet: Fleet | None = None
-    load: Load | None = None
-    admin_dsn: str | None = None
-    database: str | None = None
+    load: RecordingLoad | None = None
     try:
         topology.start()
-        admin_dsn = os.environ.get("KD_POSTGRES_DSN")
-        if not admin_dsn:
-            postgres = EmbeddedPostgres(base / "postgres")
-            postgres.start()
-            admin_dsn = postgres.dsn("postgres")
+        await asyncio.to_thread(postgres.start)
         database = f"kd_drill_{os.getpid()}"
-        dsn = await scratch_database(admin_dsn, database)
-        fleet = _fleet(settings, base, dsn, topology)
+        await scratch_database(postgres.pair()[0].dsn("postgres"), database)
+        dsn = postgres.dsn(database)
+        fleet = _fleet(settings, base, dsn, topology, postgres_fence)
         migrated = await asyncio.to_thread(_migrate, fleet)
         if migrated:
             raise RuntimeError(f"migrate failed: {migrated}")
@@ -238,12 +273,12 @@ async def _drill(
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
-        load = Load(urls)
-        drill = Drill(topology, fleet, load, postgres, base / "snapshot.rdb")
+        load = RecordingLoad(urls, DRILL_TYPE)
+        drill = Drill(topology, fleet, load, postgres, database, base / "snapshot.rdb")
         kinds = only or list(drill.faults())
         unknown = set(kinds) - set(drill.faults())
         if unknown:
-            raise RuntimeError(f"unknown or unavailable faults: {sorted(unknown)}")
+            raise RuntimeError(f"unknown faults: {sorted(unknown)}")
         runner = asyncio.ensure_future(load.run(time.monotonic() + rounds * 40 + 60))
         for number in range(rounds):
             await drill.round(number + 1, kinds[number % len(kinds)])
@@ -251,38 +286,36 @@ async def _drill(
         load.stop()
         await runner
         drill.measure_disruptions()
-        ledger = await ledger_check(dsn, set(load.keys), base / "logs")
-        return _report(drill, kinds) | {"ledger": ledger}
+        ledger = await ledger_check(dsn, DRILL_TYPE, set(load.keys), base / "logs")
+        report = _report(drill, kinds) | {"ledger": ledger, "postgres_fence": postgres_fence}
+        return report | {"process_exits": fleet.exits}
     finally:
         if load is not None:
             load.stop()
         if fleet is not None:
             fleet.stop()
         topology.stop()
-        if admin_dsn and database:
-            with contextlib.suppress(OSError, asyncpg.PostgresError):
-                await drop_database(admin_dsn, database)
-        if postgres is not None:
-            postgres.stop()
+        postgres.stop()
 
 
-async def ledger_check(dsn: str, received: set[str], logs: Path) -> dict[str, int]:
-    """Compare the ledger keysync wrote with the keys clients received.
+async def ledger_check(dsn: str, name: str, received: set[str], logs: Path) -> dict[str, int]:
+    """Compare the ledger keysync wrote for type ``name`` with the keys clients received.
 
     ``missing``: received but not recorded (entries lost with a primary that died before
     replicating them). ``unreceived``: recorded but never received (the answer was lost:
     a killed dispenser, a timed-out request). ``duplicate_alarms`` must be 0.
     """
+    ledger = sql.ledger_table(name)
     conn = await asyncpg.connect(dsn)
     try:
         rows, stable_since = -1, time.monotonic()
         deadline = time.monotonic() + LEDGER_SETTLE_S
         while time.monotonic() < deadline and time.monotonic() - stable_since < 3:
-            now = int(await conn.fetchval('SELECT count(*) FROM "kd_ledger_farmer"'))
+            now = int(await conn.fetchval(f"SELECT count(*) FROM {ledger}"))
             if now != rows:
                 rows, stable_since = now, time.monotonic()
             await asyncio.sleep(0.5)
-        recorded = {r["key"] for r in await conn.fetch('SELECT key FROM "kd_ledger_farmer"')}
+        recorded = {r["key"] for r in await conn.fetch(f"SELECT key FROM {ledger}")}
     finally:
         await conn.close()
     alarms = await asyncio.to_thread(_duplicate_alarms, logs)
@@ -302,36 +335,28 @@ def _duplicate_alarms(logs: Path) -> int:
     )
 
 
-def _fleet(settings: Settings, base: Path, dsn: str, topology: Topology) -> Fleet:
+def _fleet(
+    settings: Settings, base: Path, dsn: str, topology: Topology, postgres_fence: bool
+) -> Fleet:
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
-    config.write_text(json.dumps({"id_types": DRILL_TYPES, "keysync": keysync}))
+    config.write_text(json.dumps({"id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG}, "keysync": keysync}))
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KD_")}
-    env.update(
+    env = scrubbed_env(
         KD_CONFIG=str(config),
         KD_POSTGRES_DSN=dsn,
         KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
         KD_REDIS_SENTINEL=json.dumps(
             {"sentinels": topology.sentinel_addresses(), "master_name": MASTER}
         ),
+        KD_POSTGRES_FENCE=str(postgres_fence).lower(),
     )
     (base / "logs").mkdir(exist_ok=True)
     return Fleet(base / "logs", env)
 
 
 def _migrate(fleet: Fleet) -> str:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", "migrate"],
-        env=fleet.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("migrate", env=fleet.env, timeout_s=120)
     return "" if done.returncode == 0 else done.stderr
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -13,14 +12,14 @@ from typing import Any
 
 import redis
 
-from shared.ops.embedded import free_port, valkey_server_binary
-from shared.ops.processes import stop_processes
+from shared.ops.embedded import free_port, redis_server_command, valkey_server_binary
+from shared.ops.processes import kill_process, spawn, stop_processes
 
 MASTER = "kd"
 
 
 @dataclass
-class Server:
+class RedisServer:
     port: int
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
@@ -46,18 +45,18 @@ class Server:
 class Topology:
     base: Path
     down_after_ms: int = 1000
-    servers: list[Server] = field(default_factory=list)
-    sentinels: list[Server] = field(default_factory=list)
+    servers: list[RedisServer] = field(default_factory=list)
+    sentinels: list[RedisServer] = field(default_factory=list)
 
     def start(self, replicas: int = 2, sentinels: int = 3) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         ports = [free_port() for _ in range(1 + replicas)]
         for i, port in enumerate(ports):
-            server = Server(port, self.base / f"redis-{port}")
+            server = RedisServer(port, self.base / f"redis-{port}")
             self.servers.append(server)
             self._launch(server, replica_of=None if i == 0 else ports[0])
         for _ in range(sentinels):
-            sentinel = Server(free_port(), self.base / "sentinels")
+            sentinel = RedisServer(free_port(), self.base / "sentinels")
             self.sentinels.append(sentinel)
             self._launch_sentinel(sentinel, ports[0])
         self.wait_for_primary(timeout_s=20)
@@ -65,33 +64,18 @@ class Topology:
     def sentinel_addresses(self) -> list[str]:
         return [f"127.0.0.1:{s.port}" for s in self.sentinels]
 
-    def _launch(self, server: Server, replica_of: int | None) -> None:
+    def _launch(self, server: RedisServer, replica_of: int | None) -> None:
         server.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            valkey_server_binary(),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(server.port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(server.data_dir),
-            "--dbfilename",
-            server.dump.name,
-            "--logfile",
-            str(server.data_dir / "server.log"),
-        ]
+        # SAVE writes to ``dump``, which the old-snapshot fault copies and restores.
+        options = ["--dbfilename", server.dump.name]
         if replica_of is not None:
-            args += ["--replicaof", "127.0.0.1", str(replica_of)]
-        server.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            options += ["--replicaof", "127.0.0.1", str(replica_of)]
+        server.process = spawn(
+            redis_server_command(server.port, server.data_dir, *options), output="discard"
         )
         self._wait_port(server)
 
-    def _launch_sentinel(self, sentinel: Server, primary_port: int) -> None:
+    def _launch_sentinel(self, sentinel: RedisServer, primary_port: int) -> None:
         sentinel.data_dir.mkdir(parents=True, exist_ok=True)
         conf = sentinel.data_dir / f"sentinel-{sentinel.port}.conf"
         conf.write_text(
@@ -102,16 +86,13 @@ class Topology:
             f"sentinel failover-timeout {MASTER} 4000\n"
             f"sentinel parallel-syncs {MASTER} 2\n"
         )
-        sentinel.process = subprocess.Popen(
-            [valkey_server_binary(), str(conf), "--sentinel"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        sentinel.process = spawn(
+            [valkey_server_binary(), str(conf), "--sentinel"], output="discard"
         )
         self._wait_port(sentinel)
 
     @staticmethod
-    def _wait_port(server: Server, timeout_s: float = 10) -> None:
+    def _wait_port(server: RedisServer, timeout_s: float = 10) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.RedisError):
@@ -134,16 +115,16 @@ class Topology:
         best = max(votes.items(), key=lambda kv: kv[1], default=None)
         return best[0] if best and best[1] >= 2 else None
 
-    def server(self, port: int) -> Server:
+    def server(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)
 
-    def primary(self) -> Server:
+    def primary(self) -> RedisServer:
         port = self.primary_port()
         if port is None:
             raise RuntimeError("sentinels agree on no primary")
         return self.server(port)
 
-    def role(self, server: Server) -> str:
+    def role(self, server: RedisServer) -> str:
         try:
             return str(server.command("ROLE")[0])
         except redis.RedisError:
@@ -177,19 +158,17 @@ class Topology:
 
     # --- faults ---------------------------------------------------------------
 
-    def kill(self, server: Server) -> None:
-        if server.process is not None and server.alive():
-            server.process.send_signal(signal.SIGKILL)
-            server.process.wait(10)
+    def kill(self, server: RedisServer) -> None:
+        kill_process(server.process)
 
-    def restart(self, server: Server, snapshot: Path | None = None) -> None:
+    def restart(self, server: RedisServer, snapshot: Path | None = None) -> None:
         """Start a killed server again (from ``snapshot`` if given); Sentinel re-adopts it."""
         self.kill(server)
         if snapshot is not None:
             shutil.copy(snapshot, server.dump)
         self._launch(server, replica_of=None)
 
-    def snapshot(self, server: Server, keep: Path) -> None:
+    def snapshot(self, server: RedisServer, keep: Path) -> None:
         server.client().save()
         shutil.copy(server.dump, keep)
 

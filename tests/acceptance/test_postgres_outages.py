@@ -1,0 +1,170 @@
+"""PostgreSQL dying in the middle of any operation is an outage, never a crash.
+
+A server of the test's own is SIGKILLed during a COPY, during a transaction and under
+a LISTEN, and while a multi-host DSN names it first; every failure surfaces as
+StoreUnavailable (which the processes ride out with back-off) and work resumes on the
+same store objects once a primary answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import asyncpg
+import pytest
+
+from keygen.generation import Generator
+from keygen.main import Keygen, listen_for_wakes
+from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import build_id_types
+from shared.domain.settings import Settings
+from shared.ops.databases import run_migrate
+from shared.ops.embedded import EmbeddedPostgres
+from shared.stores import sql
+from shared.stores.cold_store import ColdStore, LeasedRange, translated
+from tests.conftest import Servers, make_settings
+
+pytestmark = pytest.mark.acceptance
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    with tempfile.TemporaryDirectory(prefix="kd-outage-") as tmp:
+        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
+        server = EmbeddedPostgres(Path(tmp) / "postgres")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop("immediate")
+
+
+@pytest.fixture
+async def own_settings(
+    postgres: EmbeddedPostgres, servers: Servers, redis_client: object
+) -> AsyncIterator[Settings]:
+    if not postgres_is_up(postgres):
+        await asyncio.to_thread(postgres.start)
+    settings = make_settings(Servers(postgres.dsn("postgres"), servers.redis_url), "kd_outage")
+    await run_migrate(settings)
+    yield settings
+
+
+def postgres_is_up(postgres: EmbeddedPostgres) -> bool:
+    return (postgres.pgdata / "postmaster.pid").exists()
+
+
+async def crash_and_restart(postgres: EmbeddedPostgres, after_s: float) -> None:
+    await asyncio.sleep(after_s)
+    await asyncio.to_thread(postgres.kill)
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(postgres.start)
+
+
+async def test_a_crash_during_copy_is_an_outage_then_work_resumes(
+    postgres: EmbeddedPostgres, own_settings: Settings
+) -> None:
+    farmer = build_id_types(own_settings)["farmer"]
+    keys = [f"{i:010d}" for i in range(1_000_000)]  # a COPY that takes seconds
+    # A client can wait forever to write into a dead server: the deadline ends it.
+    cold = await ColdStore.connect(own_settings.postgres_dsn, command_timeout_s=5)
+    try:
+        before = await cold.depth("farmer", 10**7)
+        crash = asyncio.ensure_future(crash_and_restart(postgres, 0.3))
+        copy = cold.insert_keys(farmer, LeasedRange(0, 1), keys, len(keys), final=False)
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(copy, 60)  # a hang fails the test instead of stalling it
+        await crash
+        fresh = [f"x{i:09d}" for i in range(10)]
+        await retry(lambda: cold.insert_keys(farmer, LeasedRange(0, 1), fresh, 10, final=False))
+        # The interrupted COPY left nothing behind; the store works on.
+        assert await cold.depth("farmer", 10**7) == before + 10
+    finally:
+        await cold.close()
+
+
+async def test_a_crash_inside_a_transaction_is_an_outage(
+    postgres: EmbeddedPostgres, own_settings: Settings
+) -> None:
+    cold = await ColdStore.connect(own_settings.postgres_dsn)
+    try:
+        crash = asyncio.ensure_future(crash_and_restart(postgres, 0.3))
+        with pytest.raises(StoreUnavailable):
+            async with cold.connection() as conn, translated("probe"), conn.transaction():
+                await conn.execute("SELECT pg_sleep(10)")
+        await crash
+        assert await retry(lambda: cold.depth("farmer", 10)) >= 0
+    finally:
+        await cold.close()
+
+
+async def test_listen_is_re_established_after_a_crash(
+    postgres: EmbeddedPostgres, own_settings: Settings
+) -> None:
+    cold = await ColdStore.connect(own_settings.postgres_dsn)
+    stop = asyncio.Event()
+    generator = Generator(1)
+    keygen = Keygen(own_settings, cold, None, stop, generator)
+    listening = asyncio.ensure_future(listen_for_wakes(own_settings.postgres_dsn, keygen, stop))
+    try:
+        await crash_and_restart(postgres, 0.5)
+        woken = await wait_for_wake(keygen, own_settings.postgres_dsn)
+        assert woken
+        assert not listening.done()  # the loop rode the crash out
+    finally:
+        stop.set()
+        await asyncio.wait_for(listening, 10)
+        generator.close()
+        await cold.close()
+
+
+async def test_a_multi_host_dsn_skips_a_dead_host(
+    postgres: EmbeddedPostgres, own_settings: Settings
+) -> None:
+    dead = "127.0.0.1:1"  # nothing listens on port 1
+    live = f"127.0.0.1:{postgres.port}"
+    dsn = f"postgresql://postgres@{dead},{live}/kd_outage?target_session_attrs=read-write"
+    cold = await ColdStore.connect(dsn)
+    try:
+        assert await cold.depth("farmer", 10) >= 0
+    finally:
+        await cold.close()
+
+
+async def retry(call: Callable[[], Awaitable[T]], deadline_s: float = 30) -> T:
+    """``call`` until the server answers again (StoreUnavailable until then)."""
+    end = asyncio.get_running_loop().time() + deadline_s
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable:
+            if asyncio.get_running_loop().time() > end:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def wait_for_wake(keygen: Keygen, dsn: str, deadline_s: float = 30) -> bool:
+    """NOTIFY until the re-established listener sets keygen's wake event."""
+    end = asyncio.get_running_loop().time() + deadline_s
+    while asyncio.get_running_loop().time() < end:
+        keygen._wake.clear()
+        try:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, "farmer")
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError):
+            pass
+        try:
+            await asyncio.wait_for(keygen._wake.wait(), 0.5)
+            return True
+        except TimeoutError:
+            continue
+    return False
