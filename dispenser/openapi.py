@@ -126,6 +126,7 @@ SCHEMAS: Json = {
             "idempotency_key": {"type": "string", "nullable": True},
             "used": {"type": "boolean"},
             "used_at": {"type": "string", "format": "date-time", "nullable": True},
+            "used_by": {"type": "string", "nullable": True},
         },
     },
 }

@@ -78,3 +78,16 @@ class LedgerDisabled(KeydispenserError):
     def __init__(self, id_type: str) -> None:
         super().__init__(f"id_type '{id_type}' keeps no ledger (set id_types.{id_type}.ledger)")
         self.id_type = id_type
+
+
+class LedgerBacklogFull(KeydispenserError):
+    """The ledger stream holds more entries than ``dispenser.ledger_max_backlog``: keys
+    of ledger types are not handed out until keysync drains it (503, Retry-After)."""
+
+    def __init__(self, id_type: str, retry_after_s: int) -> None:
+        super().__init__(
+            f"the ledger of '{id_type}' is behind; no keys of it are handed out until it "
+            "catches up; retry later"
+        )
+        self.id_type = id_type
+        self.retry_after_s = retry_after_s

@@ -196,6 +196,8 @@ class EmbeddedRedis:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    # Never evict: keydispenser refuses to run on a server that might (hot_store.py).
+    memory_policy: str = "noeviction"
 
     @property
     def url(self) -> str:
@@ -215,6 +217,8 @@ class EmbeddedRedis:
                 "",
                 "--appendonly",
                 "no",
+                "--maxmemory-policy",
+                self.memory_policy,
                 "--dir",
                 str(self.data_dir),
                 "--logfile",

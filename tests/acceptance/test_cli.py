@@ -178,3 +178,55 @@ def test_bench_dispense_measures_all_four_and_writes_json(
         assert not run["pool_ran_dry"]
     if load == "bundled":
         assert report["load_generator"] == "bundled-asyncio-client"
+
+
+@pytest.mark.parametrize(
+    ("command", "dsn", "expected"),
+    [
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:99999/x", "port must be 0-65535"),
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:1/x", "127.0.0.1"),
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:port/x", "127.0.0.1:port/x"),
+        (("bench", "keygen"), "postgresql://kd:pw-secret@127.0.0.1:1/x", "127.0.0.1"),
+        (("bench", "dispense"), "postgresql://kd:pw-secret@127.0.0.1:99999/x", "99999"),
+    ],
+)
+def test_operator_commands_fail_in_one_line(
+    settings: Settings, tmp_path: Path, command: tuple[str, ...], dsn: str, expected: str
+) -> None:
+    """What failed, where, and the exit code; never a traceback, never the password."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=dsn)
+    result = run_cli(*command, "--seconds", "1", env=env) if command[0] == "bench" else None
+    result = result or run_cli(*command, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"keydispenser {command[0]}"), lines
+    assert expected in lines[0] and "(exit 1)" in lines[0]
+    assert "pw-secret" not in result.stderr + result.stdout
+
+
+def test_status_on_a_server_without_the_database_is_one_line(
+    settings: Settings, tmp_path: Path
+) -> None:
+    missing = settings.postgres_dsn.rsplit("/", 1)[0] + "/kd_no_such_database"
+    env = process_env(
+        settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=missing
+    )
+    result = run_cli("status", env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "keydispenser status: postgres "
+        + missing.split("@")[-1]
+        + ': InvalidCatalogNameError: database "kd_no_such_database" does not exist (exit 1)'
+    ]
+
+
+def test_bench_keygen_makes_its_scratch_database_through_the_maintenance_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The configured database need not exist: benches work beside, not in, it."""
+    missing = settings.postgres_dsn.rsplit("/", 1)[0] + "/kd_no_such_database"
+    env = process_env(
+        settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=missing
+    )
+    result = run_cli("bench", "keygen", "--seconds", "0.2", env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
