@@ -290,7 +290,8 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     code = {404: envelope.ROUTE_NOT_FOUND, 405: envelope.METHOD_NOT_ALLOWED}.get(
         exc.status_code, f"IDG-{exc.status_code}"
     )
-    return envelope.error(exc.status_code, code, str(exc.detail), exc.headers)
+    request_id = envelope.request_id(request.scope["headers"])
+    return envelope.error(exc.status_code, code, str(exc.detail), exc.headers, request_id)
 
 
 class Guard:

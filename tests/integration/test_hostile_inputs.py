@@ -284,3 +284,22 @@ async def test_the_fast_path_never_answers_500(
     assert isinstance(status, int) and (status < 500 or status == 503), (path, headers, sent)
     if status == 200 and method == "POST":
         assert path.split("/")[3] in ("farmer", "shortlink")
+
+
+async def test_an_unexpected_error_is_one_500_and_one_traceback(
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom at 10.1.2.3:6379")
+
+    monkeypatch.setattr("dispenser.service.Dispenser.take", broken)
+    reply = await http.post("/v1/keys/farmer", params={"count": "2"})
+    assert reply.status_code == 500
+    assert reply.json()["errors"][0]["errorCode"] == "IDG-500"
+    assert "10.1.2.3" not in reply.text and reply.headers["X-Request-Id"] in reply.text
+    await asyncio.sleep(0.1)
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [r.message for r in tracebacks] == ["request_crashed"]
+    assert tracebacks[0].__dict__["request_id"] == reply.headers["X-Request-Id"]
