@@ -230,3 +230,57 @@ def test_bench_keygen_makes_its_scratch_database_through_the_maintenance_one(
     )
     result = run_cli("bench", "keygen", "--seconds", "0.2", env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_up_announces_itself_only_when_every_type_serves(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The first curl after "is up" gets a key of every type, never 503 IDG-001."""
+    import select
+    import subprocess
+    import sys
+    import urllib.request
+
+    from shared.ops.embedded import free_port
+
+    port = free_port()
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shared.ops.cli",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--postgres-dsn",
+            settings.postgres_dsn,
+            "--redis-url",
+            settings.redis_url,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        deadline = time.monotonic() + 240
+        line = ""
+        while "is up" not in line:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and up.poll() is None, "up never announced"
+            readable, _, _ = select.select([up.stdout], [], [], min(remaining, 1.0))
+            if readable:
+                line = up.stdout.readline()
+        for name in settings.id_types:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/idgenerator/{name}/id", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                assert reply.status == 200, name
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)

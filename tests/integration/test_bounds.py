@@ -140,3 +140,20 @@ async def test_an_open_api_beyond_loopback_is_announced(
     async with dispenser_over_http(local) as client:
         assert "kd_api_open 0.0" in (await client.get("/metrics")).text
     assert not [r for r in caplog.records if r.message == "api_open"]
+
+
+async def test_up_waits_for_every_type_through_readyz(
+    servers: Servers, database: str, redis_client: aioredis.Redis, hot: HotStore
+) -> None:
+    """What `keydispenser up` waits on before it announces itself."""
+    from shared.ops.processes import types_not_serving
+
+    settings = make_settings(servers, database)
+    async with dispenser_over_http(settings) as client:
+        url = str(client.base_url.join("/readyz"))
+        assert await asyncio.to_thread(types_not_serving, url, 0) == ["farmer", "shortlink"]
+        await hot.push("farmer", ["3029384756"], uuid.uuid4().hex)
+        assert await asyncio.to_thread(types_not_serving, url, 0) == ["shortlink"]
+        await hot.push("shortlink", ["aZ09xYq"], uuid.uuid4().hex)
+        assert await asyncio.to_thread(types_not_serving, url, 5) == []
+    assert await asyncio.to_thread(types_not_serving, url, 0.3) == ["dispenser"]
