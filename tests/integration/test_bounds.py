@@ -52,21 +52,22 @@ def evicting_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
         server.stop()
 
 
+@pytest.mark.parametrize("command", ["dispenser", "keysync"])
 async def test_a_redis_that_may_evict_is_refused_naming_the_setting(
-    evicting_redis: EmbeddedRedis, servers: Servers, database: str, tmp_path: Path
+    evicting_redis: EmbeddedRedis, servers: Servers, database: str, command: str
 ) -> None:
     env = {
         **os.environ,
         "KD_CONFIG": str(EMPTY_CONFIG),
         "KD_REDIS_URL": evicting_redis.url,
         "KD_POSTGRES_DSN": servers.dsn_for(database),
-        "KD_ID_TYPES": '{"farmer": {"kind": "numeric", "length": 10}}',
+        "KD_ID_TYPES": '{"farmer": {"kind": "numeric", "length": 10, "range_size": 20000}}',
     }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "shared.ops.cli",
-        "dispenser",
+        command,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

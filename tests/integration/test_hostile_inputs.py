@@ -303,3 +303,28 @@ async def test_an_unexpected_error_is_one_500_and_one_traceback(
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert [r.message for r in tracebacks] == ["request_crashed"]
     assert tracebacks[0].__dict__["request_id"] == reply.headers["X-Request-Id"]
+
+
+async def test_concurrency_and_idle_connections_are_bounded(
+    servers: Servers, database: str, redis_client: aioredis.Redis
+) -> None:
+    """dispenser.limit_concurrency and timeout_keep_alive_s reach uvicorn."""
+    settings = make_settings(
+        servers, database, dispenser={"limit_concurrency": 2, "timeout_keep_alive_s": 1}
+    )
+    async with dispenser_over_http(settings) as client:
+        url = urlsplit(str(client.base_url))
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            first = await asyncio.wait_for(reader.read(65_536), 5)
+            assert first.startswith(b"HTTP/1.1 200")
+            # uvicorn counts the connection asking too: with one kept alive, a second
+            # reaches the limit of 2.
+            over = await raw_exchange(client, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert over.startswith(b"HTTP/1.1 503"), over[:60]
+            # Idle past timeout_keep_alive_s: the server closes the kept-alive connection.
+            assert await asyncio.wait_for(reader.read(65_536), 5) == b""
+        finally:
+            writer.close()
