@@ -328,3 +328,19 @@ async def test_concurrency_and_idle_connections_are_bounded(
             assert await asyncio.wait_for(reader.read(65_536), 5) == b""
         finally:
             writer.close()
+
+
+async def test_keys_popped_for_a_client_that_hung_up_are_counted(
+    http: httpx.AsyncClient, hot: HotStore
+) -> None:
+    url = urlsplit(str(http.base_url))
+    _, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(b"POST /v1/keys/farmer?count=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    writer.close()  # gone before the answer
+    expected = 'kd_keys_taken_not_handed_out_total{id_type="farmer"} 3.0'
+    deadline = asyncio.get_running_loop().time() + 5
+    while expected not in (await http.get("/metrics")).text:
+        assert asyncio.get_running_loop().time() < deadline, "lost keys not counted"
+        await asyncio.sleep(0.05)
+    assert await hot.depth("farmer") == 97  # taken, counted, never reissued
