@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -20,19 +22,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispenser import envelope
+from dispenser.envelope import BodyTooLarge, ClientGone
 from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
-from shared.domain.errors import InvalidInput, KeydispenserError
+from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
+from shared.stores.ledger import not_issued
+
+log = logging.getLogger(__name__)
 
 
 def _dispenser(request: Request) -> Dispenser:
@@ -55,9 +62,15 @@ async def allocate_one(request: Request) -> Response:
 async def allocate_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
-    client = dispenser.gate.admit(request.headers, name)
-    count = _count(request.query_params.get("count", "1"), dispenser.settings.dispenser.max_batch)
-    popped = await dispenser.take(name, count, client, _idempotency_key(request))
+    raw = request.query_params.get("count", "1")
+    maximum = dispenser.settings.dispenser.max_batch
+    # Rate limits are charged per key asked for; a malformed count is refused after auth.
+    client = dispenser.gate.admit(request.headers, name, cost=_parsed_count(raw, maximum) or 1)
+    count = _count(raw, maximum)
+    idempotency_key = _idempotency_key(request)
+    popped = await dispenser.take(name, count, client, idempotency_key)
+    if idempotency_key is None and await request.is_disconnected():
+        dispenser.lost(name, len(popped.keys))  # a retry with a key would get them back
     return _replay_marked(
         Response(envelope.keys_body(popped.keys), media_type="application/json"), popped
     )
@@ -79,10 +92,19 @@ def _replay_marked(response: Response, popped: Popped) -> Response:
     return response
 
 
+def _parsed_count(raw: str, maximum: int) -> int | None:
+    """``raw`` as a count when it is 1..maximum in ASCII digits (no sign, no space)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(maximum)):
+        return None
+    value = int(raw)
+    return value if 1 <= value <= maximum else None
+
+
 def _count(raw: str, maximum: int) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
-        raise InvalidInput(f"count must be an integer from 1 to {maximum}")
-    return int(raw)
+    count = _parsed_count(raw, maximum)
+    if count is None:
+        raise InvalidInput(f"count must be an integer from 1 to {maximum} in ASCII digits")
+    return count
 
 
 async def validate(request: Request) -> Response:
@@ -107,7 +129,10 @@ async def mark_used(request: Request) -> Response:
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
-    await dispenser.ledger_stream.record_used(name, [value], client)
+    await dispenser.ledger_open(id_type)
+    await dispenser.ledger_stream.record_used(
+        name, [value], client, dispenser.gate.ledger_admin(client)
+    )
     return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
 
 
@@ -116,17 +141,43 @@ async def mark_used_batch(request: Request) -> Response:
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
-    keys = _keys_body(await request.body(), dispenser.settings.dispenser.max_batch)
+    raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
+    keys = _keys_body(raw, dispenser.settings.dispenser.max_batch)
     for key in keys:
         _well_formed(id_type, key)
-    await dispenser.ledger_stream.record_used(name, keys, client)
+    await dispenser.ledger_open(id_type)
+    await dispenser.ledger_stream.record_used(
+        name, keys, client, dispenser.gate.ledger_admin(client)
+    )
     return JSONResponse({"accepted": len(keys)}, status_code=202)
+
+
+async def bounded_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to exceed ``limit`` bytes:
+    from Content-Length before reading, else while it streams in."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()) or len(declared) > 18:
+            raise InvalidInput("Content-Length must be a number of bytes")
+        if int(declared) > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body over {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise ClientGone("client disconnected while sending its body") from exc
+    return b"".join(chunks)
 
 
 def _keys_body(raw: bytes, maximum: int) -> list[str]:
     try:
         body = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise InvalidInput('body must be JSON: {"keys": [...]}') from exc
     keys = body.get("keys") if isinstance(body, dict) else None
     if (
@@ -139,17 +190,25 @@ def _keys_body(raw: bytes, maximum: int) -> list[str]:
 
 
 async def lookup(request: Request) -> Response:
-    """What the ledger knows of one key: issued? when? to whom? used?"""
+    """What the ledger knows of one key: issued? when? to whom? used?
+
+    A client sees only the keys issued to it (unless it has ledger permission): another
+    client's key answers exactly as a key never issued, so the answer reveals nothing.
+    """
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
-    dispenser.gate.admit(request.headers, name)
+    client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
     id_type.core(key)  # refuses values that cannot be keys of any type
-    return JSONResponse(await dispenser.ledger.lookup(name, key))
+    entry = await dispenser.ledger.lookup(name, key)
+    if entry["issued"] and entry["client"] != client and not dispenser.gate.ledger_admin(client):
+        entry = not_issued(name, key)
+    return JSONResponse(entry)
 
 
 async def health(request: Request) -> Response:
+    """OpenG2P's health route (behind protect_observability; probes use /healthz, /readyz)."""
     _observability(request)
     await _dispenser(request).hot.ping()
     return envelope.ok({"status": "UP"})
@@ -189,23 +248,30 @@ async def metrics(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    _observability(request)
+    """Liveness. Never behind protect_observability: a probe has no API key."""
     return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
-    """Ready only when Redis answers and every type has hot inventory."""
-    _observability(request)
+    """Readiness of this process: started and the Redis primary reachable.
+
+    Never behind protect_observability (a probe has no API key). An empty or used-up
+    type does not make the process unready (its other types still serve): each type's
+    depth and state are in the body and in the metrics.
+    """
     dispenser = _dispenser(request)
-    depths: dict[str, Any] = {}
     try:
-        await dispenser.hot.ping()
-        for name in dispenser.id_types:
-            depths[name] = await dispenser.hot.depth(name)
+        types = await dispenser.type_states()
     except KeydispenserError as exc:
-        return JSONResponse({"ready": False, "error": str(exc)}, status_code=503)
-    ready = all(depth > 0 for depth in depths.values())
-    return JSONResponse({"ready": ready, "hot_depth": depths}, status_code=200 if ready else 503)
+        request_id = envelope.request_id(request.scope["headers"])
+        log.warning("not_ready", extra={"error": str(exc), "request_id": request_id})
+        why = "redis may evict keys" if isinstance(exc, ConfigError) else "redis unreachable"
+        return JSONResponse(
+            {"ready": False, "error": why, "request_id": request_id},
+            status_code=503,
+            headers={"X-Request-Id": request_id},
+        )
+    return JSONResponse({"ready": True, "types": types})
 
 
 async def openapi(request: Request) -> Response:
@@ -214,7 +280,9 @@ async def openapi(request: Request) -> Response:
 
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
-    return refusal(exc, request.url.path, _dispenser(request).metrics)
+    if isinstance(exc, ClientGone):
+        log.info("client_disconnected", extra={"path": request.url.path})
+    return refusal(exc, request.scope, _dispenser(request).metrics)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -222,27 +290,67 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     code = {404: envelope.ROUTE_NOT_FOUND, 405: envelope.METHOD_NOT_ALLOWED}.get(
         exc.status_code, f"IDG-{exc.status_code}"
     )
-    return envelope.error(exc.status_code, code, str(exc.detail), exc.headers)
+    request_id = envelope.request_id(request.scope["headers"])
+    return envelope.error(exc.status_code, code, str(exc.detail), exc.headers, request_id)
 
 
-async def on_unexpected(request: Request, exc: Exception) -> Response:
-    return crashed(request.url.path)
+class Guard:
+    """Pure ASGI, inside Starlette's error middleware: an unexpected exception is
+    answered 500 and logged once, with a request id (Starlette's own handler would log
+    it and then raise it again for the server to log a second time); a client that
+    disconnected mid-request costs one log line."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, receive, tracking)
+        except ClientDisconnect:
+            log.info("client_disconnected", extra={"path": scope.get("path")})
+        except Exception:
+            if scope["type"] != "http" or started:
+                log.exception("request_crashed_after_answer", extra={"path": scope.get("path")})
+                return
+            await crashed(scope)(scope, receive, send)
+
+
+class WholeRoute(Route):
+    """A Route whose path pattern must match the whole path.
+
+    Starlette anchors route patterns with ``$``, which also matches before a final
+    newline: ``/v1/idgenerator/farmer/id%0A`` would be served as the route.
+    """
+
+    def __init__(self, path: str, endpoint: Any, **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        pattern = self.path_regex.pattern
+        if not pattern.endswith("$"):
+            raise ValueError(f"unexpected route pattern {pattern!r}")
+        self.path_regex = re.compile(pattern[:-1] + r"\Z")
 
 
 ROUTES = [
-    Route("/v1/idgenerator/health", health, methods=["GET"]),
-    Route("/v1/idgenerator/version", version, methods=["GET"]),
-    Route("/v1/idgenerator/config", config, methods=["GET"]),
-    Route(ALLOCATE_ONE, allocate_one, methods=["POST"]),
-    Route("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
-    Route("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
-    Route("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
-    Route("/v1/keys/{id_type}/used", mark_used_batch, methods=["POST"]),
-    Route("/v1/keys/{id_type}/{key}", lookup, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-    Route("/openapi.json", openapi, methods=["GET"]),
+    WholeRoute("/v1/idgenerator/health", health, methods=["GET"]),
+    WholeRoute("/v1/idgenerator/version", version, methods=["GET"]),
+    WholeRoute("/v1/idgenerator/config", config, methods=["GET"]),
+    WholeRoute(ALLOCATE_ONE, allocate_one, methods=["POST"]),
+    WholeRoute("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
+    WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
+    WholeRoute("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
+    WholeRoute("/v1/keys/{id_type}/used", mark_used_batch, methods=["POST"]),
+    WholeRoute("/v1/keys/{id_type}/{key}", lookup, methods=["GET"]),
+    WholeRoute("/metrics", metrics, methods=["GET"]),
+    WholeRoute("/healthz", healthz, methods=["GET"]),
+    WholeRoute("/readyz", readyz, methods=["GET"]),
+    WholeRoute("/openapi.json", openapi, methods=["GET"]),
 ]
 
 
@@ -254,6 +362,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
         store = hot or HotStore.from_settings(settings)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
+        dispenser.announce_exposure()
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
         try:
             yield
@@ -264,11 +373,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        middleware=[Middleware(Timing, metrics=metrics)],
-        exception_handlers={
-            KeydispenserError: on_domain_error,
-            HTTPException: on_http_error,
-            Exception: on_unexpected,
-        },
+        middleware=[Middleware(Guard), Middleware(Timing, metrics=metrics)],
+        exception_handlers={KeydispenserError: on_domain_error, HTTPException: on_http_error},
     )
     return FastPath(app)

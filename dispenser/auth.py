@@ -2,8 +2,10 @@
 
 Keys are configured as SHA-256 digests only. A key arrives as ``Authorization:
 Bearer <key>`` or ``X-API-Key: <key>``. Rate limits are token buckets held in each
-dispenser process: with N replicas (or workers) a client's total is up to N times
-its ``rate_per_s``.
+dispenser process, charged one token per key asked for (a batch of 100 costs 100), so
+``rate_per_s`` bounds keys per second, not requests; a batch larger than the client's
+``burst`` is refused (422). With N replicas (or workers) a client's total is up to N
+times its ``rate_per_s``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 
 from shared.domain.apikeys import ANONYMOUS, digest
-from shared.domain.errors import KeydispenserError
+from shared.domain.errors import InvalidInput, KeydispenserError
 from shared.domain.settings import ApiKeyConfig, AuthConfig
 
 
@@ -42,15 +44,15 @@ class TokenBucket:
         self.tokens = float(burst)
         self.updated = time.monotonic()
 
-    def take(self) -> float:
-        """0 when a request may pass now, else seconds until it may."""
+    def take(self, cost: int = 1) -> float:
+        """0 when ``cost`` tokens were taken now, else seconds until they can be."""
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        if self.tokens >= 1 - 1e-9:  # float drift must not refuse a due token
-            self.tokens -= 1
+        if self.tokens >= cost - 1e-9:  # float drift must not refuse a due token
+            self.tokens -= cost
             return 0.0
-        return (1 - self.tokens) / self.rate
+        return (cost - self.tokens) / self.rate
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,14 @@ class Gate:
             c.sha256: Client(c, _bucket(c) if c.rate_per_s is not None else None)
             for c in config.api_keys
         }
+        self._by_name = {c.config.name: c for c in self._clients.values()}
 
-    def admit(self, headers: Headers, name: str | None = None) -> str:
-        """The calling client's name; raises Unauthenticated, Forbidden or RateLimited."""
+    def admit(self, headers: Headers, name: str | None = None, cost: int = 1) -> str:
+        """The calling client's name, ``cost`` keys charged to its rate limit.
+
+        Raises Unauthenticated, Forbidden, RateLimited, or InvalidInput when ``cost``
+        exceeds the client's burst (it could never pass).
+        """
         if not self.enabled:
             return ANONYMOUS
         client = self._clients.get(digest(_presented_key(headers)))
@@ -83,10 +90,20 @@ class Gate:
         if name is not None and not client.may_use(name):
             raise Forbidden(f"API client '{client.config.name}' may not use id_type '{name}'")
         if client.bucket is not None:
-            wait = client.bucket.take()
+            if cost > client.bucket.burst:
+                raise InvalidInput(
+                    f"count {cost} exceeds the burst of API client '{client.config.name}' "
+                    f"({int(client.bucket.burst)} keys)"
+                )
+            wait = client.bucket.take(cost)
             if wait:
                 raise RateLimited(client.config.name, max(1, math.ceil(wait)))
         return client.config.name
+
+    def ledger_admin(self, client: str) -> bool:
+        """Whether ``client`` may read and mark every ledger entry, not only its own."""
+        found = self._by_name.get(client)
+        return found is not None and found.config.ledger_admin
 
 
 def _bucket(config: ApiKeyConfig) -> TokenBucket:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from shared.stores.hot_store import Popped
 
 PopMany = Callable[[str, int, list[str]], Awaitable[Popped]]
+Lost = Callable[[str, int], None]  # (type name, keys popped for waiters gone meanwhile)
 
 
 Answer = tuple[str | None, Popped]
@@ -21,10 +22,12 @@ Waiter = tuple[str, "asyncio.Future[Answer]"]  # (client, where its answer goes)
 
 
 class Coalescer:
-    def __init__(self, pop_many: PopMany, max_batch: int) -> None:
+    def __init__(self, pop_many: PopMany, max_batch: int, lost: Lost | None = None) -> None:
         """``pop_many(name, count, clients)`` pops ``count`` keys; ``clients`` names
-        each key's API client, or holds one client name that stands for all."""
+        each key's API client, or holds one client name that stands for all. ``lost``
+        is told of keys popped for waiters that were gone by the time they came."""
         self._pop_many = pop_many
+        self._lost = lost
         self._max_batch = max_batch
         self._queues: dict[str, list[Waiter]] = {}
         self._draining: set[str] = set()
@@ -73,7 +76,12 @@ class Coalescer:
         self.pops += 1
         self.served += len(batch)
         keys = popped.keys
+        gone = 0
         for index, (_, future) in enumerate(batch):
             # A waiter whose client went away loses its key: it is never reissued.
             if not future.done():
                 future.set_result((keys[index] if index < len(keys) else None, popped))
+            elif index < len(keys):
+                gone += 1
+        if gone and self._lost is not None:
+            self._lost(name, gone)

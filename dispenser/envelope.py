@@ -1,10 +1,18 @@
-"""The OpenG2P response envelope and the one table mapping domain errors to HTTP."""
+"""The OpenG2P response envelope and the one table mapping domain errors to HTTP.
+
+Errors tell clients what, logs tell operators where: a 5xx answer's message is a fixed
+text per errorCode (never a host, port, DSN or driver message), and every error answer
+carries a request id (``X-Request-Id`` and the message) that the log line has too.
+"""
 
 from __future__ import annotations
 
+import itertools
+import re
+import secrets
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from starlette.responses import JSONResponse
 
@@ -13,6 +21,7 @@ from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
+    LedgerBacklogFull,
     LedgerDisabled,
     PoolEmpty,
     StoreUnavailable,
@@ -21,6 +30,15 @@ from shared.domain.errors import (
 
 SERVICE_ID = "openg2p.idgenerator"
 API_VERSION = "1.0"
+
+
+class BodyTooLarge(KeydispenserError):
+    """A request body over ``dispenser.max_body_bytes`` (413); refused before it is read."""
+
+
+class ClientGone(KeydispenserError):
+    """The client disconnected before its request was read whole; nothing is answered."""
+
 
 # Domain error -> (HTTP status, error code). Codes IDG-001..003 match OpenG2P.
 ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
@@ -33,10 +51,32 @@ ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
     Forbidden: (403, "IDG-009"),
     RateLimited: (429, "IDG-010"),
     LedgerDisabled: (409, "IDG-011"),
+    BodyTooLarge: (413, "IDG-012"),
+    ClientGone: (400, "IDG-013"),
+    LedgerBacklogFull: (503, "IDG-014"),
 }
 ROUTE_NOT_FOUND = "IDG-006"
 METHOD_NOT_ALLOWED = "IDG-007"
 INTERNAL_ERROR = "IDG-500"
+# What a client is told of a server-side failure; the detail goes to the log only.
+PUBLIC_MESSAGES: Final = {
+    "IDG-005": "a store is unavailable; retry later",
+    INTERNAL_ERROR: "internal error",
+}
+# An X-Request-Id a proxy sent is kept when it looks like one; else one is made here.
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_ID_PREFIX: Final = secrets.token_hex(4)  # per process: ids of replicas never collide
+_ID_COUNTER = itertools.count(1)
+
+
+def request_id(headers: list[tuple[bytes, bytes]]) -> str:
+    """The request's id: its ``X-Request-Id`` when well formed, else a new one."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            if _REQUEST_ID.fullmatch(text):
+                return text
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
 
 
 _second: list[Any] = [-1, ""]  # the formatted second last used: [unix second, text]
@@ -90,10 +130,19 @@ def ok(response: Any, status: int = 200) -> JSONResponse:
 
 
 def error(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    request: str | None = None,
 ) -> JSONResponse:
+    """An error envelope; with ``request`` (its id), in the message and X-Request-Id too."""
+    extra = dict(headers or {})
+    if request is not None:
+        message = f"{message} (request id {request})"
+        extra["X-Request-Id"] = request
     body = envelope(None, [{"errorCode": code, "message": message}])
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+    return JSONResponse(body, status_code=status, headers=extra)
 
 
 def classify(exc: KeydispenserError) -> tuple[int, str]:
@@ -104,13 +153,18 @@ def classify(exc: KeydispenserError) -> tuple[int, str]:
     )
 
 
-def from_domain(exc: KeydispenserError) -> JSONResponse:
+def public_message(exc: KeydispenserError, code: str) -> str:
+    """What the client is told: the error's own text, or a fixed one for server faults."""
+    return PUBLIC_MESSAGES.get(code, str(exc))
+
+
+def from_domain(exc: KeydispenserError, request: str | None = None) -> JSONResponse:
     status, code = classify(exc)
     headers = None
-    if isinstance(exc, PoolEmpty | RateLimited):
+    if isinstance(exc, PoolEmpty | RateLimited | LedgerBacklogFull):
         headers = {"Retry-After": str(exc.retry_after_s)}
     elif isinstance(exc, Unauthenticated):
         headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}
     elif isinstance(exc, StoreUnavailable):
         headers = {"Retry-After": "1"}
-    return error(status, code, str(exc), headers)
+    return error(status, code, public_message(exc, code), headers, request)

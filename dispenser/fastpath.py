@@ -62,19 +62,32 @@ async def one_id(dispenser: Dispenser, name: str, client: str) -> bytes:
     return envelope.ok_id(await dispenser.take_one(name, client))
 
 
-def refusal(exc: KeydispenserError, path: str, metrics: DispenserMetrics) -> JSONResponse:
-    """A domain error's envelope, counted by errorCode; store failures are logged."""
+def refusal(exc: KeydispenserError, scope: Scope, metrics: DispenserMetrics) -> JSONResponse:
+    """A domain error's envelope with a request id, counted by errorCode; server-side
+    failures are logged with their full detail and the same request id."""
     status, code = envelope.classify(exc)
+    request = envelope.request_id(scope["headers"])
     if status >= 500 and code != "IDG-001":
-        log.warning("request_failed", extra={"path": path, "error": str(exc)})
+        log.warning(
+            "request_failed",
+            extra={"path": scope["path"], "error": str(exc), "request_id": request},
+        )
     metrics.errors.labels(code).inc()
-    return envelope.from_domain(exc)
+    return envelope.from_domain(exc, request)
 
 
-def crashed(path: str) -> JSONResponse:
-    """The answer to an unexpected exception, logged with its traceback: call it in ``except``."""
-    log.exception("request_crashed", extra={"path": path})
-    return envelope.error(500, envelope.INTERNAL_ERROR, "internal error")
+def crashed(scope: Scope) -> JSONResponse:
+    """The answer to an unexpected exception, logged once with its traceback and the
+    request id the answer carries: call it in ``except``."""
+    request = envelope.request_id(scope["headers"])
+    log.exception("request_crashed", extra={"path": scope["path"], "request_id": request})
+    return envelope.error(
+        500,
+        envelope.INTERNAL_ERROR,
+        envelope.PUBLIC_MESSAGES[envelope.INTERNAL_ERROR],
+        None,
+        request,
+    )
 
 
 class FastPath:
@@ -94,7 +107,7 @@ class FastPath:
         """The service and the type name when this request is one to answer here."""
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        match = ALLOCATE_ONE_PATH.match(scope["path"])
+        match = ALLOCATE_ONE_PATH.fullmatch(scope["path"])
         dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
         if match is None or dispenser is None or match["name"] not in dispenser.id_types:
             return None  # the route gives the envelope for a malformed or unknown type
@@ -110,9 +123,9 @@ async def _allocate_one(
     try:
         body = await one_id(dispenser, name, _client(dispenser.gate, scope, name))
     except KeydispenserError as exc:
-        await refusal(exc, scope["path"], dispenser.metrics)(scope, receive, send)
+        await refusal(exc, scope, dispenser.metrics)(scope, receive, send)
     except Exception:
-        await crashed(scope["path"])(scope, receive, send)
+        await crashed(scope)(scope, receive, send)
     else:
         await _send_json(send, body)
     dispenser.metrics.observe_latency(ALLOCATE_ONE, started)

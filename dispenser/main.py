@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from dispenser.app import create_app
+from dispenser.server import uvicorn_options
 from shared import logs
+from shared.domain.errors import StoreUnavailable
 from shared.domain.settings import Settings, load_settings
+from shared.stores.hot_store import HotStore
 
 log = logging.getLogger(__name__)
 # Every worker builds its app from the same KD_CONFIG file and KD_ environment.
@@ -22,16 +26,22 @@ def app_from_environment() -> ASGIApp:
     return create_app(settings)
 
 
+async def refuse_evicting_redis(settings: Settings) -> None:
+    """ConfigError on a hot-tier Redis that may evict; a warning when it cannot be
+    reached yet (readiness checks again before the process counts as ready)."""
+    hot = HotStore.from_settings(settings)
+    try:
+        await hot.refuse_eviction()
+    except StoreUnavailable as exc:
+        log.warning("redis_unreachable_at_start", extra={"error": str(exc)})
+    finally:
+        await hot.close()
+
+
 def main(settings: Settings) -> None:
     workers = settings.dispenser.workers
-    options = {
-        "host": settings.dispenser.host,
-        "port": settings.dispenser.port,
-        "log_config": None,
-        "access_log": False,
-        "lifespan": "on",
-        "timeout_graceful_shutdown": 10,
-    }
+    options = uvicorn_options(settings.dispenser)
+    asyncio.run(refuse_evicting_redis(settings))
     log.info(
         "dispenser_starting",
         extra={
@@ -41,7 +51,7 @@ def main(settings: Settings) -> None:
         },
     )
     if workers == 1:
-        uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()  # type: ignore[arg-type]
+        uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()
     else:
         # Worker processes import the factory; they share the listening socket.
-        uvicorn.run(FACTORY, factory=True, workers=workers, **options)  # type: ignore[arg-type]
+        uvicorn.run(FACTORY, factory=True, workers=workers, **options)

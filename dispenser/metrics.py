@@ -51,6 +51,34 @@ class DispenserMetrics:
             TYPE,
             registry=registry,
         )
+        self.serving = Gauge(
+            "kd_type_serving",
+            "1 when the type had hot keys at the last readiness check, else 0",
+            TYPE,
+            registry=registry,
+        )
+        self.keys_lost = Counter(
+            "kd_keys_taken_not_handed_out",
+            "Keys popped for a request whose client was gone (never reissued)",
+            TYPE,
+            registry=registry,
+        )
+        self.api_open = Gauge(
+            "kd_api_open",
+            "1 when no API keys are configured and the API listens beyond loopback",
+            registry=registry,
+        )
+        self.ledger_backlog = Gauge(
+            "kd_ledger_stream_backlog",
+            "Ledger stream entries not yet drained into PostgreSQL, as last read",
+            registry=registry,
+        )
+        self.ledger_refusals = Counter(
+            "kd_ledger_backlog_refusals",
+            "Requests of ledger types refused (503) because the ledger stream is full",
+            TYPE,
+            registry=registry,
+        )
         self._latency_by_route: dict[str, Histogram] = {}
 
     def observe_latency(self, route: str, started: float) -> None:

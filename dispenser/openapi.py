@@ -22,6 +22,13 @@ def _json(schema: Json, description: str, headers: Json | None = None) -> Json:
 
 
 RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}}
+REQUEST_ID = {
+    "X-Request-Id": {
+        "description": "Also at the end of the error message, and in the server's log line",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+    }
+}
 
 # status -> what the error envelope means there (the errorCode table is in docs/api.md)
 ERRORS: dict[int, str] = {
@@ -30,9 +37,11 @@ ERRORS: dict[int, str] = {
     404: "IDG-003: unknown id_type",
     409: "IDG-011: the id_type keeps no ledger",
     410: "IDG-002: keyspace exhausted",
+    413: "IDG-012: request body over dispenser.max_body_bytes",
     422: "IDG-004: malformed input",
     429: "IDG-010: rate limit exceeded; see Retry-After",
-    503: "IDG-001: no key available right now, or IDG-005: a store is unreachable",
+    503: "IDG-001: no key available right now, IDG-005: a store is unreachable, or "
+    "IDG-014: the type's ledger is behind",
 }
 
 
@@ -41,7 +50,7 @@ def _errors(*statuses: int) -> Json:
         str(status): _json(
             _ref("ErrorEnvelope"),
             ERRORS[status],
-            RETRY_AFTER if status in (429, 503) else None,
+            {**REQUEST_ID, **(RETRY_AFTER if status in (429, 503) else {})},
         )
         for status in statuses
     }
@@ -114,6 +123,24 @@ SCHEMAS: Json = {
             }
         },
     },
+    "Readiness": {
+        "type": "object",
+        "required": ["ready", "types"],
+        "properties": {
+            "ready": {"type": "boolean"},
+            "types": {
+                "type": "object",
+                "additionalProperties": {
+                    "type": "object",
+                    "required": ["hot_depth", "state"],
+                    "properties": {
+                        "hot_depth": {"type": "integer", "minimum": 0},
+                        "state": {"type": "string", "enum": ["serving", "empty", "exhausted"]},
+                    },
+                },
+            },
+        },
+    },
     "LedgerEntry": {
         "type": "object",
         "required": ["id_type", "key", "issued", "used"],
@@ -126,6 +153,7 @@ SCHEMAS: Json = {
             "idempotency_key": {"type": "string", "nullable": True},
             "used": {"type": "boolean"},
             "used_at": {"type": "string", "format": "date-time", "nullable": True},
+            "used_by": {"type": "string", "nullable": True},
         },
     },
 }
@@ -226,7 +254,7 @@ def _paths() -> Json:
                 },
                 "responses": {
                     "202": _json(_object(accepted={"type": "integer"}), "recorded"),
-                    **_errors(401, 403, 404, 409, 422, 429, 503),
+                    **_errors(401, 403, 404, 409, 413, 422, 429, 503),
                 },
             }
         },
@@ -254,23 +282,30 @@ def _paths() -> Json:
         },
         "/healthz": {
             "get": {
-                "summary": "Liveness",
-                "responses": {"200": _json(_object(status=STRING), "alive"), **_errors(401)},
+                "summary": "Liveness (never needs an API key)",
+                "security": [],
+                "responses": {"200": _json(_object(status=STRING), "alive")},
             }
         },
         "/readyz": {
             "get": {
-                "summary": "Readiness: Redis answers and every type has hot inventory",
+                "summary": "Readiness of this process: started, Redis primary reachable "
+                "(never needs an API key); each type's depth and state",
+                "security": [],
                 "responses": {
-                    "200": _json(_object(ready={"type": "boolean"}), "ready"),
-                    "503": _json(_object(ready={"type": "boolean"}), "not ready"),
-                    **_errors(401),
+                    "200": _json(_ref("Readiness"), "ready"),
+                    "503": _json(
+                        _object(ready={"type": "boolean"}, error=STRING, request_id=STRING),
+                        "not ready",
+                        REQUEST_ID,
+                    ),
                 },
             }
         },
         "/openapi.json": {
             "get": {
                 "summary": "This document",
+                "security": [],
                 "responses": {"200": _json({"type": "object"}, "OpenAPI 3")},
             }
         },

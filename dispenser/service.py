@@ -7,6 +7,7 @@ it knows nothing of HTTP beyond the API-key gate it holds for them.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
+    LedgerBacklogFull,
     LedgerDisabled,
     PoolEmpty,
     UnknownIdType,
@@ -30,8 +32,22 @@ from shared.stores.ledger_stream import LedgerStream
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it is reachable from elsewhere
+
+
 # A refill rate keysync reported longer ago than this is not trusted for Retry-After.
 REFILL_FRESH_S = 30.0
+# How often the ledger stream's length is read (for dispenser.ledger_max_backlog).
+LEDGER_BACKLOG_READ_S = 1.0
 
 
 class Dispenser:
@@ -46,13 +62,16 @@ class Dispenser:
         self.metrics = metrics
         self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
-        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch)
+        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch, self.lost)
         self.ledger = LedgerReader(settings.postgres_dsn)
         self._last_nudge: dict[str, float] = {}
+        self._memory_policy_ok = False  # checked once the primary answers
+        self._backlog = 0  # ledger stream length, as last read
+        self._backlog_read_at = -math.inf
         self._nudges: set[asyncio.Task[None]] = set()
 
     def id_type(self, name: str) -> IdType:
-        if not ID_TYPE_NAME.match(name):
+        if not ID_TYPE_NAME.fullmatch(name):
             raise InvalidInput(f"id_type must match {ID_TYPE_NAME.pattern}")
         found = self.id_types.get(name)
         if found is None:
@@ -69,6 +88,8 @@ class Dispenser:
     async def take_one(self, name: str, client: str) -> str:
         """One key; concurrent callers of a type share one Redis call."""
         id_type = self.id_types.get(name) or self.id_type(name)
+        if id_type.config.ledger:
+            await self.ledger_open(id_type)
         key, popped = await self.coalescer.take(name, client)
         if key is None:
             raise self._none_left(id_type, popped)
@@ -78,6 +99,8 @@ class Dispenser:
         self, name: str, count: int, client: str, idempotency_key: str | None = None
     ) -> Popped:
         id_type = self.id_type(name)
+        if id_type.config.ledger:
+            await self.ledger_open(id_type)
         if idempotency_key is None:
             popped = await self.hot.pop(name, count, (client,), id_type.config.ledger)
         else:
@@ -100,6 +123,26 @@ class Dispenser:
         self.metrics.pop_requests.observe(count)
         self._after_pop(id_type, popped)
         return popped
+
+    async def ledger_open(self, id_type: IdType) -> None:
+        """Refuse (LedgerBacklogFull) while the ledger stream is over its maximum backlog.
+
+        Its length is read at most once per LEDGER_BACKLOG_READ_S, so the bound may be
+        passed by what a process hands out in that time.
+        """
+        now = time.monotonic()
+        if now - self._backlog_read_at >= LEDGER_BACKLOG_READ_S:
+            self._backlog_read_at = now
+            self._backlog = await self.ledger_stream.backlog()
+            self.metrics.ledger_backlog.set(self._backlog)
+        if self._backlog >= self.settings.dispenser.ledger_max_backlog:
+            self.metrics.ledger_refusals.labels(id_type.name).inc()
+            raise LedgerBacklogFull(id_type.name, self.settings.dispenser.retry_after_max_s)
+
+    def lost(self, name: str, count: int) -> None:
+        """Keys popped for a request whose client was gone: counted, never reissued."""
+        self.metrics.keys_lost.labels(name).inc(count)
+        log.warning("keys_not_handed_out", extra={"id_type": name, "keys": count})
 
     def _after_pop(self, id_type: IdType, popped: Popped) -> None:
         """Metrics, and a nudge to keysync below the low watermark. Never raises."""
@@ -144,6 +187,39 @@ class Dispenser:
             await self.wake.nudge(name)
         except KeydispenserError as exc:  # keysync still polls; nothing is lost
             log.warning("nudge_failed", extra={"id_type": name, "error": str(exc)})
+
+    def announce_exposure(self) -> None:
+        """Warn (and set kd_api_open) when anyone who can reach the port can take keys."""
+        config = self.settings.dispenser
+        open_api = not config.auth.api_keys and not is_loopback(config.host)
+        self.metrics.api_open.set(1 if open_api else 0)
+        if open_api:
+            log.warning(
+                "api_open",
+                extra={
+                    "host": config.host,
+                    "hint": "no dispenser.auth.api_keys: any client that reaches this "
+                    "address can take keys (see `keydispenser apikey`)",
+                },
+            )
+
+    async def type_states(self) -> dict[str, dict[str, int | str]]:
+        """Each type's hot depth and state (serving, empty, exhausted), into the metrics
+        too. Raises StoreUnavailable when the Redis primary cannot be reached (the depth
+        script runs only on a primary), ConfigError when it may evict keys."""
+        if not self._memory_policy_ok:
+            await self.hot.refuse_eviction()
+            self._memory_policy_ok = True
+        states: dict[str, dict[str, int | str]] = {}
+        for name in self.id_types:
+            depth = await self.hot.depth(name)
+            state = "serving" if depth else "empty"
+            if not depth and await self.hot.exhausted(name):
+                state = "exhausted"
+            self.metrics.hot_depth.labels(name).set(depth)
+            self.metrics.serving.labels(name).set(1 if depth else 0)
+            states[name] = {"hot_depth": depth, "state": state}
+        return states
 
     async def close(self) -> None:
         await asyncio.gather(*self._nudges, return_exceptions=True)

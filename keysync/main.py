@@ -200,6 +200,7 @@ async def drain_ledger(
             metrics.ledger_issued.inc(applied.issued)
             metrics.ledger_used.inc(applied.used)
             metrics.ledger_used_unknown.inc(applied.used_unknown)
+            metrics.ledger_used_refused.inc(applied.used_refused)
             for name, keys in applied.duplicates.items():
                 metrics.ledger_duplicates.labels(name).inc(len(keys))
         with contextlib.suppress(StoreUnavailable):
@@ -232,6 +233,8 @@ async def serve(settings: Settings) -> None:
     try:
         async with cold.connection() as conn:
             await check(conn, types, keyspace=False)
+        with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
+            await hot.refuse_eviction()
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
         tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop)]

@@ -25,6 +25,11 @@ class KeysyncMetrics:
             "Keys marked used that the ledger never saw issued",
             registry=registry,
         )
+        self.ledger_used_refused = Counter(
+            "kd_ledger_used_refused",
+            "Keys marked used by a client they were not issued to (not applied)",
+            registry=registry,
+        )
         self.ledger_duplicates = Counter(
             "kd_ledger_duplicates",
             "Keys the ledger saw issued twice (must stay 0)",

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from dispenser.app import create_app
+from dispenser.server import uvicorn_options
 from shared.domain.settings import Settings, load_settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
@@ -146,9 +147,8 @@ async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[
 async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The dispenser app served by uvicorn on a loopback port, and a client for it."""
     port = free_port()
-    config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
-    )
+    options = uvicorn_options(settings.dispenser) | {"host": "127.0.0.1", "port": port}
+    config = uvicorn.Config(create_app(settings), **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag

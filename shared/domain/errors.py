@@ -98,3 +98,16 @@ class FenceHalted(KeydispenserError):
             "`keydispenser fence-postgres --skip-ranges N` (docs/reliability.md)"
         )
         self.reason = reason
+
+
+class LedgerBacklogFull(KeydispenserError):
+    """The ledger stream holds more entries than ``dispenser.ledger_max_backlog``: keys
+    of ledger types are not handed out until keysync drains it (503, Retry-After)."""
+
+    def __init__(self, name: str, retry_after_s: int) -> None:
+        super().__init__(
+            f"the ledger of '{name}' is behind; no keys of it are handed out until it "
+            "catches up; retry later"
+        )
+        self.name = name
+        self.retry_after_s = retry_after_s

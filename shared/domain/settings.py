@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from shared.domain.errors import ConfigError
 
+# Anchored for OpenAPI; match it with fullmatch (a $ also matches before a final newline).
 ID_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 BASE62_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # Counter domains must fit PostgreSQL bigint sequences (and uint64 arithmetic).
@@ -122,6 +123,8 @@ class ApiKeyConfig(_Strict):
     # Requests per second (token bucket, per dispenser process); None: unlimited.
     rate_per_s: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1)  # None: max(1, rate_per_s)
+    # May read every ledger entry and mark any key used, not only the keys issued to it.
+    ledger_admin: bool = False
 
 
 class AuthConfig(_Strict):
@@ -141,19 +144,46 @@ class AuthConfig(_Strict):
         return self
 
 
+# The pop script passes one API-client name per key as a script argument, and Lua's
+# unpack() fails near 8,000 of them (after the keys were popped): max_batch stays below.
+MAX_BATCH_LIMIT = 5_000
+# An idempotency record lives at most this long (records are Redis memory).
+IDEMPOTENCY_TTL_LIMIT_S = 7 * 86_400
+
+
 class DispenserConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     # uvicorn worker processes; each coalesces its own requests.
     workers: int = Field(default=1, ge=1, le=64)
-    max_batch: int = Field(default=1_000, ge=1, le=100_000)
+    max_batch: int = Field(default=1_000, ge=1)
+    # Largest request body read (POST /v1/keys/{t}/used); larger ones get 413 unread.
+    max_body_bytes: int = Field(default=262_144, ge=1_024, le=16_777_216)
+    # Server limits (uvicorn): connections served at once (more get 503), seconds an
+    # idle keep-alive connection stays open, and the largest request head (request
+    # line and headers; enforced by the h11 parser, see docs/security.md).
+    limit_concurrency: int | None = Field(default=4_096, ge=1)
+    timeout_keep_alive_s: int = Field(default=5, ge=1, le=300)
+    max_header_bytes: int = Field(default=16_384, ge=1_024, le=1_048_576)
+    # Ledger types answer 503 (Retry-After) while the ledger stream holds more entries
+    # than this (keysync is not draining it): the audit is never silently incomplete.
+    ledger_max_backlog: int = Field(default=1_000_000, ge=1)
     # Retry-After of IDG-001 when no recent refill rate is known, and its upper bound.
     retry_after_s: int = Field(default=1, ge=1)
     retry_after_max_s: int = Field(default=60, ge=1)
     nudge_interval_s: float = Field(default=0.05, gt=0)
     # How long a retried request with the same Idempotency-Key gets the same keys.
-    idempotency_ttl_s: int = Field(default=86_400, ge=1)
+    idempotency_ttl_s: int = Field(default=86_400, ge=1, le=IDEMPOTENCY_TTL_LIMIT_S)
     auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="after")
+    def _batch_fits_the_pop_script(self) -> DispenserConfig:
+        if self.max_batch > MAX_BATCH_LIMIT:
+            raise ValueError(
+                f"max_batch {self.max_batch} is above {MAX_BATCH_LIMIT}: one pop can return "
+                f"at most {MAX_BATCH_LIMIT} keys (the pop script's argument limit)"
+            )
+        return self
 
 
 class KeysyncConfig(_Strict):
@@ -188,7 +218,16 @@ class SentinelConfig(_Strict):
     password: SecretStr | None = None  # of the Redis servers
     sentinel_password: SecretStr | None = None
     db: int = Field(default=0, ge=0)
+    sentinel_username: str | None = None
+    # TLS to the Redis servers and the Sentinels alike. The server certificate is
+    # checked against tls_ca_file (else the system's CAs) and, with tls_check_hostname,
+    # its name against the address Sentinel reports; tls_cert_file/tls_key_file are a
+    # client certificate for servers that require one.
     tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_check_hostname: bool = True
 
     @model_validator(mode="after")
     def _addresses(self) -> SentinelConfig:
@@ -225,7 +264,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _names_are_identifiers(self) -> Settings:
         for name in self.id_types:
-            if not ID_TYPE_NAME.match(name):
+            if not ID_TYPE_NAME.fullmatch(name):
                 raise ValueError(f"id_types.{name}: name must match {ID_TYPE_NAME.pattern}")
         for client in self.dispenser.auth.api_keys:
             unknown = set(client.id_types) - {"*", *self.id_types}

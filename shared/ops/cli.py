@@ -17,9 +17,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import asyncpg
 import yaml
 from pydantic import SecretStr, ValidationError
+from redis.exceptions import RedisError
 
 from shared import logs
 from shared.domain.apikeys import config_entry, new_api_key
@@ -224,6 +227,7 @@ def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    settings: Settings | None = None
     try:
         settings = load_settings(args.config)
         if args.config:  # worker processes (dispenser.workers > 1) read the same file
@@ -234,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"keydispenser: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeydispenserError as exc:
-        print(f"keydispenser: {exc}", file=sys.stderr)
+        print(f"keydispenser {args.command}: {exc} (exit 1)", file=sys.stderr)
+        sys.exit(1)
+    except OPERATOR_ERRORS as exc:
+        # Unreachable servers, missing databases, malformed DSNs: one line, no traceback.
+        print(f"keydispenser {args.command}: {failure(exc, settings)} (exit 1)", file=sys.stderr)
         sys.exit(1)
     except ModuleNotFoundError as exc:
         if exc.name not in OPS_EXTRA:
@@ -247,6 +255,41 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+DRIVER_ERRORS: tuple[type[Exception], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    RedisError,
+)
+
+
+# What a command can meet from outside: unreachable servers, missing databases, bad DSNs.
+OPERATOR_ERRORS: tuple[type[Exception], ...] = (*DRIVER_ERRORS, OSError, ValueError, OverflowError)
+
+
+def where(url: str) -> str:
+    """A DSN or URL without its scheme, credentials and options: host:port/database."""
+    parts = urlsplit(url)
+    return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def failure(exc: BaseException, settings: Settings | None) -> str:
+    """What failed and where, for an error a driver raised (credentials never shown)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if settings is None:
+        return text
+    postgres = f"postgres {where(settings.postgres_dsn)}"
+    redis = (
+        f"redis sentinels {','.join(settings.redis_sentinel.sentinels)}"
+        if settings.redis_sentinel
+        else f"redis {where(settings.redis_url)}"
+    )
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return f"{postgres}: {text}"
+    if isinstance(exc, RedisError):
+        return f"{redis}: {text}"
+    return f"{postgres} or {redis}: {text}"
 
 
 def _write_json(report: dict[str, Any], path: str | None) -> None:

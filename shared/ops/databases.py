@@ -11,6 +11,9 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.stores.schema import migrate
 
+# The database every PostgreSQL server has: scratch databases are created through it.
+MAINTENANCE_DATABASE = "postgres"
+
 
 def dsn_with_database(dsn: str, database: str) -> str:
     """``dsn`` pointing at another database (keeps credentials and query options)."""
@@ -31,7 +34,7 @@ async def ensure_database(dsn: str) -> None:
     try:
         conn = await asyncpg.connect(dsn)
     except asyncpg.InvalidCatalogNameError:
-        admin = await asyncpg.connect(dsn_with_database(dsn, "postgres"))
+        admin = await asyncpg.connect(dsn_with_database(dsn, MAINTENANCE_DATABASE))
         try:
             await admin.execute(f"CREATE DATABASE {_quoted(database_of(dsn))}")
         except asyncpg.DuplicateDatabaseError:
@@ -42,19 +45,21 @@ async def ensure_database(dsn: str) -> None:
         await conn.close()
 
 
-async def scratch_database(admin_dsn: str, name: str) -> str:
-    """A new, empty database ``name`` (dropped first if left over); returns its DSN."""
-    admin = await asyncpg.connect(admin_dsn)
+async def scratch_database(server_dsn: str, name: str) -> str:
+    """A new, empty database ``name`` on the server of ``server_dsn`` (dropped first if
+    left over); returns its DSN. Created through the server's maintenance database, so
+    the database ``server_dsn`` names need not exist."""
+    admin = await asyncpg.connect(dsn_with_database(server_dsn, MAINTENANCE_DATABASE))
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
         await admin.execute(f"CREATE DATABASE {_quoted(name)}")
     finally:
         await admin.close()
-    return dsn_with_database(admin_dsn, name)
+    return dsn_with_database(server_dsn, name)
 
 
-async def drop_database(admin_dsn: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_dsn)
+async def drop_database(server_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(dsn_with_database(server_dsn, MAINTENANCE_DATABASE))
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
     finally:

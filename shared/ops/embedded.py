@@ -241,6 +241,8 @@ class EmbeddedRedis:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    # Never evict: keydispenser refuses to run on a server that might (hot_store.py).
+    memory_policy: str = "noeviction"
 
     @property
     def url(self) -> str:
@@ -249,7 +251,10 @@ class EmbeddedRedis:
     def start(self) -> None:
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = spawn(redis_server_command(self.port, self.data_dir), output="discard")
+        command = redis_server_command(
+            self.port, self.data_dir, "--maxmemory-policy", self.memory_policy
+        )
+        self.process = spawn(command, output="discard")
         if not listening(self.port, 10, self.process):
             raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -108,3 +109,21 @@ def serving(url: str, timeout_s: float) -> bool:
                 return True
         time.sleep(0.1)
     return False
+
+
+def types_not_serving(readyz_url: str, timeout_s: float) -> list[str]:
+    """Poll a dispenser's ``/readyz`` until every type has keys (returns []) or
+    ``timeout_s`` passes (returns the types still without, or ["dispenser"] when it
+    never answered ready). One look when ``timeout_s`` is 0."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        waiting = ["dispenser"]
+        with (
+            contextlib.suppress(OSError, ValueError),
+            urllib.request.urlopen(readyz_url, timeout=1) as reply,
+        ):
+            types = json.loads(reply.read())["types"]
+            waiting = sorted(name for name, row in types.items() if row["state"] != "serving")
+        if not waiting or time.monotonic() >= deadline:
+            return waiting
+        time.sleep(0.2)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -19,21 +21,26 @@ from shared.domain.errors import KeydispenserError
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
-from shared.ops.processes import cli_command, serving, spawn, stop_processes
+from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")
 _RESTART_DELAY_S = 1.0
+FIRST_KEYS_TIMEOUT_S = 300.0  # `up` announces itself only once every type has keys
 
 
 def permutation_key(settings: Settings, data_dir: Path) -> str:
-    """The configured secret, else one created once and kept in the data directory."""
+    """The configured secret, else one created once and kept in the data directory's
+    ``secrets`` directory (0700; the file 0600 from its first byte)."""
     if settings.permutation_key is not None:
         return settings.permutation_key.get_secret_value()
-    path = data_dir / "permutation.key"
+    legacy = data_dir / "permutation.key"  # where earlier versions kept it
+    if legacy.exists():
+        legacy.chmod(0o600)
+        return legacy.read_text().strip()
+    path = secrets_dir(data_dir) / "permutation.key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
+        write_secret(path, secrets.token_urlsafe(48))
     return path.read_text().strip()
 
 
@@ -44,6 +51,34 @@ def greeting(settings: Settings, base: str) -> str:
     if first is not None:  # a configuration may define no type at all
         lines.append(f"  try: curl -X POST {base}/v1/idgenerator/{first}/id")
     return "\n".join(lines)
+
+
+def secrets_dir(data_dir: Path) -> Path:
+    folder = data_dir / "secrets"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)  # mkdir's mode is masked by the umask; an old folder is tightened
+    return folder
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Create ``path`` holding ``text``, mode 0600, atomically: readers see no file or the
+    whole secret, never a partial or group-readable one; the first writer wins."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".secret-")  # 0600
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+        os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another `up` created it first
+            os.link(temporary, path)
+    finally:
+        os.unlink(temporary)
+
+
+def prepare_data_dir(data_dir: Path) -> None:
+    """The data directory, closed to other users (traversable only when root, for the
+    unprivileged user embedded PostgreSQL runs as)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o711 if os.geteuid() == 0 else 0o700)
 
 
 class Stack:
@@ -108,7 +143,7 @@ class Stack:
 def up(settings: Settings, args: argparse.Namespace) -> None:
 
     stack = Stack(settings, args)
-    stack.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_data_dir(stack.data_dir)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stack.stopping = True
@@ -127,6 +162,15 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         base = f"http://{settings.dispenser.host}:{args.port}"
         if not serving(f"{base}/healthz", 30):
             raise KeydispenserError("dispenser did not start; see its log above")
+        waiting = types_not_serving(f"{base}/readyz", 0)
+        if waiting:
+            print(f"keydispenser: generating the first keys of {', '.join(waiting)}...", flush=True)
+            waiting = types_not_serving(f"{base}/readyz", FIRST_KEYS_TIMEOUT_S)
+        if waiting:
+            raise KeydispenserError(
+                f"no keys of {', '.join(waiting)} after {FIRST_KEYS_TIMEOUT_S:.0f} s; "
+                "see the keygen and keysync logs above"
+            )
         print(greeting(settings, base), flush=True)
         stack.supervise(env)
     finally:

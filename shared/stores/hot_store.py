@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import IdempotencyMismatch
+from shared.domain.errors import ConfigError, IdempotencyMismatch
 from shared.domain.settings import Settings
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -27,6 +27,8 @@ from shared.stores.sync_record import NO_STAMP, Stamp
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600
+# The only maxmemory-policy under which Redis never drops a key keydispenser relies on.
+SAFE_MEMORY_POLICY = "noeviction"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ def _refill(raw: Sequence[Any]) -> Refill | None:
     if len(raw) != 2 or raw[0] is None or raw[1] is None:
         return None
     return Refill(float(raw[0]), float(raw[1]))
+
+
+def request_fingerprint(client: str, name: str, count: int) -> str:
+    """What an idempotency record was made for: the client, the type and the count."""
+    return f"{client}:{name}:{count}"
 
 
 @dataclass(frozen=True)
@@ -134,10 +141,13 @@ class HotStore(RedisPort):
     ) -> Popped:
         """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys.
 
-        Raises IdempotencyMismatch when the key was used for another type or count.
+        The record belongs to ``client``: its Redis key and the request fingerprint
+        stored in it both hold the client's name. Raises IdempotencyMismatch when the
+        key was used for another type or count.
         """
-        keys = pop_idempotent_keys(name, idempotency_key)
-        args = [count, name if ledger else "", client, ttl_s, f"{name}:{count}", idempotency_key]
+        keys = pop_idempotent_keys(name, client, idempotency_key)
+        request = request_fingerprint(client, name, count)
+        args = [count, name if ledger else "", client, ttl_s, request, idempotency_key]
         async with self._guard("pop"):
             status, taken, remaining, exhausted, discarded, refill = await self._run(
                 "pop_idempotent", keys, args
@@ -160,6 +170,32 @@ class HotStore(RedisPort):
 
     async def depth(self, name: str) -> int:
         return (await self.observe(name)).length
+
+    async def memory_policy(self) -> str:
+        """The server's maxmemory-policy (from INFO: CONFIG may be disabled)."""
+        async with self._guard("memory_policy"):
+            info = await (await self._endpoint.client()).info("memory")
+        return str(info.get("maxmemory_policy", SAFE_MEMORY_POLICY))
+
+    async def refuse_eviction(self) -> None:
+        """Raise ConfigError unless the server can never evict keys.
+
+        An evicted hot list loses keys, an evicted batch marker lets a retried push add
+        a batch twice, an evicted idempotency record hands a retry new keys.
+        """
+        policy = await self.memory_policy()
+        if policy != SAFE_MEMORY_POLICY:
+            raise ConfigError(
+                f"redis maxmemory-policy is '{policy}': the hot-tier Redis must not evict "
+                f"keys; set maxmemory-policy {SAFE_MEMORY_POLICY} (redis.conf or CONFIG SET)"
+            )
+
+    async def exhausted(self, name: str) -> bool:
+        """Whether keysync marked the type's keyspace used up."""
+        async with self._guard("exhausted"):
+            return bool(
+                await (await self._endpoint.client()).exists(redis_keys.exhausted_key(name))
+            )
 
     async def mark_exhausted(self, name: str) -> None:
         async with self._guard("mark_exhausted"):

@@ -46,6 +46,8 @@ class Issued:
 class Used:
     keys: list[str] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)  # who marked each key
+    admin: list[bool] = field(default_factory=list)  # whether it may mark any key
 
 
 @dataclass
@@ -70,8 +72,11 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
             continue
         when = entry_time(entry_id)
         if op == "used":
-            batch.used[name].keys.extend(keys)
-            batch.used[name].times.extend([when] * len(keys))
+            used = batch.used[name]
+            used.keys.extend(keys)
+            used.times.extend([when] * len(keys))
+            used.clients.extend([fields.get("clients") or ANONYMOUS] * len(keys))
+            used.admin.extend([fields.get("admin") == "1"] * len(keys))
             continue
         clients = fields.get("clients", ANONYMOUS).split() or [ANONYMOUS]
         if len(clients) != len(keys):
@@ -96,11 +101,12 @@ class Applied:
     used: int
     duplicates: dict[str, list[str]]
     used_unknown: int
+    used_refused: int = 0  # marks by a client the key was not issued to (not applied)
 
 
 async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     """Write one batch in the caller's transaction: issues first, then uses."""
-    issued = used = unknown = 0
+    issued = used = unknown = refused = 0
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():
         statement = sql.for_type(sql.INSERT_LEDGER_ISSUED, name)
@@ -122,21 +128,52 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
         updated = {
             r["key"]
             for r in await conn.fetch(
-                sql.for_type(sql.UPDATE_LEDGER_USED, name), marks.keys, marks.times
+                sql.for_type(sql.UPDATE_LEDGER_USED, name),
+                marks.keys,
+                marks.times,
+                marks.clients,
+                marks.admin,
             )
         }
         used += len(updated)
-        rest = sorted(set(marks.keys) - updated)
-        if rest:
-            known = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), rest)
-            missing = set(rest) - {r["key"] for r in known}
-            if missing:
-                unknown += len(missing)
-                log.warning(
-                    "used_key_not_issued",
-                    extra={"id_type": name, "keys": sorted(missing)[:10], "count": len(missing)},
-                )
-    return Applied(issued, used, {k: v for k, v in duplicates.items() if v}, unknown)
+        missing, foreign = await _not_marked(conn, name, marks, updated)
+        unknown += len(missing)
+        refused += len(foreign)
+    return Applied(issued, used, {k: v for k, v in duplicates.items() if v}, unknown, refused)
+
+
+async def _not_marked(
+    conn: asyncpg.Connection, name: str, marks: Used, updated: set[str]
+) -> tuple[set[str], set[str]]:
+    """Of the marks not applied: keys never issued, and keys their marker may not mark."""
+    rest = sorted(set(marks.keys) - updated)
+    if not rest:
+        return set(), set()
+    known = {
+        r["key"]: r for r in await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), rest)
+    }
+    missing = set(rest) - set(known)
+    foreign = {
+        key
+        for key, client, admin in zip(marks.keys, marks.clients, marks.admin, strict=True)
+        if key in known and key not in updated and not admin and known[key]["client"] != client
+    }
+    if missing:
+        log.warning(
+            "used_key_not_issued",
+            extra={"id_type": name, "keys": sorted(missing)[:10], "count": len(missing)},
+        )
+    if foreign:
+        log.warning(
+            "used_mark_refused",
+            extra={"id_type": name, "keys": sorted(foreign)[:10], "count": len(foreign)},
+        )
+    return missing, foreign
+
+
+def not_issued(name: str, key: str) -> dict[str, Any]:
+    """The lookup answer for a key the ledger holds no issue of."""
+    return {"id_type": name, "key": key, "issued": False, "used": False}
 
 
 class LedgerReader:
@@ -157,7 +194,7 @@ class LedgerReader:
                     "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
                 ) from exc
         if row is None:
-            return {"id_type": name, "key": key, "issued": False, "used": False}
+            return not_issued(name, key)
         return {
             "id_type": name,
             "key": key,
@@ -167,6 +204,7 @@ class LedgerReader:
             "idempotency_key": row["idempotency_key"],
             "used": row["used_at"] is not None,
             "used_at": _iso(row["used_at"]),
+            "used_by": row["used_by"],
         }
 
     async def close(self) -> None:

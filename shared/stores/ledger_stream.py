@@ -22,13 +22,24 @@ class LedgerStream(RedisPort):
     def from_settings(cls, settings: Settings) -> LedgerStream:
         return cls(RedisEndpoint.from_settings(settings))
 
-    async def record_used(self, name: str, keys: Sequence[str], client: str) -> None:
-        """Append a "used" event to the stream (applied by keysync's drain)."""
+    async def record_used(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> None:
+        """Append a "used" event to the stream (applied by keysync's drain).
+
+        The drain applies it only to keys issued to ``client``, unless ``admin`` (the
+        client has ledger permission), and records ``client`` as who marked each key.
+        """
+        fields: dict[Any, Any] = {
+            "op": "used",
+            "type": name,
+            "keys": " ".join(keys),
+            "clients": client,
+        }
+        if admin:
+            fields["admin"] = "1"
         async with self._guard("record_used"):
-            await (await self._endpoint.client()).xadd(
-                redis_keys.ledger_stream_key(),
-                {"op": "used", "type": name, "keys": " ".join(keys), "clients": client},
-            )
+            await (await self._endpoint.client()).xadd(redis_keys.ledger_stream_key(), fields)
 
     async def read(
         self, consumer: str, count: int, block_ms: int, claim_idle_ms: int

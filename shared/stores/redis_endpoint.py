@@ -126,7 +126,13 @@ class RedisEndpoint:
         if not self._sentinels:
             secret = config.sentinel_password
             self._sentinels = [
-                redis_client(address, password=secret.get_secret_value() if secret else None)
+                redis_client(
+                    address,
+                    config,
+                    db=0,
+                    username=config.sentinel_username,
+                    password=secret.get_secret_value() if secret else None,
+                )
                 for address in config.addresses()
             ]
         answers = await asyncio.gather(
@@ -186,11 +192,23 @@ def redis_client(
         "db": config.db if config else 0,
         "username": config.username if config else None,
         "password": secret.get_secret_value() if secret else None,
-        "ssl": config.tls if config else False,
         "decode_responses": True,
+        **(_tls(config) if config is not None and config.tls else {}),
         **_TIMEOUTS,
     }
     return aioredis.Redis(host=address[0], port=address[1], **{**settings, **options})
+
+
+def _tls(config: SentinelConfig) -> dict[str, Any]:
+    """TLS options: the server's certificate is always verified."""
+    return {
+        "ssl": True,
+        "ssl_cert_reqs": "required",
+        "ssl_ca_certs": config.tls_ca_file,
+        "ssl_certfile": config.tls_cert_file,
+        "ssl_keyfile": config.tls_key_file,
+        "ssl_check_hostname": config.tls_check_hostname,
+    }
 
 
 async def _primary_problem(address: tuple[str, int], config: SentinelConfig) -> str | None:

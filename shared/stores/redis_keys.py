@@ -42,9 +42,14 @@ def batch_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}"
 
 
-def idempotency_key(key: str) -> str:
-    """Record of the keys handed out for one client Idempotency-Key (hashed)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()
+def idempotency_key(client: str, key: str) -> str:
+    """Record of the keys handed out for one API client's Idempotency-Key (hashed).
+
+    The client is part of the name: two clients sending the same header value have two
+    records, so neither can replay the other's keys. Client names and Idempotency-Keys
+    hold no newline, so ``client\nkey`` names one pair only.
+    """
+    digest = hashlib.sha256(f"{client}\n{key}".encode()).hexdigest()
     return f"{PREFIX}:idem:{digest}"
 
 

@@ -66,8 +66,8 @@ def pop_keys(name: str) -> list[str]:
     ]
 
 
-def pop_idempotent_keys(name: str, idempotency_key: str) -> list[str]:
-    return [*pop_keys(name), redis_keys.idempotency_key(idempotency_key)]
+def pop_idempotent_keys(name: str, client: str, idempotency_key: str) -> list[str]:
+    return [*pop_keys(name), redis_keys.idempotency_key(client, idempotency_key)]
 
 
 def nudge_keys() -> list[str]:

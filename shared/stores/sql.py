@@ -17,14 +17,14 @@ def ident(name: str) -> str:
     bare = name
     for prefix in ("kd_cold_", "kd_seq_", "kd_ledger_"):
         bare = bare.removeprefix(prefix)
-    if not ID_TYPE_NAME.match(bare):
+    if not ID_TYPE_NAME.fullmatch(bare):
         raise ValueError(f"refusing unsafe identifier {name!r}")
     return '"' + name + '"'
 
 
 def cold_table_name(name: str) -> str:
     """The cold table's bare name, for APIs that quote it themselves (COPY)."""
-    if not ID_TYPE_NAME.match(name):
+    if not ID_TYPE_NAME.fullmatch(name):
         raise ValueError(f"refusing unsafe identifier {name!r}")
     return f"kd_cold_{name}"
 
@@ -94,9 +94,13 @@ CREATE TABLE IF NOT EXISTS {ledger} (
     client text NOT NULL,
     idempotency_key text,
     entry_id text NOT NULL,
-    used_at timestamptz
+    used_at timestamptz,
+    used_by text
 )
 """
+
+# Ledger tables created before mark-used recorded who marked a key.
+ADD_LEDGER_USED_BY: Final = "ALTER TABLE {ledger} ADD COLUMN IF NOT EXISTS used_by text"
 
 # $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays).
 # Returns the keys inserted; the others were already in the ledger.
@@ -107,20 +111,25 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key
 """
 
-# $1: keys. The recorded stream entry of each (to tell redeliveries from duplicates).
-SELECT_LEDGER_ENTRIES: Final = "SELECT key, entry_id FROM {ledger} WHERE key = ANY($1::text[])"
+# $1: keys. The recorded stream entry and client of each (to tell redeliveries from
+# duplicates, and a refused mark-used from one of a key never issued).
+SELECT_LEDGER_ENTRIES: Final = (
+    "SELECT key, entry_id, client, used_at FROM {ledger} WHERE key = ANY($1::text[])"
+)
 
-# $1 keys, $2 use times (arrays). The first use wins; returns keys newly marked used.
+# $1 keys, $2 use times, $3 marking clients, $4 whether each marker may mark any key
+# (arrays). Only the client a key was issued to, or one with ledger permission, marks it;
+# the first use wins; returns keys newly marked used.
 UPDATE_LEDGER_USED: Final = """
-UPDATE {ledger} AS l SET used_at = u.used_at
-FROM unnest($1::text[], $2::timestamptz[]) AS u(key, used_at)
-WHERE l.key = u.key AND l.used_at IS NULL
+UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.client
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[]) AS u(key, used_at, client, admin)
+WHERE l.key = u.key AND l.used_at IS NULL AND (u.admin OR l.client = u.client)
 RETURNING l.key
 """
 
 # $1: key. One key's ledger row.
 SELECT_LEDGER_KEY: Final = (
-    "SELECT issued_at, client, idempotency_key, used_at FROM {ledger} WHERE key = $1"
+    "SELECT issued_at, client, idempotency_key, used_at, used_by FROM {ledger} WHERE key = $1"
 )
 
 # No parameters. State of a type's sequence: last value handed out and whether any was.

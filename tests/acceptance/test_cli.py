@@ -198,3 +198,109 @@ def test_fence_postgres_moves_sequences_on_and_reports(settings: Settings, tmp_p
     assert status["id_types"]["farmer"]["counters_leased"] == 3 * size
     refused = run_cli("fence-postgres", "--skip-ranges", "x", env=env)
     assert refused.returncode == 2 and "whole number" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "dsn", "expected"),
+    [
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:99999/x", "port must be 0-65535"),
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:1/x", "127.0.0.1"),
+        (("status",), "postgresql://kd:pw-secret@127.0.0.1:port/x", "127.0.0.1:port/x"),
+        (("bench", "keygen"), "postgresql://kd:pw-secret@127.0.0.1:1/x", "127.0.0.1"),
+        (("bench", "dispense"), "postgresql://kd:pw-secret@127.0.0.1:99999/x", "99999"),
+    ],
+)
+def test_operator_commands_fail_in_one_line(
+    settings: Settings, tmp_path: Path, command: tuple[str, ...], dsn: str, expected: str
+) -> None:
+    """What failed, where, and the exit code; never a traceback, never the password."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=dsn)
+    result = run_cli(*command, "--seconds", "1", env=env) if command[0] == "bench" else None
+    result = result or run_cli(*command, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"keydispenser {command[0]}"), lines
+    assert expected in lines[0] and "(exit 1)" in lines[0]
+    assert "pw-secret" not in result.stderr + result.stdout
+
+
+def test_status_on_a_server_without_the_database_is_one_line(
+    settings: Settings, tmp_path: Path
+) -> None:
+    missing = settings.postgres_dsn.rsplit("/", 1)[0] + "/kd_no_such_database"
+    env = process_env(
+        settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=missing
+    )
+    result = run_cli("status", env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "keydispenser status: postgres "
+        + missing.split("@")[-1]
+        + ': InvalidCatalogNameError: database "kd_no_such_database" does not exist (exit 1)'
+    ]
+
+
+def test_bench_keygen_makes_its_scratch_database_through_the_maintenance_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The configured database need not exist: benches work beside, not in, it."""
+    missing = settings.postgres_dsn.rsplit("/", 1)[0] + "/kd_no_such_database"
+    env = process_env(
+        settings, write_config(settings, tmp_path / "c.yaml"), KD_POSTGRES_DSN=missing
+    )
+    result = run_cli("bench", "keygen", "--seconds", "0.2", env=env, timeout_s=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_up_announces_itself_only_when_every_type_serves(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The first curl after "is up" gets a key of every type, never 503 IDG-001."""
+    import select
+    import subprocess
+    import sys
+    import urllib.request
+
+    from shared.ops.embedded import free_port
+
+    port = free_port()
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shared.ops.cli",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--postgres-dsn",
+            settings.postgres_dsn,
+            "--redis-url",
+            settings.redis_url,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        deadline = time.monotonic() + 240
+        line = ""
+        while "is up" not in line:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and up.poll() is None, "up never announced"
+            readable, _, _ = select.select([up.stdout], [], [], min(remaining, 1.0))
+            if readable:
+                line = up.stdout.readline()
+        for name in settings.id_types:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/idgenerator/{name}/id", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                assert reply.status == 200, name
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)

@@ -127,14 +127,22 @@ async def test_health_version_config(client: httpx.AsyncClient) -> None:
 async def test_liveness_and_readiness(
     client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
+    """Ready means this process can serve: empty or used-up types stay in the body."""
     assert (await client.get("/healthz")).status_code == 200
-    not_ready = await client.get("/readyz")
-    assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
+    await hot.mark_exhausted("shortlink")
+    empty = await client.get("/readyz")
+    assert empty.status_code == 200 and empty.json()["ready"] is True
+    assert empty.json()["types"] == {
+        "farmer": {"hot_depth": 0, "state": "empty"},
+        "shortlink": {"hot_depth": 0, "state": "exhausted"},
+    }
     await fill(hot, "farmer", ["3029384756"])
-    await fill(hot, "shortlink", ["aZ09xYq"])
     ready = await client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["hot_depth"] == {"farmer": 1, "shortlink": 1}
+    assert ready.json()["types"]["farmer"] == {"hot_depth": 1, "state": "serving"}
+    metrics = (await client.get("/metrics")).text
+    assert 'kd_type_serving{id_type="farmer"} 1.0' in metrics
+    assert 'kd_type_serving{id_type="shortlink"} 0.0' in metrics
 
 
 async def test_unknown_routes_and_methods(client: httpx.AsyncClient) -> None:

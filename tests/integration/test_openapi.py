@@ -46,7 +46,7 @@ async def test_every_route_is_documented(settings: Settings) -> None:
     assert id_type["schema"]["enum"] == ["farmer", "shortlink"]
 
 
-@pytest.mark.parametrize("auth", ["open", "with-api-key", "without-api-key"])
+@pytest.mark.parametrize("auth", ["open", "with-api-key", "without-api-key", "rate-limited"])
 async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     servers: Servers,
     database: str,
@@ -55,15 +55,21 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     tmp_path: Path,
     auth: str,
 ) -> None:
-    """Open API; API keys configured and sent; configured and not sent (every 401)."""
+    """Open API; API keys configured and sent; configured and not sent (every 401); a
+    client whose rate limit (charged per key) refuses most requests (429, and 422 for
+    a batch over its burst). Every answer is checked against the document, error
+    answers' X-Request-Id header included."""
     types = small_types()
     types["shortlink"]["ledger"] = True
     key, key_digest = new_api_key()
-    clients = [] if auth == "open" else [{"name": "fuzzer", "sha256": key_digest}]
+    fuzzer: dict[str, object] = {"name": "fuzzer", "sha256": key_digest}
+    if auth == "rate-limited":
+        fuzzer |= {"rate_per_s": 20, "burst": 10}
+    clients = [] if auth == "open" else [fuzzer]
     settings = make_settings(
         servers, database, id_types=types, dispenser={"auth": {"api_keys": clients}}
     )
-    headers = ["--header", f"X-API-Key: {key}"] if auth == "with-api-key" else []
+    headers = ["--header", f"X-API-Key: {key}"] if auth in ("with-api-key", "rate-limited") else []
     await hot.push("farmer", [f"{i:010d}" for i in range(5_000)], uuid.uuid4().hex)
     await hot.push("shortlink", [f"S{i:06d}" for i in range(5_000)], uuid.uuid4().hex)
     async with dispenser_over_http(settings) as client:

@@ -82,3 +82,17 @@ async def test_types_are_coalesced_separately() -> None:
     coalescer = Coalescer(pool.pop_many, max_batch=100)
     await asyncio.gather(coalescer.take("a", "c"), coalescer.take("b", "c"))
     assert len(pool.calls) == 2
+
+
+async def test_keys_popped_for_a_waiter_that_is_gone_are_counted() -> None:
+    pool = FakePool(10)
+    lost: list[tuple[str, int]] = []
+    coalescer = Coalescer(pool.pop_many, max_batch=100, lost=lambda n, c: lost.append((n, c)))
+    first = asyncio.ensure_future(coalescer.take("t", "c"))
+    gone = asyncio.ensure_future(coalescer.take("t", "c"))
+    await asyncio.sleep(0)  # both queued; the pop is in flight
+    gone.cancel()
+    key, _ = await first
+    assert key == "k0"
+    assert lost == [("t", 1)]  # k1 was popped for the cancelled waiter
+    assert pool.keys == [f"k{i}" for i in range(2, 10)]

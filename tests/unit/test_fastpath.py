@@ -65,3 +65,13 @@ def test_a_template_needs_one_placeholder(template: str) -> None:
 def test_the_type_name_pattern_must_be_anchored() -> None:
     with pytest.raises(ValueError, match="anchored"):
         path_pattern(ALLOCATE_ONE, re.compile("[a-z]+"))
+
+
+def test_every_route_matches_whole_paths_only() -> None:
+    """Starlette's ``$`` anchor would serve ``/v1/idgenerator/farmer/id\\n`` as the route."""
+    for route in ROUTES:
+        assert isinstance(route, Route)
+        assert route.path_regex.pattern.endswith(r"\Z"), route.path
+    allocate_one = next(r for r in ROUTES if isinstance(r, Route) and r.path == ALLOCATE_ONE)
+    scope = {"type": "http", "path": "/v1/idgenerator/farmer/id\n", "method": "POST"}
+    assert allocate_one.matches(scope)[0].name == "NONE"

@@ -50,3 +50,32 @@ async def test_no_client_the_endpoint_builds_retries_by_itself() -> None:
         retry = client.get_retry()
         assert retry is not None and retry._retries == 0
         await client.aclose()
+
+
+def test_sentinel_tls_and_credentials_reach_servers_and_sentinels() -> None:
+    """Sentinel connections used to ignore tls and username: a plaintext side door."""
+    from redis.asyncio.connection import SSLConnection
+
+    from shared.domain.settings import SentinelConfig
+    from shared.stores.redis_endpoint import redis_client
+
+    config = SentinelConfig(
+        sentinels=("s1:26379",),
+        username="kd",
+        password=SecretStr("p"),
+        sentinel_username="watch",
+        tls=True,
+        tls_ca_file="/etc/kd/ca.pem",
+        tls_cert_file="/etc/kd/client.pem",
+        tls_key_file="/etc/kd/client.key",
+    )
+    server = redis_client(("r1", 6379), config)
+    sentinel = redis_client(("s1", 26379), config, db=0, username="watch", password=None)
+    for client, user in ((server, "kd"), (sentinel, "watch")):
+        pool = client.connection_pool
+        assert pool.connection_class is SSLConnection
+        kwargs = pool.connection_kwargs
+        assert kwargs["username"] == user
+        assert kwargs["ssl_ca_certs"] == "/etc/kd/ca.pem"
+        assert kwargs["ssl_certfile"] == "/etc/kd/client.pem"
+        assert kwargs["ssl_cert_reqs"] == "required" and kwargs["ssl_check_hostname"] is True

@@ -89,3 +89,24 @@ def test_missing_permutation_key_is_named(monkeypatch: pytest.MonkeyPatch) -> No
 def test_filters_none_is_shorthand_for_profile_none(tmp_path: Path) -> None:
     path = write(tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 8\n    filters: none\n")
     assert load_settings(path).id_types["t"].filter_profile == "none"
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"max_batch": 8_001}, "max_batch"),
+        ({"idempotency_ttl_s": 30 * 86_400}, "idempotency_ttl_s"),
+        ({"max_body_bytes": 10**9}, "max_body_bytes"),
+    ],
+)
+def test_dispenser_bounds_are_refused_naming_the_field(
+    tmp_path: Path, override: dict[str, int], field: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"dispenser.*{field}|{field}.*"):
+        load_settings(write(tmp_path, "{}\n"), dispenser=override)
+
+
+def test_max_batch_names_the_pop_script_limit(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "{}\n"), dispenser={"max_batch": 8_001})
+    assert "dispenser: max_batch 8001 is above 5000" in str(caught.value)

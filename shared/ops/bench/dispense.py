@@ -36,6 +36,7 @@ from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings
 from shared.ops.bench import BENCH_PERMUTATION_KEY
 from shared.ops.bench import servers as bench_servers
+from shared.ops.databases import ensure_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
 from shared.stores import redis_keys
@@ -356,6 +357,7 @@ class Bench:
         return report
 
     async def _prepare_baseline(self) -> None:
+        await ensure_database(self.settings.postgres_dsn)  # through the maintenance database
         conn = await asyncpg.connect(self.settings.postgres_dsn)
         try:
             await conn.execute(bench_servers.CREATE_BASELINE)

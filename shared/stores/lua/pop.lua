@@ -11,12 +11,14 @@ local ledger_type = ARGV[2]       -- the type's name when it keeps a ledger, els
 local FIRST_CLIENT = 3            -- ARGV[3..]: the API client of each key (or one for all)
 
 local discarded = enforce_fence()
+-- Unpacked before the pop: a failure here (too many arguments) must not lose keys.
+local clients = ledger_type ~= '' and {unpack(ARGV, FIRST_CLIENT)} or {}
 local taken = redis.call('LPOP', hot_list, count)
 if not taken then
   local refill = redis.call('HMGET', refill_stats, 'rate', 'at')
   return {{}, 0, redis.call('EXISTS', exhausted_marker), discarded, refill}
 end
 if ledger_type ~= '' then
-  ledger_issue(ledger_stream, ledger_type, taken, {unpack(ARGV, FIRST_CLIENT)}, '')
+  ledger_issue(ledger_stream, ledger_type, taken, clients, '')
 end
 return {taken, redis.call('LLEN', hot_list), 0, discarded, {}}

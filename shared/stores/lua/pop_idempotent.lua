@@ -10,16 +10,17 @@ local refill_stats = KEYS[8]
 local record_key = KEYS[9]        -- the idempotency record
 local count = tonumber(ARGV[1])
 local ledger_type = ARGV[2]       -- the type's name when it keeps a ledger, else ''
-local client = ARGV[3]            -- API client name
+local client = ARGV[3]            -- API client name (the record belongs to it)
 local record_ttl = tonumber(ARGV[4])
-local request = ARGV[5]           -- fingerprint of the request (type and count)
+local request = ARGV[5]           -- fingerprint of the request (client, type and count)
 local idempotency_key = ARGV[6]   -- as the client sent it, for the ledger
 
 local discarded = enforce_fence()
 local saved = redis.call('GET', record_key)
 if saved then
   local record = cjson.decode(saved)
-  if record.request ~= request then
+  -- Another client's record never replays (its key name differs too).
+  if record.request ~= request or record.client ~= client then
     return {'mismatch', {}, 0, 0, discarded, {}}
   end
   return {'replayed', record.keys, redis.call('LLEN', hot_list), 0, discarded, {}}
@@ -29,7 +30,7 @@ if not taken then
   local refill = redis.call('HMGET', refill_stats, 'rate', 'at')
   return {'taken', {}, 0, redis.call('EXISTS', exhausted_marker), discarded, refill}
 end
-redis.call('SET', record_key, cjson.encode({request = request, keys = taken}), 'EX', record_ttl)
+redis.call('SET', record_key, cjson.encode({request = request, client = client, keys = taken}), 'EX', record_ttl)
 if ledger_type ~= '' then
   ledger_issue(ledger_stream, ledger_type, taken, {client}, idempotency_key)
 end
