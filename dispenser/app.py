@@ -33,7 +33,7 @@ from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
-from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError
+from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
@@ -263,6 +263,7 @@ async def readyz(request: Request) -> Response:
     try:
         types = await dispenser.type_states()
     except KeydispenserError as exc:
+        dispenser.metrics.redis_up.set(0 if isinstance(exc, StoreUnavailable) else 1)
         request_id = envelope.request_id(request.scope["headers"])
         log.warning("not_ready", extra={"error": str(exc), "request_id": request_id})
         why = "redis may evict keys" if isinstance(exc, ConfigError) else "redis unreachable"
@@ -271,6 +272,7 @@ async def readyz(request: Request) -> Response:
             status_code=503,
             headers={"X-Request-Id": request_id},
         )
+    dispenser.metrics.redis_up.set(1)
     return JSONResponse({"ready": True, "types": types})
 
 
