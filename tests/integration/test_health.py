@@ -11,10 +11,15 @@ from prometheus_client import CollectorRegistry
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from keysync.main import Keysync, run
+from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.metrics import Heartbeat, serve
 from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.postgres_fence import GuardedCold
 from shared.stores.sync_record import SyncRecord
+from shared.stores.wake import WakeChannel
 
 
 class Clock:
@@ -85,6 +90,25 @@ async def test_keygen_loop_beats(settings: Settings, sync: SyncRecord) -> None:
             await asyncio.sleep(0.05)
         assert keygen.heartbeat.ready()
         assert keygen.metrics.fence.halted._value.get() == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await cold.close()
+
+
+async def test_keysync_loop_beats(settings: Settings, sync: SyncRecord, hot: HotStore) -> None:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    wake = WakeChannel(hot.endpoint)
+    stop = asyncio.Event()
+    heartbeat = Heartbeat(CollectorRegistry())
+    keysync = Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot)
+    running = asyncio.ensure_future(run(keysync, wake, settings, stop, heartbeat))
+    try:
+        for _ in range(600):  # deadline: 30 s
+            if heartbeat.ready():
+                break
+            await asyncio.sleep(0.05)
+        assert heartbeat.ready()
     finally:
         stop.set()
         await asyncio.wait_for(running, 10)
