@@ -124,12 +124,18 @@ def _well_formed(id_type: IdType, value: str) -> str:
 
 
 async def mark_used(request: Request) -> Response:
-    """Record that an issued ID was used; applied to the ledger asynchronously (202)."""
+    """Record that an issued ID was used; applied to the ledger asynchronously (202).
+
+    On a type without a ledger it is accepted and counted, not recorded (a registry's
+    updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = dispenser.ledger_type(name)
+    id_type = dispenser.id_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
+    if not id_type.config.ledger:
+        dispenser.metrics.used_unrecorded.labels(name).inc()
+        return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
     await dispenser.ledger_open(id_type)
     await dispenser.ledger_stream.record_used(
         name, [value], client, dispenser.gate.ledger_admin(client)
