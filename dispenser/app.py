@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,13 +28,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispenser import envelope
+from dispenser import envelope, openg2p
 from dispenser.envelope import BodyTooLarge, ClientGone
 from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
-from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError
+from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.hot_store import HotStore, Popped
@@ -123,12 +124,18 @@ def _well_formed(id_type: IdType, value: str) -> str:
 
 
 async def mark_used(request: Request) -> Response:
-    """Record that an issued ID was used; applied to the ledger asynchronously (202)."""
+    """Record that an issued ID was used; applied to the ledger asynchronously (202).
+
+    On a type without a ledger it is accepted and counted, not recorded (a registry's
+    updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
     name = request.path_params["id_type"]
     client = dispenser.gate.admit(request.headers, name)
-    id_type = dispenser.ledger_type(name)
+    id_type = dispenser.id_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
+    if not id_type.config.ledger:
+        dispenser.metrics.used_unrecorded.labels(name).inc()
+        return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
     await dispenser.ledger_open(id_type)
     await dispenser.ledger_stream.record_used(
         name, [value], client, dispenser.gate.ledger_admin(client)
@@ -208,31 +215,43 @@ async def lookup(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """OpenG2P's health route (behind protect_observability; probes use /healthz, /readyz)."""
+    """OpenG2P's health route (behind protect_observability; probes use /healthz, /readyz):
+    503 IDG-005 until start-up is complete, 503 IDG-006 when the store check fails."""
     _observability(request)
-    await _dispenser(request).hot.ping()
+    dispenser = _dispenser(request)
+    try:
+        await dispenser.type_states()
+    except KeydispenserError as exc:
+        started = dispenser.started
+        code = envelope.HEALTH_STORE_FAILED if started else envelope.HEALTH_STARTING
+        why = "store check failed" if started else "start-up is not complete"
+        request_id = envelope.request_id(request.scope["headers"])
+        log.warning(
+            "health_down", extra={"error": str(exc), "code": code, "request_id": request_id}
+        )
+        return envelope.error(503, code, why, {"Retry-After": "1"}, request_id)
     return envelope.ok({"status": "UP"})
 
 
 async def version(request: Request) -> Response:
     _dispenser(request).gate.admit(request.headers)
-    return envelope.ok({"version": metadata.version("keydispenser")})
+    build: dict[str, str] = request.app.state.build
+    return envelope.ok({"version": build["service_version"], **build})
 
 
 async def config(request: Request) -> Response:
     dispenser = _dispenser(request)
     dispenser.gate.admit(request.headers)
-    types = {
-        name: {
-            "kind": id_type.config.kind,
-            "length": id_type.config.length,
-            "filter_profile": id_type.config.filter_profile,
-            "filters": id_type.config.filters.model_dump(),
-            "ledger": id_type.config.ledger,
+    types = {name: openg2p.type_config(id_type) for name, id_type in dispenser.id_types.items()}
+    described = openg2p.global_rules_type(dispenser.id_types)
+    rules = {} if described is None else openg2p.rules(described)
+    return envelope.ok(
+        {
+            "id_types": types,
+            "filter_rules": rules,
+            "filter_rules_id_type": described.name if described else None,
         }
-        for name, id_type in dispenser.id_types.items()
-    }
-    return envelope.ok({"id_types": types})
+    )
 
 
 def _observability(request: Request) -> None:
@@ -263,6 +282,7 @@ async def readyz(request: Request) -> Response:
     try:
         types = await dispenser.type_states()
     except KeydispenserError as exc:
+        dispenser.metrics.redis_up.set(0 if isinstance(exc, StoreUnavailable) else 1)
         request_id = envelope.request_id(request.scope["headers"])
         log.warning("not_ready", extra={"error": str(exc), "request_id": request_id})
         why = "redis may evict keys" if isinstance(exc, ConfigError) else "redis unreachable"
@@ -271,6 +291,7 @@ async def readyz(request: Request) -> Response:
             status_code=503,
             headers={"X-Request-Id": request_id},
         )
+    dispenser.metrics.redis_up.set(1)
     return JSONResponse({"ready": True, "types": types})
 
 
@@ -362,6 +383,7 @@ def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
         store = hot or HotStore.from_settings(settings)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
+        app.state.build = openg2p.build_info(os.environ)
         dispenser.announce_exposure()
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
         try:

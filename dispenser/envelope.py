@@ -56,6 +56,10 @@ ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
     LedgerBacklogFull: (503, "IDG-014"),
 }
 ROUTE_NOT_FOUND = "IDG-006"
+# OpenG2P's health route: 503 IDG-005 until start-up is complete, IDG-006 when its
+# store check fails afterwards (IDG-006 is also this service's 404, as before).
+HEALTH_STARTING = "IDG-005"
+HEALTH_STORE_FAILED = "IDG-006"
 METHOD_NOT_ALLOWED = "IDG-007"
 INTERNAL_ERROR = "IDG-500"
 # What a client is told of a server-side failure; the detail goes to the log only.

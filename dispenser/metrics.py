@@ -68,6 +68,17 @@ class DispenserMetrics:
             "1 when no API keys are configured and the API listens beyond loopback",
             registry=registry,
         )
+        self.used_unrecorded = Counter(
+            "kd_used_unrecorded",
+            "Mark-used calls accepted on a type without a ledger (counted, not recorded)",
+            TYPE,
+            registry=registry,
+        )
+        self.redis_up = Gauge(
+            "kd_redis_up",
+            "1 when the Redis primary answered the last readiness check, else 0",
+            registry=registry,
+        )
         self.ledger_backlog = Gauge(
             "kd_ledger_stream_backlog",
             "Ledger stream entries not yet drained into PostgreSQL, as last read",

@@ -200,7 +200,7 @@ def _paths() -> Json:
         },
         "/v1/idgenerator/health": {
             "get": {
-                "summary": "UP when Redis answers",
+                "summary": "UP when Redis answers; 503 IDG-005 while starting, IDG-006 after",
                 "responses": {
                     "200": _json(_envelope(_object(status=STRING)), "up"),
                     **_errors(401, 503),
@@ -211,7 +211,17 @@ def _paths() -> Json:
             "get": {
                 "summary": "Service version",
                 "responses": {
-                    "200": _json(_envelope(_object(version=STRING)), "the version"),
+                    "200": _json(
+                        _envelope(
+                            _object(
+                                version=STRING,
+                                service_version=STRING,
+                                build_time=STRING,
+                                git_commit=STRING,
+                            )
+                        ),
+                        "the version and build metadata (OpenG2P's fields)",
+                    ),
                     **_errors(401, 429),
                 },
             }
@@ -220,7 +230,12 @@ def _paths() -> Json:
             "get": {
                 "summary": "ID types and their filters (never secrets)",
                 "responses": {
-                    "200": _json(_envelope(_object(id_types={"type": "object"})), "the types"),
+                    "200": _json(
+                        _envelope(
+                            _object(id_types={"type": "object"}, filter_rules={"type": "object"})
+                        ),
+                        "the types (OpenG2P's id_length among their fields) and filter rules",
+                    ),
                     **_errors(401, 429),
                 },
             }

@@ -203,6 +203,11 @@ class Dispenser:
                 },
             )
 
+    @property
+    def started(self) -> bool:
+        """Start-up is complete once the Redis primary answered and refuses eviction."""
+        return self._memory_policy_ok
+
     async def type_states(self) -> dict[str, dict[str, int | str]]:
         """Each type's hot depth and state (serving, empty, exhausted), into the metrics
         too. Raises StoreUnavailable when the Redis primary cannot be reached (the depth

@@ -16,6 +16,7 @@ from keygen.metrics import KeygenMetrics
 from shared.domain.errors import FenceHalted, KeyspaceExhausted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
+from shared.metrics import Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
 from shared.stores.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
@@ -36,6 +37,7 @@ class Keygen:
         stop: asyncio.Event,
         generator: Generator,
         metrics: KeygenMetrics | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         """``sync`` None switches the PostgreSQL fence off (scratch databases only)."""
         self._settings = settings
@@ -48,6 +50,7 @@ class Keygen:
         self._name = instance_name()
         self._generator = generator
         self.metrics = metrics or KeygenMetrics(CollectorRegistry())
+        self.heartbeat = heartbeat or Heartbeat(self.metrics.registry)
         self._guarded = GuardedCold(cold, sync, self._types, self.metrics.fence.observe)
         self._watches = {
             name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
@@ -65,12 +68,17 @@ class Keygen:
                 worked = await self.step()
                 outage.succeeded()
                 fenced.succeeded()
+                self.metrics.fence.halted.set(0)
+                self.heartbeat.beat()
             except StoreUnavailable as exc:
+                self.heartbeat.beat(ok=False)
                 await sleep_or_stop(self._stop, outage.failed(exc))
                 continue
             except (PostgresBehind, FenceHalted) as exc:
                 # Behind: the fence runs at the next lease. Halted: an operator must act;
                 # keep trying (and saying so) rather than exit.
+                self.metrics.fence.halted.set(1 if isinstance(exc, FenceHalted) else 0)
+                self.heartbeat.beat(ok=False)
                 await sleep_or_stop(
                     self._stop, fenced.failed(StoreUnavailable("postgres", str(exc)))
                 )
@@ -181,6 +189,7 @@ class Keygen:
                 await self._cold.insert_keys(id_type, leased, keys, tried, final=final)
                 self.metrics.keys.labels(id_type.name).inc(len(keys))
                 self.metrics.candidates.labels(id_type.name).inc(tried)
+                self.heartbeat.beat()  # a long range is progress, not a stall
                 if progress is not None:
                     progress(len(keys))
                 accepted += len(keys)
@@ -247,8 +256,10 @@ async def serve(settings: Settings) -> None:
             await check(conn, build_id_types(settings))
         generator = Generator(settings.keygen.threads)
         metrics = KeygenMetrics(CollectorRegistry())
-        serve_metrics(metrics.registry, settings.keygen.metrics_host, settings.keygen.metrics_port)
-        keygen = Keygen(settings, cold, sync, stop, generator, metrics)
+        heartbeat = Heartbeat(metrics.registry)
+        host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
+        serve_metrics(metrics.registry, host, port, heartbeat)
+        keygen = Keygen(settings, cold, sync, stop, generator, metrics, heartbeat)
         listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
         try:

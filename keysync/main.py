@@ -19,6 +19,7 @@ from keysync.metrics import KeysyncMetrics
 from shared.domain.errors import FenceHalted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
+from shared.metrics import Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     Outage,
@@ -72,6 +73,9 @@ class Keysync:
         self._metrics = metrics or KeysyncMetrics(CollectorRegistry())
         self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
+
+    def fence_halted(self, halted: bool) -> None:
+        self._metrics.fence.halted.set(1 if halted else 0)
 
     async def refill_all(self) -> None:
         for id_type in self._types.values():
@@ -155,7 +159,15 @@ class Keysync:
         raise StoreUnavailable("redis", f"batch of {len(keys)} {name} keys lost: {reason}")
 
 
-async def run(keysync: Keysync, wake: WakeChannel, settings: Settings, stop: asyncio.Event) -> None:
+async def run(
+    keysync: Keysync,
+    wake: WakeChannel,
+    settings: Settings,
+    stop: asyncio.Event,
+    heartbeat: Heartbeat | None = None,
+) -> None:
+    """Refill until stopped; every iteration beats ``heartbeat`` (the liveness probe)."""
+    beat = (heartbeat or Heartbeat(CollectorRegistry())).beat
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
@@ -168,13 +180,18 @@ async def run(keysync: Keysync, wake: WakeChannel, settings: Settings, stop: asy
             pg_outage.succeeded()
             redis_outage.succeeded()
             fence_outage.succeeded()
+            keysync.fence_halted(False)
+            beat(True)
             await wake.wait(settings.keysync.poll_interval_s)
         except StoreUnavailable as exc:
+            beat(False)
             outage = redis_outage if exc.store == "redis" else pg_outage
             await sleep_or_stop(stop, outage.failed(exc))
         except (PostgresBehind, FenceHalted) as exc:
             # Behind: the fence runs before the next batch. Halted: an operator must
             # act; keep trying (and saying so) rather than exit.
+            keysync.fence_halted(isinstance(exc, FenceHalted))
+            beat(False)
             await sleep_or_stop(stop, fence_outage.failed(StoreUnavailable("postgres", str(exc))))
 
 
@@ -210,7 +227,9 @@ async def drain_ledger(
 async def serve(settings: Settings) -> None:
     stop = stop_on_signals()
     metrics = KeysyncMetrics(CollectorRegistry())
-    serve_metrics(metrics.registry, settings.keysync.metrics_host, settings.keysync.metrics_port)
+    heartbeat = Heartbeat(metrics.registry)
+    host, port = settings.keysync.metrics_host, settings.keysync.metrics_port
+    serve_metrics(metrics.registry, host, port, heartbeat)
     cold = await connect_with_retry(
         lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
     )
@@ -237,7 +256,7 @@ async def serve(settings: Settings) -> None:
             await hot.refuse_eviction()
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
-        tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop)]
+        tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop, heartbeat)]
         if drain.enabled:
             tasks.append(drain_ledger(drain, metrics, stream, stop))
         await asyncio.gather(*tasks)

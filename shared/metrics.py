@@ -1,18 +1,30 @@
-"""Metrics plumbing common to every process; each process defines its own metrics."""
+"""Metrics plumbing common to every process; each process defines its own metrics.
+
+keygen and keysync serve their registry on their metrics port together with two
+probes: ``/healthz`` (liveness: the process loop beat recently, not only the port is
+open) and ``/readyz`` (started, the loop alive and its last iteration reached its
+stores).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from shared.stores.postgres_fence import FenceReport
 
 TYPE = ["id_type"]
-
-
-def serve(registry: CollectorRegistry, host: str, port: int | None) -> None:
-    """Expose ``registry`` over HTTP in a background thread when a port is set."""
-    if port is not None:
-        start_http_server(port, addr=host, registry=registry)
+STALL_AFTER_S = 120.0  # a loop that has not beaten for this long is not alive
 
 
 class FenceMetrics:
@@ -31,8 +43,91 @@ class FenceMetrics:
             TYPE,
             registry=registry,
         )
+        self.halted = Gauge(
+            "kd_postgres_fence_halted",
+            "1 while leases/syncs are halted until an operator runs fence-postgres",
+            registry=registry,
+        )
 
     def observe(self, report: FenceReport) -> None:
         self.fences.labels(report.reason).inc()
         for name, keys in report.keys_discarded.items():
             self.discarded.labels(name).inc(keys)
+
+
+class Heartbeat:
+    """The pulse of a process loop: each iteration beats, saying whether it reached
+    its stores. Alive while starting (the startup probe bounds that) and while beats
+    keep coming; ready once the loop runs and its last iteration succeeded."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        stall_after_s: float = STALL_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stall_after_s = stall_after_s
+        self._clock = clock
+        self._last: float | None = None
+        self._ok = False
+        self._gauge = Gauge(
+            "kd_loop_heartbeat_timestamp_seconds",
+            "Unix time of the process loop's last iteration",
+            registry=registry,
+        )
+
+    def beat(self, ok: bool = True) -> None:
+        self._last = self._clock()
+        self._ok = ok
+        self._gauge.set_to_current_time()
+
+    def alive(self) -> bool:
+        return self._last is None or self._clock() - self._last <= self._stall_after_s
+
+    def ready(self) -> bool:
+        return self._last is not None and self._ok and self.alive()
+
+
+def _handler(
+    registry: CollectorRegistry, heartbeat: Heartbeat | None
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path in ("/healthz", "/readyz"):
+                check = heartbeat is None or (
+                    heartbeat.alive() if path == "/healthz" else heartbeat.ready()
+                )
+                self._answer(200 if check else 503, b"ok\n" if check else b"not ok\n", "text/plain")
+            elif path == "/metrics":
+                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._answer(404, b"not found\n", "text/plain")
+
+        def _answer(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one line per probe would drown the process's own log
+
+    return Handler
+
+
+def serve(
+    registry: CollectorRegistry,
+    host: str,
+    port: int | None,
+    heartbeat: Heartbeat | None = None,
+) -> ThreadingHTTPServer | None:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` in a background thread when a
+    port is set; returns the server (``shutdown()`` stops it)."""
+    if port is None:
+        return None
+    server = ThreadingHTTPServer((host, port), _handler(registry, heartbeat))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

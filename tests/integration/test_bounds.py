@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -158,3 +159,18 @@ async def test_up_waits_for_every_type_through_readyz(
         await hot.push("shortlink", ["aZ09xYq"], uuid.uuid4().hex)
         assert await asyncio.to_thread(types_not_serving, url, 5) == []
     assert await asyncio.to_thread(types_not_serving, url, 0.3) == ["dispenser"]
+
+
+async def test_readiness_says_when_the_redis_primary_is_unreachable(
+    servers: Servers, database: str
+) -> None:
+    """kd_redis_up feeds the KdRedisPrimaryUnreachable alert."""
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    settings = make_settings(servers, database, redis_url=url)
+    async with dispenser_over_http(settings) as client:
+        ready = await client.get("/readyz")
+        metrics = (await client.get("/metrics")).text
+    assert ready.status_code == 503 and ready.json()["error"] == "redis unreachable"
+    assert "kd_redis_up 0.0" in metrics

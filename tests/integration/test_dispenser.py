@@ -143,6 +143,7 @@ async def test_liveness_and_readiness(
     metrics = (await client.get("/metrics")).text
     assert 'kd_type_serving{id_type="farmer"} 1.0' in metrics
     assert 'kd_type_serving{id_type="shortlink"} 0.0' in metrics
+    assert "kd_redis_up 1.0" in metrics
 
 
 async def test_unknown_routes_and_methods(client: httpx.AsyncClient) -> None:

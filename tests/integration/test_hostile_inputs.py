@@ -202,7 +202,9 @@ async def test_store_failures_tell_clients_what_and_logs_where(
             assert secret not in reply.text, (reply.request.url, reply.text)
         request_id = reply.headers["X-Request-Id"]
         assert request_id in reply.text
-    logged = [r for r in caplog.records if r.message in ("request_failed", "not_ready")]
+    logged = [
+        r for r in caplog.records if r.message in ("request_failed", "not_ready", "health_down")
+    ]
     assert len(logged) == len(replies)
     assert all(str(dead) in str(r.__dict__["error"]) for r in logged)
     assert {r.__dict__["request_id"] for r in logged} == {

@@ -171,10 +171,23 @@ async def test_marking_a_key_never_issued_is_counted_not_applied(
     assert (await lookup(client, "Q000000"))["used"] is False
 
 
+async def test_marking_used_on_a_type_without_ledger_is_accepted_and_counted(
+    client: httpx.AsyncClient,
+) -> None:
+    """OpenG2P's registry notifies every ID it uses; a 409 would be retried forever."""
+    reply = await client.post("/v1/idgenerator/farmer/id/3029384756/used")
+    assert reply.status_code == 202
+    assert reply.json()["response"] == {"id": "3029384756", "status": "ACCEPTED"}
+    metrics = (await client.get("/metrics")).text
+    assert 'kd_used_unrecorded_total{id_type="farmer"} 1.0' in metrics
+    batch = await client.post("/v1/keys/farmer/used", json={"keys": ["3029384756"]})
+    assert batch.status_code == 409  # this service's own batch route still says so
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "code"),
     [
-        ("POST", "/v1/idgenerator/farmer/id/3029384756/used", None, 409, "IDG-011"),
+        ("POST", "/v1/idgenerator/farmer/id/30293847561/used", None, 422, "IDG-004"),
         ("GET", "/v1/keys/farmer/3029384756", None, 409, "IDG-011"),
         ("POST", "/v1/idgenerator/shortlink/id/short/used", None, 422, "IDG-004"),
         ("POST", "/v1/idgenerator/nope/id/L000001/used", None, 404, "IDG-003"),
