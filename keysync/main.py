@@ -21,9 +21,12 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
+    FaultPoint,
     Outage,
     connect_with_retry,
+    fault_points_from_environ,
     instance_name,
+    no_fault,
     sleep_or_stop,
     stop_on_signals,
 )
@@ -64,6 +67,7 @@ class Keysync:
         cold: ColdInventory,
         hot: HotLists,
         metrics: KeysyncMetrics | None = None,
+        fault: FaultPoint = no_fault,
     ) -> None:
         self._settings = settings
         self._types = build_id_types(settings, generating=False)
@@ -72,6 +76,7 @@ class Keysync:
         self._metrics = metrics or KeysyncMetrics(CollectorRegistry())
         self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
+        self._fault = fault  # test-only fault points (KD_FAULT_POINT)
 
     async def refill_all(self) -> None:
         for id_type in self._types.values():
@@ -92,6 +97,7 @@ class Keysync:
             if not keys:
                 await self._cold_empty(name)
                 break
+            self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
             depth = await self.push(name, keys, stamp)
             moved += len(keys)
             await self._record_refill(name, len(keys))
@@ -136,6 +142,7 @@ class Keysync:
                 ambiguous = True
                 if time.monotonic() > deadline:
                     return self._lost(name, keys, "unreachable")
+                self._fault("keysync.push_retry")  # an ambiguous attempt, before the next
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
@@ -237,7 +244,8 @@ async def serve(settings: Settings) -> None:
             await hot.refuse_eviction()
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
-        tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop)]
+        keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())
+        tasks = [run(keysync, wake, settings, stop)]
         if drain.enabled:
             tasks.append(drain_ledger(drain, metrics, stream, stop))
         await asyncio.gather(*tasks)
