@@ -35,6 +35,7 @@ TYPES = ("farmer", "shortlink")
 PER_PHASE = 50_000
 CLIENTS = 20
 PHASE_DEADLINE_S = 240
+KILL_DEADLINE_S = 120  # the load must reach the kill point; a stall fails here
 
 
 def load_types() -> dict[str, dict[str, object]]:
@@ -99,7 +100,9 @@ async def kill_mid_run(
 ) -> None:
     """SIGKILL one keysync and one keygen once ``at`` more keys were taken; restart them."""
     start = sum(load.count(t) for t in TYPES)
-    while sum(load.count(t) for t in TYPES) < start + at:  # noqa: ASYNC110
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    while sum(load.count(t) for t in TYPES) < start + at:
+        assert time.monotonic() < deadline, f"{at} keys not taken within {KILL_DEADLINE_S}s"
         await asyncio.sleep(0.01)
     for name, child in victims.items():
         kill_process(child)
