@@ -230,12 +230,13 @@ def imports_from(copy: Path) -> None:
         raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
 
 
-def run_tests(copy: Path, tests: Sequence[str]) -> int:
-    """pytest's exit code: 0 all passed, 1 some failed, anything else an error."""
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str]:
+    """pytest's exit code (0 all passed, 1 some failed, anything else an error) and the
+    first failed test's id."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider"]
     try:
         done = subprocess.run(
-            command,
+            [*command, *tests],
             cwd=copy,
             env=environment(copy),
             capture_output=True,
@@ -243,8 +244,9 @@ def run_tests(copy: Path, tests: Sequence[str]) -> int:
             timeout=RUN_DEADLINE_S,
         )
     except subprocess.TimeoutExpired:
-        return -1
-    return done.returncode
+        return -1, ""
+    failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    return done.returncode, failed[0] if failed else ""
 
 
 def mutate(copy: Path, mutant: Mutant) -> str | None:
@@ -257,15 +259,16 @@ def mutate(copy: Path, mutant: Mutant) -> str | None:
     return original
 
 
-def verdict(copy: Path, mutant: Mutant) -> str:
+def verdict(copy: Path, mutant: Mutant) -> tuple[str, str]:
+    """killed / SURVIVED / not applied / error, and the test that killed it."""
     original = mutate(copy, mutant)
     if original is None:
-        return "not applied"
+        return "not applied", ""
     try:
-        code = run_tests(copy, mutant.tests)
+        code, killer = run_tests(copy, mutant.tests)
     finally:
         (copy / mutant.path).write_text(original)
-    return {0: "SURVIVED", 1: "killed"}.get(code, f"error (pytest exit {code})")
+    return {0: "SURVIVED", 1: "killed"}.get(code, f"error (pytest exit {code})"), killer
 
 
 def chosen(names: Sequence[str]) -> list[Mutant]:
@@ -291,16 +294,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch_copy(copy)
         imports_from(copy)
         tests = sorted({t for m in mutants for t in m.tests})
-        if run_tests(copy, tests) != 0:
+        if run_tests(copy, tests)[0] != 0:
             print("mutants: the tests fail without any mutation; fix them first")
             return 2
         failed = 0
         for mutant in mutants:
             started = time.monotonic()
-            result = verdict(copy, mutant)
+            result, killer = verdict(copy, mutant)
             failed += result != "killed"
             took = time.monotonic() - started
-            print(f"{result:12} {mutant.name:62} {took:6.1f}s  {' '.join(mutant.tests)}")
+            print(f"{result:8} {mutant.name:60} {took:5.1f}s  {killer or ' '.join(mutant.tests)}")
             sys.stdout.flush()
     print(f"mutants: {len(mutants) - failed} of {len(mutants)} killed")
     return 1 if failed else 0
