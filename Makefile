@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test lint typecheck check clean
+.PHONY: up test mutants lint typecheck check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ up: $(STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/pytest
+
+# Break each guarantee's line in a scratch copy; fails when the tests miss one.
+mutants: $(TEST_STAMP)
+	$(BIN)/python -m tests.mutants
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -22,9 +22,12 @@ from shared.domain.settings import Settings
 from shared.metrics import Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
+    FaultPoint,
     Outage,
     connect_with_retry,
+    fault_points_from_environ,
     instance_name,
+    no_fault,
     sleep_or_stop,
     stop_on_signals,
 )
@@ -65,6 +68,7 @@ class Keysync:
         cold: ColdInventory,
         hot: HotLists,
         metrics: KeysyncMetrics | None = None,
+        fault: FaultPoint = no_fault,
     ) -> None:
         self._settings = settings
         self._types = build_id_types(settings, generating=False)
@@ -73,6 +77,7 @@ class Keysync:
         self._metrics = metrics or KeysyncMetrics(CollectorRegistry())
         self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
+        self._fault = fault  # test-only fault points (KD_FAULT_POINT)
 
     def fence_halted(self, halted: bool) -> None:
         self._metrics.fence.halted.set(1 if halted else 0)
@@ -96,6 +101,7 @@ class Keysync:
             if not keys:
                 await self._cold_empty(name)
                 break
+            self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
             depth = await self.push(name, keys, stamp)
             moved += len(keys)
             await self._record_refill(name, len(keys))
@@ -140,6 +146,7 @@ class Keysync:
                 ambiguous = True
                 if time.monotonic() > deadline:
                     return self._lost(name, keys, "unreachable")
+                self._fault("keysync.push_retry")  # an ambiguous attempt, before the next
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
@@ -256,7 +263,8 @@ async def serve(settings: Settings) -> None:
             await hot.refuse_eviction()
         log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
-        tasks = [run(Keysync(settings, guarded, hot, metrics), wake, settings, stop, heartbeat)]
+        keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())
+        tasks = [run(keysync, wake, settings, stop, heartbeat)]
         if drain.enabled:
             tasks.append(drain_ledger(drain, metrics, stream, stop))
         await asyncio.gather(*tasks)

@@ -15,6 +15,30 @@ from shared.domain.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FAULT_POINT_ENV = "KD_FAULT_POINT"  # test-only: the fault point at which to die
+FaultPoint = Callable[[str], None]
+
+
+def no_fault(point: str) -> None:
+    """The production fault point: does nothing."""
+
+
+def fault_points_from_environ() -> FaultPoint:
+    """Test-only: a hook that kills the process (as SIGKILL would) at the named point.
+
+    ``KD_FAULT_POINT=keysync.committed`` makes keysync die right after its first
+    batch's DELETE commits and before the push. Unset (production): ``no_fault``.
+    """
+    target = os.environ.get(FAULT_POINT_ENV, "")
+    if not target:
+        return no_fault
+
+    def die_at(point: str) -> None:
+        if point == target:
+            log.error("fault_point_reached", extra={"point": point})
+            os._exit(137)
+
+    return die_at
 
 
 def instance_name() -> str:

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from shared.stores.sync_record import SyncRecord
 TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
 _counter = itertools.count()
+SERVER_START_DEADLINE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,12 @@ async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncCl
     config = uvicorn.Config(create_app(settings), **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
+    deadline = time.monotonic() + SERVER_START_DEADLINE_S
+    while not server.started:
+        if task.done() or time.monotonic() > deadline:
+            server.should_exit = True
+            await asyncio.wait_for(task, SERVER_START_DEADLINE_S)  # its error, if it failed
+            raise RuntimeError(f"dispenser did not start within {SERVER_START_DEADLINE_S}s")
         await asyncio.sleep(0.01)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:

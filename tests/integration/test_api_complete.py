@@ -23,7 +23,7 @@ async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[
     return keys
 
 
-async def test_concurrent_single_requests_share_redis_calls_and_never_share_keys(
+async def test_concurrent_single_requests_never_share_keys_and_some_share_a_pop(
     settings: Settings, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
     keys = await fill(hot, "farmer", 900)
@@ -42,7 +42,7 @@ async def test_concurrent_single_requests_share_redis_calls_and_never_share_keys
     assert await hot.depth("farmer") == 300
     assert 'kd_keys_issued_total{id_type="farmer"} 600.0' in metrics
     pops = _metric(metrics, "kd_pop_requests_count")
-    assert pops < 600  # at least some Redis calls served several requests
+    assert pops < 600  # at least one Redis pop served several requests (no more is promised)
 
 
 def _metric(text: str, name: str) -> float:

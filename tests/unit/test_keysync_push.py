@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import pytest
 
 from keysync.main import Keysync
+from shared import runtime
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
@@ -110,3 +112,37 @@ async def test_unreachable_until_the_deadline_loses_the_batch(
     with pytest.raises(StoreUnavailable, match="unreachable"):
         await keysync(servers).push("t", ["k1"])
     assert servers.lists == {"A": [], "B": []}
+
+
+class Killed(BaseException):
+    """The process died at a fault point."""
+
+
+async def test_killed_between_push_attempts_leaves_the_batch_once_on_its_server() -> None:
+    """An ambiguous attempt executed, then keysync died before retrying: the batch sits
+    on the pinned server exactly once (the retry that never came could only duplicate)."""
+    servers = ServerEpochs()
+    servers.script = ["lose_reply"]
+
+    def fault(point: str) -> None:
+        if point == "keysync.push_retry":
+            raise Killed(point)
+
+    sync = keysync(servers)
+    sync._fault = fault
+    with pytest.raises(Killed):
+        await sync.push("t", ["k1", "k2"])
+    assert servers.lists == {"A": ["k1", "k2"], "B": []}
+
+
+def test_fault_points_are_inert_unless_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.delenv(runtime.FAULT_POINT_ENV, raising=False)
+    assert runtime.fault_points_from_environ() is runtime.no_fault
+    monkeypatch.setenv(runtime.FAULT_POINT_ENV, "keysync.committed")
+    hook = runtime.fault_points_from_environ()
+    hook("keysync.push_retry")
+    assert exits == []
+    hook("keysync.committed")
+    assert exits == [137]

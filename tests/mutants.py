@@ -1,0 +1,313 @@
+"""Named critical mutations: each breaks one guarantee's line; the tests must notice.
+
+``make mutants`` (or ``python -m tests.mutants [NAME ...]``) copies the repository's
+files into a scratch directory (the working tree is never touched), checks that the
+relevant tests pass there unmutated, then applies each mutation on its own, runs only
+that mutant's tests and restores the file. It exits non-zero when any mutant survives
+(its tests still pass) or cannot be applied (its line moved: update the mutant).
+
+The integration tests need the servers the suite needs (KD_TEST_POSTGRES_DSN /
+KD_TEST_REDIS_URL, else embedded ones), exactly as ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+RUN_DEADLINE_S: Final = 600.0  # per pytest run; pytest-timeout bounds each test too
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    before: str  # must occur exactly once in ``path``
+    after: str
+    tests: tuple[str, ...]  # the tests that must fail with the mutation applied
+
+
+CHECKDIGIT_TESTS = ("tests/unit/test_checkdigit.py", "tests/unit/test_checkdigit_tables.py")
+POSTGRES_FENCE_TESTS = (
+    "tests/integration/test_postgres_fence.py",
+    "tests/unit/test_postgres_fence_verdict.py",
+)
+IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
+
+MUTANTS: Final = (
+    Mutant(
+        "fence_runs_on_a_replica",
+        "shared/stores/lua/fence.lua",
+        "if string.match(replication, 'role:(%a+)') ~= 'master' then",
+        "if false then",
+        ("tests/integration/test_replica_fence.py",),
+    ),
+    Mutant(
+        "fence_accepts_any_owner_token",
+        "shared/stores/lua/fence.lua",
+        "if redis.call('GET', FENCE) == token then",
+        "if redis.call('GET', FENCE) then",
+        ("tests/integration/test_fence.py", "tests/integration/test_replica_fence.py"),
+    ),
+    Mutant(
+        "keysync_pushes_before_its_commit_point",
+        "keysync/main.py",
+        '            self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet\n'
+        "            depth = await self.push(name, keys, stamp)\n",
+        "            depth = await self.push(name, keys, stamp)\n"
+        '            self._fault("keysync.committed")\n',
+        ("tests/integration/test_fault_points.py",),
+    ),
+    Mutant(
+        "keysync_take_batch_never_deletes",
+        "shared/stores/sql.py",
+        "    DELETE FROM {cold}\n    WHERE EXISTS (SELECT 1 FROM stamp)\n"
+        "      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))\n"
+        "    RETURNING key",
+        "    SELECT key FROM {cold}\n    WHERE EXISTS (SELECT 1 FROM stamp)\n"
+        "      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))",
+        ("tests/integration/test_pipeline.py", "tests/integration/test_fault_points.py"),
+    ),
+    Mutant(
+        "verhoeff_position_off_by_one",
+        "shared/domain/checkdigit.py",
+        "c = _D[c][_P[(i + 1) % 8][int(ch)]]",
+        "c = _D[c][_P[i % 8][int(ch)]]",
+        CHECKDIGIT_TESTS,
+    ),
+    Mutant(
+        "verhoeff_table_row7_entries_0_and_5_swapped",
+        "shared/domain/checkdigit.py",
+        "(7, 0, 4, 6, 9, 1, 3, 2, 5, 8),",
+        "(1, 0, 4, 6, 9, 7, 3, 2, 5, 8),",
+        CHECKDIGIT_TESTS,
+    ),
+    Mutant(
+        "verhoeff_inverse_entry_swapped",
+        "shared/domain/checkdigit.py",
+        "_INV = (0, 4, 3, 2, 1, 5, 6, 7, 8, 9)",
+        "_INV = (0, 3, 4, 2, 1, 5, 6, 7, 8, 9)",
+        CHECKDIGIT_TESTS,
+    ),
+    Mutant(
+        "postgres_guard_passes_a_server_behind_on_the_same_timeline",
+        "shared/stores/sql.py",
+        "WHEN here.tl = $1 THEN c.clock >= $2::bigint",
+        "WHEN here.tl = $1 THEN true",
+        POSTGRES_FENCE_TESTS,
+    ),
+    Mutant(
+        "postgres_guard_given_a_permissive_record",
+        "shared/stores/sync_record.py",
+        "return [self.timeline, self.clock, self.untrusted]",
+        "return [0, self.clock, False]",
+        POSTGRES_FENCE_TESTS,
+    ),
+    Mutant(
+        "push_ignores_a_stale_stamp",
+        "shared/stores/lua/push.lua",
+        "if timeline > 0 and record_stamp(timeline, fork, clock) ~= 'ok' then",
+        "if timeline > 0 and record_stamp(timeline, fork, clock) == 'never' then",
+        (*POSTGRES_FENCE_TESTS, "tests/integration/test_push_stamp.py"),
+    ),
+    Mutant(
+        "push_ignores_its_pin",
+        "shared/stores/lua/push.lua",
+        "if pin ~= '' and pin ~= token then",
+        "if false then",
+        ("tests/integration/test_fence.py",),
+    ),
+    Mutant(
+        "push_not_idempotent",
+        "shared/stores/lua/push.lua",
+        "if redis.call('EXISTS', batch_marker) == 1 then",
+        "if false then",
+        ("tests/integration/test_fence.py",),
+    ),
+    Mutant(
+        "idempotency_record_not_keyed_on_the_client",
+        "shared/stores/redis_keys.py",
+        'digest = hashlib.sha256(f"{client}\\n{key}".encode()).hexdigest()',
+        'digest = hashlib.sha256(f"{key}".encode()).hexdigest()',
+        IDEMPOTENCY_TESTS,
+    ),
+    Mutant(
+        "idempotency_replays_another_request",
+        "shared/stores/lua/pop_idempotent.lua",
+        "if record.request ~= request or record.client ~= client then",
+        "if record.client ~= client then",
+        IDEMPOTENCY_TESTS,
+    ),
+    Mutant(
+        "pop_reads_without_removing",
+        "shared/stores/lua/pop.lua",
+        "local taken = redis.call('LPOP', hot_list, count)",
+        "local taken = redis.call('LRANGE', hot_list, 0, count - 1)",
+        ("tests/integration/test_pipeline.py", "tests/integration/test_dispenser.py"),
+    ),
+    Mutant(
+        "pop_idempotent_reads_without_removing",
+        "shared/stores/lua/pop_idempotent.lua",
+        "local taken = redis.call('LPOP', hot_list, count)",
+        "local taken = redis.call('LRANGE', hot_list, 0, count - 1)",
+        IDEMPOTENCY_TESTS,
+    ),
+    Mutant(
+        "filter_sequence_misses_the_last_window",
+        "shared/domain/filters.py",
+        "for i in range(len(s) - limit + 1):",
+        "for i in range(len(s) - limit):",
+        ("tests/unit/test_filters.py",),
+    ),
+    Mutant(
+        "filter_repeating_block_may_overlap",
+        "shared/domain/filters.py",
+        "return any(s[i : i + limit] in s[i + limit :] for i in range(len(s) - limit))",
+        "return any(s[i : i + limit] in s[i + 1 :] for i in range(len(s) - limit))",
+        ("tests/unit/test_filters.py",),
+    ),
+    Mutant(
+        "permutation_folds_instead_of_cycle_walking",
+        "shared/domain/permutation.py",
+        "out[outside] = self._encrypt(out[outside])",
+        "out[outside] = out[outside] % limit",
+        ("tests/unit/test_permutation.py",),
+    ),
+    Mutant(
+        "permutation_runs_one_round",
+        "shared/domain/permutation.py",
+        "for round_key in self._round_keys:",
+        "for round_key in self._round_keys[:1]:",
+        ("tests/unit/test_permutation.py",),
+    ),
+)
+
+
+def scratch_copy(dest: Path) -> None:
+    """The repository's tracked and untracked-but-not-ignored files, copied to ``dest``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def environment(copy: Path) -> dict[str, str]:
+    # No bytecode: a restored file can have the mutant's size and mtime second.
+    return os.environ | {"PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def imports_from(copy: Path) -> None:
+    """Refuse to run when the copy's packages would not shadow the installed ones."""
+    probe = "import shared, keysync, keygen, dispenser; print(shared.__file__)"
+    where = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=copy,
+        env=environment(copy),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    if not Path(where).resolve().is_relative_to(copy.resolve()):
+        raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
+
+
+def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str]:
+    """pytest's exit code (0 all passed, 1 some failed, anything else an error) and the
+    first failed test's id."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(
+            [*command, *tests],
+            cwd=copy,
+            env=environment(copy),
+            capture_output=True,
+            text=True,
+            timeout=RUN_DEADLINE_S,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, ""
+    failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    return done.returncode, failed[0] if failed else ""
+
+
+def mutate(copy: Path, mutant: Mutant) -> str | None:
+    """Apply ``mutant``; the original text, or None when its line is not there once."""
+    path = copy / mutant.path
+    original = path.read_text()
+    if original.count(mutant.before) != 1:
+        return None
+    path.write_text(original.replace(mutant.before, mutant.after))
+    return original
+
+
+def verdict(copy: Path, mutant: Mutant) -> tuple[str, str]:
+    """killed / SURVIVED / not applied / error, and the test that killed it."""
+    original = mutate(copy, mutant)
+    if original is None:
+        return "not applied", ""
+    try:
+        code, killer = run_tests(copy, mutant.tests)
+    finally:
+        (copy / mutant.path).write_text(original)
+    return {0: "SURVIVED", 1: "killed"}.get(code, f"error (pytest exit {code})"), killer
+
+
+def chosen(names: Sequence[str]) -> list[Mutant]:
+    known = {m.name: m for m in MUTANTS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"mutants: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names] if names else list(MUTANTS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:62} {m.path}")
+        return 0
+    mutants = chosen(args.names)
+    with tempfile.TemporaryDirectory(prefix="kd-mutants-") as tmp:
+        copy = Path(tmp)
+        scratch_copy(copy)
+        imports_from(copy)
+        tests = sorted({t for m in mutants for t in m.tests})
+        if run_tests(copy, tests)[0] != 0:
+            print("mutants: the tests fail without any mutation; fix them first")
+            return 2
+        failed = 0
+        for mutant in mutants:
+            started = time.monotonic()
+            result, killer = verdict(copy, mutant)
+            failed += result != "killed"
+            took = time.monotonic() - started
+            print(f"{result:8} {mutant.name:60} {took:5.1f}s  {killer or ' '.join(mutant.tests)}")
+            sys.stdout.flush()
+    print(f"mutants: {len(mutants) - failed} of {len(mutants)} killed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
