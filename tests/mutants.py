@@ -121,6 +121,13 @@ MUTANTS: Final = (
         (*POSTGRES_FENCE_TESTS, "tests/integration/test_push_stamp.py"),
     ),
     Mutant(
+        "fence_reset_lowers_the_record",
+        "shared/stores/lua/reset_record.lua",
+        "if tonumber(rec[1]) == timeline and (tonumber(rec[2]) or 0) > clock then",
+        "if false then",
+        POSTGRES_FENCE_TESTS,
+    ),
+    Mutant(
         "push_ignores_its_pin",
         "shared/stores/lua/push.lua",
         "if pin ~= '' and pin ~= token then",

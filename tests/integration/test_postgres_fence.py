@@ -175,3 +175,16 @@ async def test_both_tiers_losing_state_halts_until_an_operator_fences(
         assert keys == []  # the inventory was discarded; keygen makes new keys
         state = await cold.sequence_state(farmer)
         assert state.leased_counters >= 11 * farmer.config.range_size
+
+
+async def test_a_fence_never_lowers_the_record_on_its_own_timeline(sync: SyncRecord) -> None:
+    """A guarded write that lands while the fence commits keeps its higher clock."""
+    from shared.stores.sync_record import Stamp
+
+    assert await sync.record_lease("farmer", 10, Stamp(3, 5, 40))
+    await sync.reset(Stamp(3, 30, 31))
+    record = await sync.read()
+    assert (record.timeline, record.fork, record.clock) == (3, 30, 40)
+    await sync.reset(Stamp(4, 50, 51))  # a newer timeline restarts the record
+    record = await sync.read()
+    assert (record.timeline, record.clock) == (4, 51)
