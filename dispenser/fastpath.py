@@ -109,7 +109,7 @@ class FastPath:
             return None
         match = ALLOCATE_ONE_PATH.fullmatch(scope["path"])
         dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
-        if match is None or dispenser is None or match["name"] not in dispenser.id_types:
+        if match is None or dispenser is None or match["name"] not in dispenser.names:
             return None  # the route gives the envelope for a malformed or unknown type
         if any(header == b"idempotency-key" for header, _ in scope["headers"]):
             return None  # the route validates the key and marks replays

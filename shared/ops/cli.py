@@ -54,10 +54,30 @@ def run_dispenser(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_migrate(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.domain.idtypes import build_id_types
+    from shared.domain.snowflake import build_snowflake_types
     from shared.ops.databases import run_migrate
 
     version = asyncio.run(run_migrate(settings))
-    print(f"schema at version {version}; id types: {', '.join(sorted(settings.id_types))}")
+    pooled = sorted(build_id_types(settings, generating=False))
+    minted = sorted(build_snowflake_types(settings))
+    line = f"schema at version {version}; id types: {', '.join(pooled)}"
+    if minted:
+        line += f"; snowflake types (no tables needed): {', '.join(minted)}"
+    print(line)
+
+
+def run_decode(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.domain.snowflake import build_snowflake_types
+
+    types = build_snowflake_types(settings)
+    if args.name not in types:
+        known = ", ".join(sorted(types)) or "none configured"
+        raise ConfigError(
+            f"--type: '{args.name}' is not a snowflake type (snowflake types: {known})"
+        )
+    decoded = {"id": args.value, **types[args.name].decode(args.value).as_dict()}
+    print(json.dumps(decoded, indent=2))
 
 
 def run_status(settings: Settings, args: argparse.Namespace) -> None:
@@ -137,6 +157,7 @@ def parser() -> argparse.ArgumentParser:
     _command(commands, "dispenser", run_dispenser, "run a dispenser process")
     _add_status(commands)
     _add_fill(commands)
+    _add_decode(commands)
     _add_bench(commands)
     _add_drill(commands)
     _add_apikey(commands)
@@ -165,6 +186,16 @@ def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     fill = _command(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
     fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
+
+
+def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    decode = _command(
+        commands, "decode", run_decode, "time, machine and sequence of a snowflake ID"
+    )
+    decode.add_argument(
+        "--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name"
+    )
+    decode.add_argument("value", help="the ID, as the dispenser gave it")
 
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

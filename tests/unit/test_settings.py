@@ -17,10 +17,10 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_shipped_default_defines_farmer_and_shortlink(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KD_CONFIG", raising=False)
     settings = load_settings()
-    assert settings.id_types["farmer"].kind == "numeric"
-    assert settings.id_types["farmer"].length == 10
-    assert settings.id_types["shortlink"].kind == "base62"
-    assert settings.id_types["shortlink"].length == 7
+    assert settings.pooled("farmer").kind == "numeric"
+    assert settings.pooled("farmer").length == 10
+    assert settings.pooled("shortlink").kind == "base62"
+    assert settings.pooled("shortlink").length == 7
 
 
 def test_environment_wins_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,8 +34,8 @@ def test_environment_wins_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("KD_ID_TYPES__FARMER__HOT__LOW", "42")
     settings = load_settings(path)
     assert settings.redis_url == "redis://env:6379/1"
-    assert settings.id_types["farmer"].hot.low == 42
-    assert settings.id_types["farmer"].hot.high == 100  # the rest of the file still applies
+    assert settings.pooled("farmer").hot.low == 42
+    assert settings.pooled("farmer").hot.high == 100  # the rest of the file still applies
 
 
 def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_missing_permutation_key_is_named(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_filters_none_is_shorthand_for_profile_none(tmp_path: Path) -> None:
     path = write(tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 8\n    filters: none\n")
-    assert load_settings(path).id_types["t"].filter_profile == "none"
+    assert load_settings(path).pooled("t").filter_profile == "none"
 
 
 @pytest.mark.parametrize(
