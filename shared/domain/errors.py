@@ -146,3 +146,14 @@ class SnowflakeTimeExhausted(KeyspaceExhausted):
             self, f"keyspace of '{name}' is exhausted: its time field is full (epoch too old)"
         )
         self.name = name
+
+
+class NoMachineIdFree(KeydispenserError):
+    """No machine ID of a lease pool could be granted: every ID of the range is held, or
+    the Redis server changed identity and grants wait one lease TTL (docs/leases.md)."""
+
+    def __init__(self, pool: str, lo: int, hi: int, detail: str) -> None:
+        super().__init__(f"no machine ID free in [{lo}, {hi}] of pool '{pool}': {detail}")
+        self.pool = pool
+        self.lo = lo
+        self.hi = hi

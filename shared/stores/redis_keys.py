@@ -67,3 +67,19 @@ def sync_record_key() -> str:
     """Hash: the record of PostgreSQL's sync clock kept outside PostgreSQL (the PostgreSQL
     fence, ``lua/sync_record.lua``) and the highest counter ever leased per type."""
     return f"{PREFIX}:sync:record"
+
+
+def machine_leases_key(pool: str) -> str:
+    """Hash of a machine-ID pool: machine id -> its lease (owner, fence token, expiry)."""
+    return f"{PREFIX}:lease:{pool}"
+
+
+def machine_last_key(pool: str) -> str:
+    """Hash: machine id -> highest timestamp (ms) its holders may have minted; no expiry."""
+    return f"{PREFIX}:lease:{pool}:last"
+
+
+def lease_ttl_key() -> str:
+    """The longest lease TTL (ms) granted in any pool: after the fence takes over, no
+    machine ID is granted for this long (``lua/lease.lua``)."""
+    return f"{PREFIX}:leases:ttl"

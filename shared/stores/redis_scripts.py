@@ -21,6 +21,11 @@ from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
 
 UNFENCED = frozenset({"nudge"})
+# Helpers some scripts need besides the fence's, prepended after them.
+HELPERS = {
+    script: ("lease",)
+    for script in ("lease_acquire", "lease_renew", "lease_release", "lease_holders")
+}
 
 
 def load_script(script: str) -> str:
@@ -29,7 +34,7 @@ def load_script(script: str) -> str:
 
 def fenced_script(script: str) -> str:
     """The fence prologue and the helpers, followed by the script's own body."""
-    parts = ("fence", "ledger", "sync_record", script)
+    parts = ("fence", "ledger", "sync_record", *HELPERS.get(script, ()), script)
     return "\n".join(load_script(part) for part in parts)
 
 
@@ -68,6 +73,33 @@ def pop_keys(name: str) -> list[str]:
 
 def pop_idempotent_keys(name: str, client: str, idempotency_key: str) -> list[str]:
     return [*pop_keys(name), redis_keys.idempotency_key(client, idempotency_key)]
+
+
+def _lease_slots(pool: str) -> list[str]:
+    """KEYS[5..7] of the lease scripts: the pool's leases, its last timestamps, the
+    longest TTL granted."""
+    return [
+        *fence_slots(),
+        redis_keys.machine_leases_key(pool),
+        redis_keys.machine_last_key(pool),
+        redis_keys.lease_ttl_key(),
+    ]
+
+
+def lease_acquire_keys(pool: str) -> list[str]:
+    return _lease_slots(pool)
+
+
+def lease_renew_keys(pool: str) -> list[str]:
+    return _lease_slots(pool)
+
+
+def lease_release_keys(pool: str) -> list[str]:
+    return _lease_slots(pool)
+
+
+def lease_holders_keys(pool: str) -> list[str]:
+    return _lease_slots(pool)
 
 
 def nudge_keys() -> list[str]:
