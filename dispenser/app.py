@@ -39,6 +39,7 @@ from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, S
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types, wall_clock_ms
+from shared.leasing import LeaseMetrics
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import not_issued
 
@@ -407,11 +408,12 @@ def create_app(
     """The dispenser's ASGI app. ``leases`` gives snowflake types their machine-ID leases
     (default: leased in the hot tier's Redis); ``clock`` is the minters' clock (ms)."""
     metrics = DispenserMetrics(CollectorRegistry())
+    lease_metrics = LeaseMetrics(metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        source = leases or redis_leases(store.endpoint)
+        source = leases or redis_leases(store.endpoint, lease_metrics)
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, clock)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)
         await snowflakes.start(FIRST_LEASE_WAIT_S)

@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import ConfigError
 from shared.domain.snowflake import Clock, Lease, Minter, SnowflakeType, wall_clock_ms
+from shared.leasing import LeaseMetrics, lease_machine_id
 from shared.stores.redis_endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,15 @@ class Holder:
             )
             try:
                 await _first(lease.lost.wait(), closing.wait())
+                lost = lease.lost.is_set()  # read before the release (which sets it)
+                # Released with the last time issued; the floor when nothing was minted,
+                # so the next holder need not wait out the ceiling this one recorded.
+                lease.note_issued(lease.floor_ms)
             finally:
                 self.minter.detach()
                 self.leased.clear()
                 self._metrics.machine_id.labels(name).set(-1)
-            if lease.lost.is_set():
+            if lost:
                 self._metrics.leases_lost.labels(name).inc()
                 log.warning(
                     "machine_id_lost", extra={"id_type": name, "machine_id": lease.machine_id}
@@ -124,7 +129,7 @@ class Snowflakes:
                 states[name] = {"state": "no_machine_id"}
         return states
 
-    async def close(self, deadline_s: float = 10.0) -> None:
+    async def close(self, deadline_s: float = 5.0) -> None:
         """Stop minting and release every lease (each with the last time it issued)."""
         self._closing.set()
         if self._tasks:
@@ -138,6 +143,23 @@ def no_leases(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
     raise ConfigError(f"id_types.{id_type.name}: snowflake types need a machine-ID lease source")
 
 
-def redis_leases(endpoint: RedisEndpoint) -> LeaseSource:
-    """Machine-ID leases kept in the hot tier's Redis."""
-    return no_leases
+def redis_leases(endpoint: RedisEndpoint, metrics: LeaseMetrics | None = None) -> LeaseSource:
+    """Machine-ID leases kept in the hot tier's Redis (``shared.leasing``), one pool per
+    type; an acquire waits up to one lease TTL (a new Redis server grants none for that
+    long) before it is logged and tried again."""
+
+    def source(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
+        config = id_type.config
+        lo, hi = id_type.machine_range
+        return lease_machine_id(
+            endpoint,
+            id_type.pool,
+            lo,
+            hi,
+            ttl_s=config.lease_ttl_s,
+            renew_every_s=config.lease_renew_s,
+            wait_s=config.lease_ttl_s,
+            metrics=metrics,
+        )
+
+    return source

@@ -146,11 +146,14 @@ async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[
 
 
 @asynccontextmanager
-async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """The dispenser app served by uvicorn on a loopback port, and a client for it."""
+async def dispenser_over_http(
+    settings: Settings, **app_options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The dispenser app served by uvicorn on a loopback port, and a client for it;
+    ``app_options`` go to ``create_app`` (a lease source, a clock)."""
     port = free_port()
     options = uvicorn_options(settings.dispenser) | {"host": "127.0.0.1", "port": port}
-    config = uvicorn.Config(create_app(settings), **options)
+    config = uvicorn.Config(create_app(settings, **app_options), **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     deadline = time.monotonic() + SERVER_START_DEADLINE_S

@@ -10,7 +10,7 @@ from typing import Any
 
 from shared.domain.settings import Settings
 
-TARGETS = ("keygen", "fence", "dispense")
+TARGETS = ("keygen", "fence", "dispense", "snowflake")
 # Benchmarks generate into scratch databases: any permutation key will do there.
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
@@ -29,4 +29,8 @@ async def run(target: str, settings: Settings, seconds: float, load: str) -> dic
         from shared.ops.bench import dispense
 
         return await dispense.run(settings, seconds, load)
+    if target == "snowflake":
+        from shared.ops.bench import snowflake
+
+        return await snowflake.run(settings, seconds, load)
     raise ValueError(f"unknown benchmark {target!r}")
