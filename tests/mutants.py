@@ -79,6 +79,13 @@ MUTANTS: Final = (
         ("tests/integration/test_pipeline.py", "tests/integration/test_fault_points.py"),
     ),
     Mutant(
+        "keygen_copies_outside_its_transaction",
+        "shared/stores/cold_store.py",
+        'async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():',
+        'async with translated("insert_keys"), self._pool.acquire() as conn:',
+        ("tests/integration/test_fault_points.py",),
+    ),
+    Mutant(
         "verhoeff_position_off_by_one",
         "shared/domain/checkdigit.py",
         "c = _D[c][_P[(i + 1) % 8][int(ch)]]",
