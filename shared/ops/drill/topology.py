@@ -67,7 +67,8 @@ class Topology:
     def _launch(self, server: RedisServer, replica_of: int | None) -> None:
         server.data_dir.mkdir(parents=True, exist_ok=True)
         # SAVE writes to ``dump``, which the old-snapshot fault copies and restores.
-        options = ["--dbfilename", server.dump.name]
+        # Full syncs start at once rather than after the default 5 s delay.
+        options = ["--dbfilename", server.dump.name, "--repl-diskless-sync-delay", "0"]
         if replica_of is not None:
             options += ["--replicaof", "127.0.0.1", str(replica_of)]
         server.process = spawn(
