@@ -116,6 +116,19 @@ class Topology:
         best = max(votes.items(), key=lambda kv: kv[1], default=None)
         return best[0] if best and best[1] >= 2 else None
 
+    def identity(self) -> tuple[int, str] | None:
+        """The primary's port and identity (``run_id:master_replid``, what the fence
+        records as its owner), or None while there is no agreed primary."""
+        try:
+            primary = self.primary()
+            server, replication = (
+                primary.client().info("server"),
+                primary.client().info("replication"),
+            )
+        except (redis.RedisError, RuntimeError):
+            return None
+        return primary.port, f"{server['run_id']}:{replication['master_replid']}"
+
     def server(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)
 
