@@ -18,7 +18,16 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.metrics import Heartbeat
 from shared.metrics import serve as serve_metrics
-from shared.runtime import Outage, connect_with_retry, instance_name, sleep_or_stop, stop_on_signals
+from shared.runtime import (
+    FaultPoint,
+    Outage,
+    connect_with_retry,
+    fault_points_from_environ,
+    instance_name,
+    no_fault,
+    sleep_or_stop,
+    stop_on_signals,
+)
 from shared.stores.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
@@ -38,6 +47,7 @@ class Keygen:
         generator: Generator,
         metrics: KeygenMetrics | None = None,
         heartbeat: Heartbeat | None = None,
+        fault: FaultPoint = no_fault,
     ) -> None:
         """``sync`` None switches the PostgreSQL fence off (scratch databases only)."""
         self._settings = settings
@@ -49,6 +59,7 @@ class Keygen:
         self._wake = asyncio.Event()
         self._name = instance_name()
         self._generator = generator
+        self._fault = fault  # test-only fault points (KD_FAULT_POINT)
         self.metrics = metrics or KeygenMetrics(CollectorRegistry())
         self.heartbeat = heartbeat or Heartbeat(self.metrics.registry)
         self._guarded = GuardedCold(cold, sync, self._types, self.metrics.fence.observe)
@@ -56,6 +67,9 @@ class Keygen:
             name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
             for name, t in self._types.items()
         }
+
+    def _copied(self) -> None:
+        self._fault("keygen.copied")  # a slice copied, not yet accounted or committed
 
     def wake(self, *_: object) -> None:
         self._wake.set()
@@ -186,7 +200,9 @@ class Keygen:
                 if not final:
                     next_slice = self._generator.generate(id_type, *slices[i + 1])
                     pending = asyncio.ensure_future(next_slice)
-                await self._cold.insert_keys(id_type, leased, keys, tried, final=final)
+                await self._cold.insert_keys(
+                    id_type, leased, keys, tried, final=final, before_commit=self._copied
+                )
                 self.metrics.keys.labels(id_type.name).inc(len(keys))
                 self.metrics.candidates.labels(id_type.name).inc(tried)
                 self.heartbeat.beat()  # a long range is progress, not a stall
@@ -259,7 +275,9 @@ async def serve(settings: Settings) -> None:
         heartbeat = Heartbeat(metrics.registry)
         host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
         serve_metrics(metrics.registry, host, port, heartbeat)
-        keygen = Keygen(settings, cold, sync, stop, generator, metrics, heartbeat)
+        keygen = Keygen(
+            settings, cold, sync, stop, generator, metrics, heartbeat, fault_points_from_environ()
+        )
         listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
         try:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -71,10 +72,25 @@ def make_settings(servers: Servers, database: str, **overrides: Any) -> Settings
     return load_settings(EMPTY_CONFIG, **values)
 
 
+def worker_redis_url(url: str) -> str:
+    """With pytest-xdist, each worker flushes a Redis database of its own: the given
+    database number minus the worker's index (gw0: as given, gw1: one below, ...)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw") or 0)
+    if index == 0:
+        return url
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) - index
+    if db < 0:
+        raise RuntimeError(f"KD_TEST_REDIS_URL: no Redis database left for xdist worker {worker}")
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
     pg_dsn = os.environ.get("KD_TEST_POSTGRES_DSN")
     redis_url = os.environ.get("KD_TEST_REDIS_URL")
+    redis_url = worker_redis_url(redis_url) if redis_url else None
     started: list[EmbeddedPostgres | EmbeddedRedis] = []
     with tempfile.TemporaryDirectory(prefix="kd-test-") as tmp:
         os.chmod(tmp, 0o755)  # PostgreSQL runs as an unprivileged user when we are root

@@ -79,6 +79,27 @@ MUTANTS: Final = (
         ("tests/integration/test_pipeline.py", "tests/integration/test_fault_points.py"),
     ),
     Mutant(
+        "keygen_copies_outside_its_transaction",
+        "shared/stores/cold_store.py",
+        'async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():',
+        'async with translated("insert_keys"), self._pool.acquire() as conn:',
+        ("tests/integration/test_fault_points.py",),
+    ),
+    Mutant(
+        "sentinel_endpoint_never_re_resolves_after_an_error",
+        "shared/stores/redis_endpoint.py",
+        "        if self._sentinel_config is not None:\n            self._stale = True",
+        "        if False:\n            self._stale = True",
+        ("tests/integration/test_sentinel_endpoint.py",),
+    ),
+    Mutant(
+        "sentinel_endpoint_never_re_checks_the_primary",
+        "shared/stores/redis_endpoint.py",
+        "        if self._sentinel_config is not None and self._verify_due():",
+        "        if False:",
+        ("tests/integration/test_sentinel_endpoint.py",),
+    ),
+    Mutant(
         "verhoeff_position_off_by_one",
         "shared/domain/checkdigit.py",
         "c = _D[c][_P[(i + 1) % 8][int(ch)]]",

@@ -115,6 +115,10 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError("the ledger raised its duplicate alarm")
     if report["process_exits"]:
         raise KeydispenserError(f"processes exited during the drill: {report['process_exits']}")
+    if report["fence_not_engaged"]:
+        raise KeydispenserError(f"the fence did not engage in rounds {report['fence_not_engaged']}")
+    if report["not_resumed"]:
+        raise KeydispenserError(f"no key was dispensed after rounds {report['not_resumed']}")
 
 
 def run_apikey(settings: Settings, args: argparse.Namespace) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -136,10 +136,13 @@ class ColdStore:
         candidates: int,
         *,
         final: bool,
+        before_commit: Callable[[], object] = lambda: None,
     ) -> None:
         """Bulk-load keys of a range (COPY) and account for them, atomically.
 
         ``final`` marks the range filled: every key of it is now in the cold table.
+        ``before_commit`` runs after the COPY, before the accounting and the commit
+        (keygen's ``keygen.copied`` fault point).
         """
         async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():
             copy = conn.copy_records_to_table(
@@ -148,6 +151,7 @@ class ColdStore:
             # The driver's own timeout does not cover a COPY whose server died: a deadline
             # of ours does (the connection is then discarded).
             await asyncio.wait_for(copy, self._timeout_s)
+            before_commit()
             await conn.execute(
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )

@@ -3,7 +3,8 @@
 A server of the test's own is SIGKILLed during a COPY, during a transaction and under
 a LISTEN, and while a multi-host DSN names it first; every failure surfaces as
 StoreUnavailable (which the processes ride out with back-off) and work resumes on the
-same store objects once a primary answers again.
+same store objects once a primary answers again. The dispenser, which needs PostgreSQL
+only for ledger lookups, keeps handing out keys while it is down.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, LeasedRange, translated
-from tests.conftest import Servers, make_settings
+from shared.stores.hot_store import HotStore
+from tests.conftest import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance
 T = TypeVar("T")
@@ -168,3 +170,28 @@ async def wait_for_wake(keygen: Keygen, dsn: str, deadline_s: float = 30) -> boo
         except TimeoutError:
             continue
     return False
+
+
+async def test_the_dispenser_serves_keys_while_postgres_is_down(
+    postgres: EmbeddedPostgres, own_settings: Settings, hot: HotStore
+) -> None:
+    farmer = own_settings.id_types["farmer"].model_copy(update={"ledger": True})
+    settings = own_settings.model_copy(
+        update={"id_types": {**own_settings.id_types, "farmer": farmer}}
+    )
+    pushed = [f"{i:010d}" for i in range(1_000_000_000, 1_000_000_020)]
+    await hot.push("farmer", pushed, "b1")
+    await asyncio.to_thread(postgres.kill)  # own_settings starts it again for the next test
+    with pytest.raises((OSError, asyncpg.PostgresError)):
+        await asyncpg.connect(settings.postgres_dsn, timeout=2)
+    async with dispenser_over_http(settings) as client:
+        single = await client.post("/v1/idgenerator/farmer/id")
+        batch = await client.post("/v1/keys/farmer", params={"count": 5})
+        health = await client.get("/v1/idgenerator/health")
+        lookup = await client.get(f"/v1/keys/farmer/{pushed[0]}")
+    assert single.status_code == 200 and batch.status_code == 200, (single.text, batch.text)
+    issued = [single.json()["response"]["id"], *batch.json()["keys"]]
+    assert issued == pushed[:6]
+    assert health.status_code == 200 and health.json()["response"]["status"] == "UP"
+    # Only the ledger lookup needs PostgreSQL: it answers the documented outage error.
+    assert lookup.status_code == 503 and lookup.json()["errors"][0]["errorCode"] == "IDG-005"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
@@ -69,3 +70,57 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
     finally:
         await cold.close()
         await hot.close()
+
+
+async def range_rows(dsn: str, name: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT range_start, accepted, filled_at FROM kd_ranges"
+                " WHERE id_type = $1 ORDER BY range_start",
+                name,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_keygen_killed_between_copy_and_commit_loses_only_that_slice(
+    settings: Settings, sync: SyncRecord
+) -> None:
+    # Four slices per range, so the crash lands inside a range with one slice committed.
+    keygen_settings = settings.keygen.model_copy(update={"slice_size": 5_000})
+    settings = settings.model_copy(update={"keygen": keygen_settings})
+    farmer = build_id_types(settings)["farmer"]
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    copied: list[str] = []
+
+    def fault(point: str) -> None:
+        if point == "keygen.copied":
+            copied.append(point)
+            if len(copied) == 2:
+                raise Killed(point)
+
+    try:
+        dying = Keygen(settings, cold, sync, asyncio.Event(), Generator(2), fault=fault)
+        with pytest.raises(Killed):
+            await dying.lease_and_generate(farmer)
+        assert copied == ["keygen.copied", "keygen.copied"]
+        # The second slice was copied but never committed: only the first is stored,
+        # the range's accounting says exactly that, and the range stays unfilled.
+        survivors = await cold_keys(settings.postgres_dsn, "farmer")
+        [crashed] = await range_rows(settings.postgres_dsn, "farmer")
+        assert 0 < len(survivors) == crashed["accepted"]
+        assert crashed["filled_at"] is None
+
+        # A fresh keygen never returns to the abandoned range: it leases the next one.
+        await Keygen(settings, cold, sync, asyncio.Event(), Generator(2)).lease_and_generate(farmer)
+        rows = await range_rows(settings.postgres_dsn, "farmer")
+        assert [r["range_start"] for r in rows] == [0, farmer.config.range_size]
+        assert rows[0]["accepted"] == crashed["accepted"] and rows[1]["filled_at"] is not None
+        stored = await cold_keys(settings.postgres_dsn, "farmer")
+        assert len(stored) == len(set(stored)) == rows[0]["accepted"] + rows[1]["accepted"]
+        assert set(survivors) <= set(stored)
+    finally:
+        await cold.close()

@@ -4,12 +4,14 @@ Two embedded servers on loopback ports, whatever KD_TEST_REDIS_URL says: a prima
 and its replica. Every hot-list script must refuse on the replica, even one whose
 ``replica-read-only`` is off, where only the fence's role check stands between a
 stale copy of the lists and a client. A promoted replica has a new identity and
-discards exactly the lists it inherited.
+discards exactly the lists it inherited; so does a failed-back primary, and a server
+restarted from a snapshot older than what it dispensed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -57,9 +59,13 @@ async def token(client: aioredis.Redis) -> str:
 
 
 async def caught_up(pair: Pair) -> None:
+    await synced(pair.primary_client, pair.replica_client)
+
+
+async def synced(primary_client: aioredis.Redis, replica_client: aioredis.Redis) -> None:
     async def same_offset() -> bool:
-        primary = await pair.primary_client.info("replication")
-        replica = await pair.replica_client.info("replication")
+        primary = await primary_client.info("replication")
+        replica = await replica_client.info("replication")
         return bool(
             replica.get("master_link_status") == "up"
             and replica.get("slave_repl_offset") == primary.get("master_repl_offset")
@@ -79,6 +85,8 @@ async def pair() -> AsyncIterator[Pair]:
             aioredis.Redis.from_url(s.url, decode_responses=True) for s in (primary, replica)
         ]
         try:
+            for client in clients:  # full syncs start at once, not after the default 5 s
+                await client.config_set("repl-diskless-sync-delay", 0)
             await replicaof(clients[1], "127.0.0.1", str(primary.port))
             found = Pair(primary, replica, *clients)
             await caught_up(found)
@@ -162,3 +170,73 @@ async def test_a_promoted_replica_has_a_new_identity_and_discards_what_it_inheri
     finally:
         await promoted.close()
         await primary.close()
+
+
+async def test_a_failed_back_primary_has_a_new_identity_and_discards_what_it_inherited(
+    pair: Pair,
+) -> None:
+    farmer = redis_keys.hot_list_key("farmer")
+    first = await filled_primary(pair, 30)
+    assert len((await first.pop("farmer", 5)).keys) == 5
+    await caught_up(pair)
+    first_token = await token(pair.primary_client)
+    # Failover: the replica takes over (discarding 25) and is refilled with 10 keys.
+    await replicaof(pair.replica_client, "NO", "ONE")
+    promoted = HotStore(RedisEndpoint(pair.replica.url))
+    assert (await promoted.observe("farmer")).discarded == 25
+    await promoted.push("farmer", [f"g{i}" for i in range(10)], "b2")
+    promoted_token = await token(pair.replica_client)
+    # The old primary returns as the new primary's replica: it must refuse everything.
+    await replicaof(pair.primary_client, "127.0.0.1", str(pair.replica.port))
+    await synced(pair.replica_client, pair.primary_client)
+    for text in await refusals(first):
+        assert REPLICA_REFUSAL in text, text
+    # Failback: the old primary is promoted again, the other follows it.
+    await replicaof(pair.primary_client, "NO", "ONE")
+    await replicaof(pair.replica_client, "127.0.0.1", str(pair.primary.port))
+    try:
+        back = await first.observe("farmer")
+        assert (await pair.primary_client.info("replication"))["role"] == "master"
+        assert back.token == await token(pair.primary_client)
+        assert back.token not in (first_token, promoted_token)
+        assert back.discarded == 10 and back.length == 0  # exactly what it inherited
+        assert await first.discarded_counts() == {farmer: 25 + 10}
+        assert (await first.pop("farmer", 5)).keys == []
+    finally:
+        await promoted.close()
+        await first.close()
+
+
+async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> None:
+    farmer = redis_keys.hot_list_key("farmer")
+    with tempfile.TemporaryDirectory(prefix="kd-snapshot-") as tmp:
+        server = EmbeddedRedis(Path(tmp) / "server")
+        server.start()
+        client = aioredis.Redis.from_url(server.url, decode_responses=True)
+        hot = HotStore(RedisEndpoint(server.url))
+        try:
+            await hot.push("farmer", [f"f{i}" for i in range(20)], "b1")
+            await client.save()
+            snapshot = Path(tmp) / "old.rdb"
+            shutil.copy(server.data_dir / "dump.rdb", snapshot)
+            dispensed = (await hot.pop("farmer", 8)).keys  # after the snapshot
+            assert len(dispensed) == 8
+            old_token = await token(client)
+            await hot.close()
+            await client.aclose()
+            server.stop()
+            shutil.copy(snapshot, server.data_dir / "dump.rdb")
+            server.start()  # same port, loads the older snapshot
+            client = aioredis.Redis.from_url(server.url, decode_responses=True)
+            hot = HotStore(RedisEndpoint(server.url))
+            # The snapshot is stale: it still holds the 8 dispensed keys and the old owner.
+            assert await client.llen(farmer) == 20
+            assert await client.get(redis_keys.fence_key()) == old_token
+            seen = await hot.observe("farmer")
+            assert seen.token == await token(client) != old_token
+            assert seen.discarded == 20 and seen.length == 0
+            assert (await hot.pop("farmer", 20)).keys == []
+        finally:
+            await hot.close()
+            await client.aclose()
+            server.stop()

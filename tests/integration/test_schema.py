@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hashlib
+
 import asyncpg
 import pytest
 
@@ -26,26 +28,60 @@ async def test_migrate_is_idempotent_and_check_passes(settings: Settings) -> Non
         await conn.close()
 
 
-async def test_migrations_in_order_give_the_current_schema(
+# Released migrations are never edited: a database already past one would never see
+# the edit. A change to the schema is a new file (and a new line here).
+RELEASED_MIGRATIONS = {
+    1: "85f181cc0b882e261dde6cbf95c3590cc03e2a32a8ab7d169472e6fa38fc3408",
+    2: "8ca54f387e4a467f86c20757ec7c3a729a3f00f44398c3e11b73957411757c8f",
+}
+
+
+def test_released_migrations_are_never_edited() -> None:
+    files = {v: hashlib.sha256(text.encode()).hexdigest() for v, text in migration_files()}
+    assert {v: files.get(v) for v in RELEASED_MIGRATIONS} == RELEASED_MIGRATIONS
+    assert sorted(files) == list(range(1, len(files) + 1))  # no gap, no duplicate number
+
+
+async def test_a_database_upgraded_from_the_first_release_equals_a_fresh_one(
     servers: Servers, template_db: str
 ) -> None:
-    """A database built file by file equals the template the suite uses."""
+    """A database left at version 1, with data, then migrated: the same schema as the
+    template (migrated from nothing), and its rows kept."""
     dsn = await scratch_database(servers.postgres_admin_dsn, "kd_schema_probe")
     try:
         conn = await asyncpg.connect(dsn)
         try:
-            for _, text in migration_files():
-                await conn.execute(text)
-            probe_columns = await _columns(conn)
+            (first, text), *later = migration_files()
+            assert first == 1 and later, "an upgrade needs at least two migrations"
+            await conn.execute(text)
+            await conn.execute("INSERT INTO kd_schema_version (version) VALUES (1)")
+            await conn.execute(
+                "INSERT INTO kd_id_types (name, fingerprint) VALUES ('old', '{}');"
+                "INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)"
+                " VALUES ('old', 0, 10, 'keygen-1')"
+            )
+            settings = make_settings(servers, "kd_schema_probe")
+            assert await migrate(conn, build_id_types(settings)) == latest_version()
+            upgraded = await _schema(conn)
+            kept = await conn.fetchval("SELECT count(*) FROM kd_ranges WHERE id_type = 'old'")
         finally:
             await conn.close()
     finally:
         await drop_database(servers.postgres_admin_dsn, "kd_schema_probe")
     template = await asyncpg.connect(servers.dsn_for(template_db))
     try:
-        assert probe_columns == await _columns(template)
+        assert upgraded == await _schema(template)
     finally:
         await template.close()
+    assert kept == 1
+
+
+async def _schema(conn: asyncpg.Connection) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The shared tables' columns and every index on a kd_ table."""
+    indexes = await conn.fetch(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexdef"
+    )
+    return await _columns(conn), [r[0] for r in indexes]
 
 
 async def _columns(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:

@@ -70,6 +70,10 @@ class RecordingLoad:
             self.errors[type(exc).__name__] += 1
         return []
 
+    def served_between(self, start: float, until: float) -> int:
+        """Requests answered with keys in [start, until)."""
+        return sum(1 for t, ok in self.events if ok and start <= t < until)
+
     def disruption(self, fault_at: float, until: float) -> tuple[float, float]:
         """The longest stretch without a key dispensed after the fault, before ``until``:
         (ms from the fault to the stretch's start, its length in ms).

@@ -46,6 +46,17 @@ DRILL_TYPE_CONFIG: dict[str, Any] = {
 }
 LEDGER_SETTLE_S = 30.0  # how long the drill waits for keysync to drain the ledger
 LAG_WINDOW_S = 2.0  # postgres_failover: how long the replica misses commits before it
+# Faults that give Redis a primary with a new identity: the fence must engage after each.
+REDIS_FAULTS = frozenset(
+    {
+        "primary_sigkill",
+        "sentinel_failover",
+        "failback",
+        "cut_links_then_sigkill",
+        "restart_from_old_snapshot",
+    }
+)
+FENCE_DEADLINE_S = 15.0  # how long after a Redis fault the fence may take to engage
 
 
 @dataclass
@@ -113,6 +124,7 @@ class Drill:
                 if server.alive():
                     server.client().config_set("replica-priority", 100)
         await self.settle_redis()
+        self.notes["returned_to_first_primary"] = self.topology.primary().port == first.port
         return None
 
     async def cut_links_then_sigkill(self) -> int | None:
@@ -129,7 +141,9 @@ class Drill:
         primary = self.topology.primary()
         baseline = self.discarded()
         self.topology.snapshot(primary, self.snapshot)
-        await asyncio.sleep(1.5)  # keys dispensed after the snapshot
+        dispensed = self.load.dispensed
+        await asyncio.sleep(1.5)  # keys dispensed after the snapshot: it is stale
+        self.notes["keys_dispensed_after_snapshot"] = self.load.dispensed - dispensed
         self.topology.restart(primary, snapshot=self.snapshot)
         await self.settle_redis()
         return baseline
@@ -188,9 +202,33 @@ class Drill:
             "restart_postgres": self.restart_postgres,
         }
 
+    async def fence_engaged(self, identity: str) -> bool:
+        """Whether the fence records the primary ``identity`` as its owner (the first
+        fenced script on a new primary takes ownership), within FENCE_DEADLINE_S."""
+        deadline = time.monotonic() + FENCE_DEADLINE_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, RuntimeError):
+                owner = self.topology.primary().client().get(redis_keys.fence_key())
+                if owner == identity:
+                    return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def identity_notes(self, before: tuple[int, str] | None) -> dict[str, Any]:
+        """After a Redis fault: did the primary change identity, and did the fence engage."""
+        after = await asyncio.to_thread(self.topology.identity)
+        changed = before is not None and after is not None and after[1] != before[1]
+        return {
+            "primary_port_before": before[0] if before else None,
+            "primary_port_after": after[0] if after else None,
+            "identity_changed": changed,
+            "fence_engaged": changed and after is not None and await self.fence_engaged(after[1]),
+        }
+
     async def round(self, number: int, name: str) -> None:
         await asyncio.sleep(SETTLE_S)
         before, requests = self.discarded(), self.load.requests
+        identity = await asyncio.to_thread(self.topology.identity)
         at, wall = time.monotonic(), time.time()
         error = None
         try:
@@ -200,6 +238,9 @@ class Drill:
             error, baseline = str(exc), None
             log.error("drill_fault_failed", extra={"fault": name, "error": error})
             await self.settle_redis()
+        ended = time.monotonic()
+        if name in REDIS_FAULTS:
+            self.notes.update(await self.identity_notes(identity))
         await asyncio.sleep(1.0)  # let the first refill after the fault land
         redis_discarded = max(self.discarded() - (before if baseline is None else baseline), 0)
         row = {
@@ -211,6 +252,7 @@ class Drill:
             "error": error,
             "requests": self.load.requests - requests,
             "_at": at,
+            "_ended": ended,
         }
         if "postgres_fenced_before" in self.notes:
             fenced = await self.postgres_discarded() - self.notes.pop("postgres_fenced_before")
@@ -229,6 +271,8 @@ class Drill:
             began, resume = self.load.disruption(row.pop("_at"), until)
             row["outage_began_ms"] = round(began)
             row["resume_ms"] = round(resume)
+            # Service resumed: requests answered with keys after the fault was over.
+            row["served_after_fault"] = self.load.served_between(row.pop("_ended"), until)
 
 
 async def run(
@@ -380,6 +424,14 @@ def _report(drill: Drill, kinds: list[str]) -> dict[str, Any]:
         "requests": drill.load.requests,
         "errors": dict(drill.load.errors),
         "faults_not_injected": sum(1 for row in drill.results if row["error"]),
+        # Rounds whose Redis fault left no new primary owning the fence, or after which
+        # no key was handed out: either fails the drill.
+        "fence_not_engaged": [
+            row["round"]
+            for row in drill.results
+            if row["fault"] in REDIS_FAULTS and not row["error"] and not row["fence_engaged"]
+        ],
+        "not_resumed": [row["round"] for row in drill.results if not row["served_after_fault"]],
         "fault_kinds": kinds,
     }
 

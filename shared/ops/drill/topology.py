@@ -67,7 +67,8 @@ class Topology:
     def _launch(self, server: RedisServer, replica_of: int | None) -> None:
         server.data_dir.mkdir(parents=True, exist_ok=True)
         # SAVE writes to ``dump``, which the old-snapshot fault copies and restores.
-        options = ["--dbfilename", server.dump.name]
+        # Full syncs start at once rather than after the default 5 s delay.
+        options = ["--dbfilename", server.dump.name, "--repl-diskless-sync-delay", "0"]
         if replica_of is not None:
             options += ["--replicaof", "127.0.0.1", str(replica_of)]
         server.process = spawn(
@@ -114,6 +115,19 @@ class Topology:
                     votes[port] = votes.get(port, 0) + 1
         best = max(votes.items(), key=lambda kv: kv[1], default=None)
         return best[0] if best and best[1] >= 2 else None
+
+    def identity(self) -> tuple[int, str] | None:
+        """The primary's port and identity (``run_id:master_replid``, what the fence
+        records as its owner), or None while there is no agreed primary."""
+        try:
+            primary = self.primary()
+            server, replication = (
+                primary.client().info("server"),
+                primary.client().info("replication"),
+            )
+        except (redis.RedisError, RuntimeError):
+            return None
+        return primary.port, f"{server['run_id']}:{replication['master_replid']}"
 
     def server(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)
