@@ -83,6 +83,12 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def wall_of(monotonic: float) -> float:
+    """The wall time (unix ms) of a monotonic instant, for log lines: one clock for every
+    holder on a host, so their intervals can be compared."""
+    return round(time.time() * 1000 - (time.monotonic() - monotonic) * 1000, 3)
+
+
 class MachineLease:
     """A machine ID held until ``lost`` is set or the holder's deadline passes."""
 
@@ -101,6 +107,7 @@ class MachineLease:
         self._deadline = sent_at + ttl_s - self.margin_s
         self._ceiling = ceiling
         self._issued: int | None = None
+        self.granted_at = time.monotonic()  # when the grant was received
 
     def valid(self) -> bool:
         """Not lost, and the monotonic clock is before the holder's safe deadline."""
@@ -130,9 +137,20 @@ class MachineLease:
 
     def lose(self, reason: str) -> None:
         if not self.lost.is_set():
+            deadline, stopped = self._deadline, time.monotonic()
             self.lost_reason = reason
             self._deadline = 0.0
             self.lost.set()
+            # The end of this holder's use of the ID: its deadline, or now if earlier.
+            log.info(
+                "lease_stopped",
+                extra=self.fields()
+                | {"reason": reason, "stopped_at": wall_of(min(deadline, stopped))},
+            )
+
+    def fields(self) -> dict[str, Any]:
+        """Who holds what, for log lines."""
+        return {"pool": self.pool, "machine_id": self.machine_id, "owner": self.owner}
 
 
 async def acquire(
@@ -232,6 +250,9 @@ async def _renew_once(
         log.warning("lease_renew_failed", extra={"pool": lease.pool, "error": str(exc)})
         return  # tried again at the next beat, while the deadline allows
     if status == "renewed":
+        # Logged first: a holder killed right after still has its deadline on record.
+        deadline = sent_at + lease.ttl_s - lease.margin_s
+        log.info("lease_renewed", extra=lease.fields() | {"deadline_at": wall_of(deadline)})
         lease.extended(sent_at, ceiling)
     else:
         _lost(lease, status, metrics)
@@ -285,7 +306,11 @@ async def lease_machine_id(
     store = MachineLeases(endpoint)
     token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
     lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
-    log.info("lease_granted", extra={"pool": pool, "machine_id": lease.machine_id})
+    log.info(
+        "lease_granted",
+        extra=lease.fields()
+        | {"granted_at": wall_of(lease.granted_at), "deadline_at": wall_of(lease.deadline)},
+    )
     if metrics is not None:
         metrics.held.labels(pool).inc()
     renewer = asyncio.create_task(keep_renewed(store, lease, renew_every_s, metrics))
