@@ -29,6 +29,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispenser import envelope, openg2p
+from dispenser.clock_hook import arm as arm_clock_hook
+from dispenser.clock_hook import clock_from_environment
 from dispenser.envelope import BodyTooLarge, ClientGone
 from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
@@ -38,7 +40,7 @@ from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
-from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types, wall_clock_ms
+from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.leasing import LeaseMetrics
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import not_issued
@@ -403,10 +405,12 @@ def create_app(
     settings: Settings,
     hot: HotStore | None = None,
     leases: LeaseSource | None = None,
-    clock: Clock = wall_clock_ms,
+    clock: Clock | None = None,
 ) -> FastPath:
     """The dispenser's ASGI app. ``leases`` gives snowflake types their machine-ID leases
-    (default: leased in the hot tier's Redis); ``clock`` is the minters' clock (ms)."""
+    (default: leased in the hot tier's Redis); ``clock`` is the minters' clock (ms;
+    default: the wall clock, or the drill's test hook when its variable is set)."""
+    minting_clock = clock or clock_from_environment(os.environ)
     metrics = DispenserMetrics(CollectorRegistry())
     lease_metrics = LeaseMetrics(metrics.registry)
 
@@ -414,7 +418,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
         source = leases or redis_leases(store.endpoint, lease_metrics)
-        snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, clock)
+        snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
+        arm_clock_hook(minting_clock)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)
         await snowflakes.start(FIRST_LEASE_WAIT_S)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
