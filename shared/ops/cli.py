@@ -119,6 +119,17 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(f"the fence did not engage in rounds {report['fence_not_engaged']}")
     if report["not_resumed"]:
         raise KeydispenserError(f"no key was dispensed after rounds {report['not_resumed']}")
+    if report["lease_faults_not_observed"]:
+        rounds = report["lease_faults_not_observed"]
+        raise KeydispenserError(
+            f"a lease fault or re-acquisition was not observed in rounds {rounds}"
+        )
+    if report["lease_overlaps"]:
+        raise KeydispenserError(f"{report['lease_overlaps']} lease intervals overlapped")
+    if report["snowflake_duplicates"]:
+        raise KeydispenserError(
+            f"{report['snowflake_duplicates']} snowflake IDs were received twice"
+        )
 
 
 def run_apikey(settings: Settings, args: argparse.Namespace) -> None:

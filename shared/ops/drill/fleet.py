@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,14 @@ class Fleet:
         self.processes[name] = spawn(cli_command(command), env, self.log_dir / f"{name}.log")
 
     def kill(self, name: str) -> None:
-        kill_process(self.processes[name])
+        """SIGKILL the process, then its child processes (a dispenser's workers would
+        otherwise go on serving, and holding their leases, without it)."""
+        process = self.processes[name]
+        workers = children(process.pid) if process.poll() is None else []
+        kill_process(process)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def restart(self, name: str) -> None:
         self.kill(name)
@@ -41,3 +51,12 @@ class Fleet:
 
     def stop(self) -> None:
         stop_processes(self.processes.values())
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of ``pid`` (Linux)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found.extend(int(child) for child in task.read_text().split())
+    return found

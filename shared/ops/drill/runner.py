@@ -23,7 +23,9 @@ import redis
 
 from shared.domain.settings import Settings
 from shared.ops.databases import scratch_database
+from shared.ops.drill import leases
 from shared.ops.drill.fleet import Fleet
+from shared.ops.drill.leases import LeaseFaults, SnowflakeLoad
 from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.postgres import PostgresPair
 from shared.ops.drill.topology import MASTER, Topology
@@ -67,6 +69,7 @@ class Drill:
     postgres: PostgresPair
     database: str
     snapshot: Path
+    lease_faults: LeaseFaults
     results: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)  # the current fault's own figures
 
@@ -200,7 +203,18 @@ class Drill:
             "restart_from_old_snapshot": self.restart_from_old_snapshot,
             "kill_dispenser": self._process("dispenser-0"),
             "restart_postgres": self.restart_postgres,
+            "kill_lease_holder": self._noted(self.lease_faults.kill_lease_holder),
+            "clock_back": self._noted(self.lease_faults.clock_back),
         }
+
+    def _noted(
+        self, fault: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> Callable[[], Awaitable[int | None]]:
+        async def inject() -> int | None:
+            self.notes.update(await fault())
+            return None
+
+        return inject
 
     async def fence_engaged(self, identity: str) -> bool:
         """Whether the fence records the primary ``identity`` as its owner (the first
@@ -241,6 +255,8 @@ class Drill:
         ended = time.monotonic()
         if name in REDIS_FAULTS:
             self.notes.update(await self.identity_notes(identity))
+            # Leases were held through it: every worker must hold a new one.
+            self.notes.update(await self.lease_faults.reacquired(wall * 1000))
         await asyncio.sleep(1.0)  # let the first refill after the fault land
         redis_discarded = max(self.discarded() - (before if baseline is None else baseline), 0)
         row = {
@@ -298,6 +314,7 @@ async def _drill(
     postgres = PostgresPair(base)
     fleet: Fleet | None = None
     load: RecordingLoad | None = None
+    snowflakes: SnowflakeLoad | None = None
     try:
         topology.start()
         await asyncio.to_thread(postgres.start)
@@ -312,30 +329,40 @@ async def _drill(
         fleet.spawn("keygen", "keygen")
         fleet.spawn("keysync", "keysync")
         for i, port in enumerate(ports):
-            fleet.spawn(f"dispenser-{i}", "dispenser", {"KD_DISPENSER__PORT": str(port)})
+            extra = {"KD_DISPENSER__PORT": str(port)} | leases.dispenser_env()
+            fleet.spawn(f"dispenser-{i}", "dispenser", extra)
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
         load = RecordingLoad(urls, DRILL_TYPE)
-        drill = Drill(topology, fleet, load, postgres, database, base / "snapshot.rdb")
+        snowflakes = SnowflakeLoad(urls)
+        lease_faults = LeaseFaults(fleet, snowflakes)
+        drill = Drill(
+            topology, fleet, load, postgres, database, base / "snapshot.rdb", lease_faults
+        )
         kinds = only or list(drill.faults())
         unknown = set(kinds) - set(drill.faults())
         if unknown:
             raise RuntimeError(f"unknown faults: {sorted(unknown)}")
-        runner = asyncio.ensure_future(load.run(time.monotonic() + rounds * 40 + 60))
+        until = time.monotonic() + rounds * 40 + 60
+        runner = asyncio.ensure_future(asyncio.gather(load.run(until), snowflakes.run(until)))
         for number in range(rounds):
             await drill.round(number + 1, kinds[number % len(kinds)])
         await asyncio.sleep(SETTLE_S)
         load.stop()
+        snowflakes.stop()
         await runner
         drill.measure_disruptions()
         ledger = await ledger_check(dsn, DRILL_TYPE, set(load.keys), base / "logs")
         report = _report(drill, kinds) | {"ledger": ledger, "postgres_fence": postgres_fence}
-        return report | {"process_exits": fleet.exits}
+        fleet.stop()  # holders release their leases: every interval ends with its stop
+        return report | lease_faults.report() | {"process_exits": fleet.exits}
     finally:
         if load is not None:
             load.stop()
+        if snowflakes is not None:
+            snowflakes.stop()
         if fleet is not None:
             fleet.stop()
         topology.stop()
@@ -384,7 +411,8 @@ def _fleet(
 ) -> Fleet:
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
-    config.write_text(json.dumps({"id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG}, "keysync": keysync}))
+    types = {DRILL_TYPE: DRILL_TYPE_CONFIG, leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG}
+    config.write_text(json.dumps({"id_types": types, "keysync": keysync}))
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),
@@ -432,6 +460,7 @@ def _report(drill: Drill, kinds: list[str]) -> dict[str, Any]:
             if row["fault"] in REDIS_FAULTS and not row["error"] and not row["fence_engaged"]
         ],
         "not_resumed": [row["round"] for row in drill.results if not row["served_after_fault"]],
+        "lease_faults_not_observed": leases.not_observed(drill.results),
         "fault_kinds": kinds,
     }
 
@@ -445,6 +474,10 @@ def format_table(report: dict[str, Any]) -> str:
         )
         lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*cells))
     lines.append(f"keys dispensed {report['keys_dispensed']}, duplicates {report['duplicates']}")
+    lines.append(
+        f"snowflake IDs {report['snowflake_ids']}, duplicates {report['snowflake_duplicates']}; "
+        f"lease intervals {report['lease_intervals']}, overlaps {report['lease_overlaps']}"
+    )
     ledger = report.get("ledger")
     if ledger:
         lines.append(

@@ -1,0 +1,365 @@
+"""The drill's machine-ID leases and snowflake IDs: load, lease faults, interval checks.
+
+Each dispenser runs two worker processes; each worker leases its own machine ID for the
+snowflake type (four IDs for four workers: a killed worker's ID can only come back to a
+new holder after its lease expired). Lease intervals are read from the holders' own log
+lines (``lease_granted``, ``lease_renewed``, ``lease_stopped``: wall times of this host)
+and checked for overlap; snowflake IDs received from both dispensers are checked for
+duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from array import array
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from shared.domain.settings import SnowflakeConfig
+from shared.domain.snowflake import SnowflakeType
+from shared.ops.drill.fleet import Fleet, children
+
+log = logging.getLogger(__name__)
+SNOWFLAKE_TYPE = "drill_sf"
+SNOWFLAKE_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "snowflake",
+    "machine_ids": {"min": 0, "max": 3},  # one ID per worker, none spare
+    "lease_ttl_s": 3.0,
+    "lease_renew_s": 0.5,
+    "max_backwards_ms": 50,
+}
+WORKERS = 2  # per dispenser
+CLOCK_STEP_MS = 1_500  # clock_back: well beyond max_backwards_ms
+CLOCK_ENV = "KD_TEST_CLOCK_STEP_MS"
+REGRANT_DEADLINE_S = 20.0  # a killed holder's ID is granted again within this
+REACQUIRE_DEADLINE_S = 25.0  # every worker holds a new lease this long after a Redis fault
+CLOCK_OBSERVE_S = 3.0  # clock_back: how long the 503s are counted
+CLOCK_BEHIND = "IDG-015"
+
+
+def dispenser_env() -> dict[str, str]:
+    """Two workers per dispenser, each with the test clock hook armed."""
+    return {"KD_DISPENSER__WORKERS": str(WORKERS), CLOCK_ENV: str(CLOCK_STEP_MS)}
+
+
+@dataclass
+class SnowflakeLoad:
+    """Batches of snowflake IDs from every dispenser, on fresh connections so that
+    every worker behind a port answers some."""
+
+    urls: list[str]
+    name: str = SNOWFLAKE_TYPE
+    clients: int = 2
+    count: int = 50
+    max_requests: int = 1_000_000
+    ids: array[int] = field(default_factory=lambda: array("q"))
+    batches: list[tuple[float, int]] = field(default_factory=list)  # (wall ms, machine)
+    errors: Counter[str] = field(default_factory=Counter)
+    error_events: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, code)
+    requests: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        config = SnowflakeConfig.model_validate(SNOWFLAKE_TYPE_CONFIG)
+        self.layout = SnowflakeType(self.name, config).layout
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, deadline: float) -> None:
+        timeout = aiohttp.ClientTimeout(total=3)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            await asyncio.gather(*(self._client(session, n, deadline) for n in range(self.clients)))
+
+    async def _client(self, session: aiohttp.ClientSession, n: int, deadline: float) -> None:
+        i = n
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.requests >= self.max_requests:
+                return
+            self.requests += 1
+            i += 1
+            url = f"{self.urls[i % len(self.urls)]}/v1/keys/{self.name}?count={self.count}"
+            if not await self._request(session, url):
+                await asyncio.sleep(0.02)
+
+    async def _request(self, session: aiohttp.ClientSession, url: str) -> bool:
+        code = ""
+        try:
+            async with session.post(url) as reply:
+                body = await reply.json(content_type=None)
+                if reply.status == 200:
+                    self._record([int(k) for k in body["keys"]])
+                    return True
+                code = str(body["errors"][0]["errorCode"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            code = type(exc).__name__
+        self.errors[code] += 1
+        self.error_events.append((time.monotonic(), code))
+        return False
+
+    def _record(self, values: list[int]) -> None:
+        if values:
+            self.ids.extend(values)
+            machine = self.layout.decompose(values[0]).machine
+            self.batches.append((time.time() * 1000, machine))
+
+    def errors_since(self, since: float, code: str) -> int:
+        return sum(1 for at, c in self.error_events if at >= since and c == code)
+
+    def duplicates(self) -> int:
+        values = np.frombuffer(self.ids, dtype=np.int64)
+        return int(values.size - np.unique(values).size)
+
+
+@dataclass
+class Interval:
+    """One holder's use of one machine ID, on this host's wall clock (unix ms)."""
+
+    pool: str
+    machine_id: int
+    owner: str
+    dispenser: str
+    start: float
+    end: float  # when it stopped, else its last deadline (a killed holder)
+    stopped: bool = False
+
+    @property
+    def pid(self) -> int:
+        """The holder's process (the owner token is ``host-pid#suffix``)."""
+        return int(self.owner.rsplit("#", 1)[0].rsplit("-", 1)[1])
+
+
+def _lease_lines(path: Path) -> Iterator[dict[str, Any]]:
+    for line in path.read_text(errors="replace").splitlines():
+        if '"lease_' not in line:
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue  # a line cut by a SIGKILL
+
+
+def read_intervals(log_dir: Path) -> list[Interval]:
+    """Every lease interval the dispensers' workers logged."""
+    intervals: dict[str, Interval] = {}
+    for path in sorted(log_dir.glob("dispenser-*.log")):
+        for entry in _lease_lines(path):
+            _apply(intervals, entry, path.stem)
+    return list(intervals.values())
+
+
+def _apply(intervals: dict[str, Interval], entry: dict[str, Any], dispenser: str) -> None:
+    event, owner = entry.get("event"), entry.get("owner")
+    if owner is None:
+        return
+    if event == "lease_granted":
+        intervals[owner] = Interval(
+            entry["pool"],
+            int(entry["machine_id"]),
+            owner,
+            dispenser,
+            float(entry["granted_at"]),
+            float(entry["deadline_at"]),
+        )
+    elif owner in intervals and not intervals[owner].stopped:
+        held = intervals[owner]
+        if event == "lease_renewed":
+            held.end = max(held.end, float(entry["deadline_at"]))
+        elif event == "lease_stopped":
+            held.end, held.stopped = float(entry["stopped_at"]), True
+
+
+def overlaps(intervals: list[Interval]) -> list[dict[str, Any]]:
+    """Pairs of holders of one (pool, machine ID) whose intervals overlap."""
+    found: list[dict[str, Any]] = []
+    by_id: dict[tuple[str, int], list[Interval]] = {}
+    for held in intervals:
+        by_id.setdefault((held.pool, held.machine_id), []).append(held)
+    for (pool, machine_id), holders in by_id.items():
+        holders.sort(key=lambda h: h.start)
+        for i, first in enumerate(holders):
+            for later in holders[i + 1 :]:
+                if later.start >= first.end:
+                    break
+                found.append(
+                    {
+                        "pool": pool,
+                        "machine_id": machine_id,
+                        "holders": [first.owner, later.owner],
+                        "overlap_ms": round(min(first.end, later.end) - later.start, 3),
+                    }
+                )
+    return found
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The uvicorn worker processes of one dispenser (children running multiprocessing)."""
+    pids: list[int] = []
+    for pid in children(supervisor):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in argv and b"resource_tracker" not in argv:
+            pids.append(pid)
+    return sorted(pids)
+
+
+@dataclass
+class LeaseFaults:
+    """Lease faults and the checks that follow them."""
+
+    fleet: Fleet
+    load: SnowflakeLoad
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    _turn: int = 0
+
+    @property
+    def log_dir(self) -> Path:
+        return self.fleet.log_dir
+
+    def _pick_worker(self) -> tuple[str, int]:
+        """A dispenser worker, alternating between dispensers and workers."""
+        self._turn += 1
+        name = f"dispenser-{self._turn % 2}"
+        pids = worker_pids(self.fleet.processes[name].pid)
+        if not pids:
+            raise RuntimeError(f"{name} has no worker process")
+        return name, pids[(self._turn // 2) % len(pids)]
+
+    def _held_by(self, pid: int) -> Interval:
+        live = [h for h in read_intervals(self.log_dir) if h.pid == pid and not h.stopped]
+        if not live:
+            raise RuntimeError(f"worker {pid} holds no lease")
+        return max(live, key=lambda h: h.start)
+
+    async def kill_lease_holder(self) -> dict[str, Any]:
+        """SIGKILL a worker holding a lease (uvicorn starts a new one); its ID must be
+        granted again, and only after the killed holder's deadline."""
+        name, pid = self._pick_worker()
+        held = await self._wait_held(pid)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time() * 1000
+        regrant = await self._wait_regrant(held, killed_at)
+        notes = {
+            "killed_worker": f"{name}:{pid}",
+            "killed_machine_id": held.machine_id,
+            "regranted": regrant is not None,
+        }
+        if regrant is not None:
+            # After its deadline (no overlap), and after Redis let the lease expire.
+            notes["regrant_after_deadline_ms"] = round(regrant.start - held.end, 1)
+            notes["regrant_after_kill_ms"] = round(regrant.start - killed_at, 1)
+            notes["regranted_to"] = f"{regrant.dispenser}:{regrant.pid}"
+        self.kills.append(notes)
+        return notes
+
+    async def _wait_held(self, pid: int) -> Interval:
+        deadline = time.monotonic() + REGRANT_DEADLINE_S
+        while True:
+            try:
+                return self._held_by(pid)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
+
+    async def _wait_regrant(self, held: Interval, after_ms: float) -> Interval | None:
+        deadline = time.monotonic() + REGRANT_DEADLINE_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            for other in read_intervals(self.log_dir):
+                same = (other.pool, other.machine_id) == (held.pool, held.machine_id)
+                if same and other.owner != held.owner and other.start > held.start:
+                    return other
+        return None
+
+    async def clock_back(self) -> dict[str, Any]:
+        """Step one worker's minting clock back by CLOCK_STEP_MS (SIGUSR1, the test
+        hook): it must refuse (503 IDG-015) or wait, never mint an ID twice."""
+        name, pid = self._pick_worker()
+        at = time.monotonic()
+        os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(CLOCK_OBSERVE_S)
+        return {
+            "clock_stepped_worker": f"{name}:{pid}",
+            "clock_step_ms": CLOCK_STEP_MS,
+            "clock_behind_503s": self.load.errors_since(at, CLOCK_BEHIND),
+        }
+
+    async def reacquired(self, since_ms: float) -> dict[str, Any]:
+        """After a Redis fault: every worker holds a lease granted after ``since_ms``."""
+        started = time.monotonic()
+        while time.monotonic() - started < REACQUIRE_DEADLINE_S:
+            workers = {
+                pid
+                for name in ("dispenser-0", "dispenser-1")
+                for pid in worker_pids(self.fleet.processes[name].pid)
+            }
+            granted = {h.pid for h in read_intervals(self.log_dir) if h.start > since_ms}
+            if workers and workers <= granted:
+                return {"leases_reacquired": True, "reacquired_ms": _ms_since(since_ms)}
+            await asyncio.sleep(0.2)
+        return {"leases_reacquired": False}
+
+    def report(self) -> dict[str, Any]:
+        intervals = read_intervals(self.log_dir)
+        found = overlaps(intervals)
+        return {
+            "lease_intervals": len(intervals),
+            "lease_overlaps": len(found),
+            "lease_overlap_pairs": found[:20],
+            "snowflake_ids": len(self.load.ids),
+            "snowflake_duplicates": self.load.duplicates(),
+            "snowflake_errors": dict(self.load.errors),
+            "snowflake_batches_by_worker": _batches_by_worker(intervals, self.load.batches),
+        }
+
+
+def not_observed(rows: list[dict[str, Any]]) -> list[int]:
+    """Rounds whose lease fault or lease check did not show what it must: a killed
+    holder's ID never granted again, a clock step never refused, leases not re-acquired
+    after a Redis fault. Each fails the drill."""
+    return [
+        row["round"]
+        for row in rows
+        if not row["error"]
+        and (
+            row.get("regranted") is False
+            or row.get("clock_behind_503s") == 0
+            or row.get("leases_reacquired") is False
+        )
+    ]
+
+
+def _ms_since(wall_ms: float) -> int:
+    return round(time.time() * 1000 - wall_ms)
+
+
+def _batches_by_worker(
+    intervals: list[Interval], batches: list[tuple[float, int]]
+) -> dict[str, dict[str, int]]:
+    """Batches received per dispenser and worker process: a batch belongs to the holder of
+    its machine ID that was granted last before the batch arrived."""
+    by_id: dict[int, list[Interval]] = {}
+    for held in sorted(intervals, key=lambda h: h.start):
+        by_id.setdefault(held.machine_id, []).append(held)
+    counts: dict[str, Counter[str]] = {}
+    for at, machine in batches:
+        holders = [h for h in by_id.get(machine, []) if h.start <= at]
+        if holders:
+            holder = holders[-1]
+            counts.setdefault(holder.dispenser, Counter())[str(holder.pid)] += 1
+    return {name: dict(c) for name, c in sorted(counts.items())}
