@@ -20,7 +20,7 @@ pytestmark = pytest.mark.acceptance
 REDIS_FAULTS = sorted(runner.REDIS_FAULTS)
 
 
-FAULTS = [*REDIS_FAULTS, "postgres_failover", "kill_keysync"]
+FAULTS = [*REDIS_FAULTS, "postgres_failover", "kill_keysync", "kill_lease_holder", "clock_back"]
 
 
 def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
@@ -68,3 +68,19 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     ledger = report["ledger"]
     assert ledger["duplicate_alarms"] == 0
     assert ledger["rows"] > 0.8 * report["unique_keys"], ledger
+    # Machine-ID leases: no two holders of one ID overlapped, no snowflake ID came twice,
+    # and IDs came from both workers of both dispensers.
+    assert report["lease_overlaps"] == 0, report["lease_overlap_pairs"]
+    assert report["snowflake_duplicates"] == 0 and report["snowflake_ids"] > 0
+    assert report["lease_faults_not_observed"] == []
+    by_worker = report["snowflake_batches_by_worker"]
+    assert sorted(by_worker) == ["dispenser-0", "dispenser-1"], by_worker
+    assert all(len(workers) >= 2 for workers in by_worker.values()), by_worker
+    # Every worker re-acquired after each Redis fault.
+    assert all(row["leases_reacquired"] for row in report["faults"] if row["fault"] in REDIS_FAULTS)
+    # The killed holder's ID was granted again, after its deadline (it had expired).
+    (killed,) = [row for row in report["faults"] if row["fault"] == "kill_lease_holder"]
+    assert killed["regranted"] and killed["regrant_after_deadline_ms"] > 0, killed
+    # The stepped clock was refused (503 IDG-015) rather than minting behind itself.
+    (stepped,) = [row for row in report["faults"] if row["fault"] == "clock_back"]
+    assert stepped["clock_behind_503s"] > 0, stepped
