@@ -17,9 +17,13 @@ from shared.domain.settings import Settings
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops import cli
 from shared.stores import redis_keys
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import (
+    Servers,
+    dispenser_over_http,
+    end_lease_settling,
+    make_settings,
+    small_types,
+)
 
 EVENTS = "events"
 # A short TTL keeps the test of a lost lease short (renewals every 0.2 s).
@@ -38,12 +42,7 @@ async def snowflake_settings(
 ) -> Settings:
     """The test types plus a snowflake type; the settle period the fence's first use
     starts (no machine ID granted for one TTL) is ended by hand."""
-    leases = MachineLeases(RedisEndpoint(servers.redis_url))
-    try:
-        await leases.holders(EVENTS)
-    finally:
-        await leases.close()
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await end_lease_settling(servers.redis_url, redis_client)
     return make_settings(servers, database, id_types={**small_types(), EVENTS: EVENTS_CONFIG})
 
 

@@ -99,6 +99,9 @@ def test_defaults_and_epoch_forms() -> None:
         ({"machine_ids": {"max": 1024}}, "machine_ids.max"),
         ({"machine_ids": {"pool": "Bad Pool"}}, "id_types.t.machine_ids.pool"),
         ({"length": 10}, "id_types.t.length"),
+        ({"bits": {"time": 33, "machine": 20, "sequence": 10}}, "more than 65536 IDs"),
+        ({"lease_ttl_s": 2, "lease_renew_s": 1}, "a third of lease_ttl_s"),
+        ({"machine_ids": {"min": 9, "max": 3}}, "machine_ids.min"),
     ],
 )
 def test_bad_snowflake_config_names_the_field(values: dict[str, Any], field: str) -> None:
