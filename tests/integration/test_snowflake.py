@@ -9,14 +9,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain.errors import ConfigError
 from shared.domain.settings import Settings
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops import cli
-from shared.stores import redis_keys
+from shared.ops.databases import run_migrate
+from shared.ops.fill import fill
+from shared.ops.status import collect_status, format_status
+from shared.stores import redis_keys, sql
 from tests.conftest import (
     Servers,
     dispenser_over_http,
@@ -183,3 +188,21 @@ async def test_decode_command(
         "machine": 9,
         "sequence": 4,
     }
+
+
+async def test_migrate_status_and_fill_handle_snowflake_types(
+    snowflake_settings: Settings,
+) -> None:
+    assert await run_migrate(snowflake_settings) >= 1
+    conn = await asyncpg.connect(snowflake_settings.postgres_dsn)
+    try:
+        assert not await conn.fetchval(sql.SELECT_TABLE_EXISTS, sql.cold_table_name(EVENTS))
+        assert await conn.fetchval(sql.SELECT_FINGERPRINT, EVENTS) is None
+    finally:
+        await conn.close()
+    report = await collect_status(snowflake_settings)
+    assert set(report["id_types"]) == {"farmer", "shortlink"}
+    assert report["snowflake_types"][EVENTS]["machine_ids"] == [0, 63]
+    assert "snowflake (decimal): no inventory" in format_status(report)
+    with pytest.raises(ConfigError, match="minted, not filled"):
+        await fill(snowflake_settings, EVENTS, 10)
