@@ -42,6 +42,7 @@ POSTGRES_FENCE_TESTS = (
     "tests/integration/test_postgres_fence.py",
     "tests/unit/test_postgres_fence_verdict.py",
 )
+SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
 
 MUTANTS: Final = (
@@ -196,6 +197,41 @@ MUTANTS: Final = (
         "for round_key in self._round_keys:",
         "for round_key in self._round_keys[:1]:",
         ("tests/unit/test_permutation.py",),
+    ),
+    Mutant(
+        "snowflake_minter_ignores_the_floor",
+        "shared/domain/snowflake.py",
+        "self._last_ms = max(self._last_ms, lease.floor_ms)",
+        "self._last_ms = self._last_ms",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_ignores_the_ceiling",
+        "shared/domain/snowflake.py",
+        "if now > lease.ceiling_ms():",
+        "if False:",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_mints_on_an_invalid_lease",
+        "shared/domain/snowflake.py",
+        "if lease is None or not lease.valid():",
+        "if lease is None:",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_sequence_overflows_into_the_machine_bits",
+        "shared/domain/snowflake.py",
+        "taken = min(count, self.layout.sequence_limit - sequence)",
+        "taken = count",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_mints_behind_the_last_time",
+        "shared/domain/snowflake.py",
+        "            return last - now",
+        "            return self._take(lease, now, 0, count)",
+        SNOWFLAKE_TESTS,
     ),
 )
 
