@@ -175,8 +175,9 @@ def _why(answer: Acquired, wait_s: float) -> str:
     waited = f" (waited {wait_s:g}s)" if wait_s else ""
     if answer.status == "settling":
         return (
-            f"the Redis server changed identity (failover, failback or restart): no ID is "
-            f"granted for one lease TTL; grants resume in {answer.wait_ms / 1000:.1f}s{waited}"
+            "the Redis fence took over recently (failover, failback, restart or first use): "
+            f"no ID is granted for one lease TTL; grants resume in "
+            f"{answer.wait_ms / 1000:.1f}s{waited}"
         )
     return f"every ID is held; the first lease expires in {answer.wait_ms / 1000:.1f}s{waited}"
 

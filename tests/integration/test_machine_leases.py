@@ -198,7 +198,7 @@ async def test_a_fenced_holder_is_lost_and_reacquires_after_the_settle_period(
             await new_identity(redis_client)
             await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
             assert held.lost_reason == "fenced"
-        with pytest.raises(NoMachineIdFree, match="changed identity"):
+        with pytest.raises(NoMachineIdFree, match="fence took over"):
             async with lease_machine_id(endpoint, "p", 0, 3, ttl_s=ttl_s, renew_every_s=0.1):
                 pass
         async with lease_machine_id(
