@@ -145,7 +145,8 @@ async def acquire(
     owner: str,
     metrics: LeaseMetrics | None = None,
 ) -> MachineLease:
-    """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree."""
+    """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree, or
+    StoreUnavailable when Redis could not be reached by then."""
     started = time.monotonic()
     give_up = started + wait_s
     while True:
@@ -157,7 +158,10 @@ async def acquire(
             )
         except StoreUnavailable:
             _count(metrics, pool, "error")
-            raise
+            if time.monotonic() >= give_up:
+                raise
+            await asyncio.sleep(min(give_up - time.monotonic(), _RETRY_S))
+            continue  # Redis may be failing over: ride it out within the wait
         _count(metrics, pool, answer.status)
         if answer.granted:
             _observe(metrics, pool, started)
