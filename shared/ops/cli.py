@@ -146,6 +146,8 @@ def run_lease(settings: Settings, args: argparse.Namespace) -> None:
         args.ttl,
         args.renew_every,
         args.kill_after,
+        args.metrics_port,
+        args.metrics_host,
     )
     sys.exit(lease.run(settings, spec))
 
@@ -273,6 +275,8 @@ def _add_lease(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="SIGKILL COMMAND this long after the SIGTERM of a lost lease "
         "(default: the lease's safety margin, ttl/10 up to 1 s)",
     )
+    lease.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
+    lease.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     lease.add_argument("lease_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 

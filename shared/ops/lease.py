@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import safety_margin_s
 from shared.domain.settings import Settings
-from shared.leasing import MachineLease, default_owner, lease_machine_id
+from shared.leasing import LeaseMetrics, MachineLease, default_owner, lease_machine_id
+from shared.metrics import serve
 from shared.stores.machine_leases import Holders, MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 
@@ -47,6 +50,8 @@ class LeaseRun:
     ttl_s: float = 10.0
     renew_every_s: float = 1.0
     kill_after_s: float | None = None  # default: the lease's safety margin
+    metrics_port: int | None = None  # serve /metrics here while the command runs
+    metrics_host: str = "127.0.0.1"
 
 
 def run(settings: Settings, spec: LeaseRun) -> int:
@@ -61,6 +66,8 @@ def run(settings: Settings, spec: LeaseRun) -> int:
 async def _run(settings: Settings, spec: LeaseRun) -> int:
     endpoint = RedisEndpoint.from_settings(settings)
     owner = f"{default_owner()}:{Path(spec.command[0]).name}"
+    registry = CollectorRegistry()
+    server = serve(registry, spec.metrics_host, spec.metrics_port)
     try:
         async with lease_machine_id(
             endpoint,
@@ -71,6 +78,7 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             renew_every_s=spec.renew_every_s,
             wait_s=spec.wait_s,
             owner=owner,
+            metrics=LeaseMetrics(registry),
         ) as lease:
             kill_after = spec.kill_after_s
             if kill_after is None:
@@ -78,6 +86,8 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             return await supervise(lease, spec.command, kill_after)
     finally:
         await endpoint.close()
+        if server is not None:
+            server.shutdown()
 
 
 def child_env(lease: MachineLease) -> dict[str, str]:
@@ -180,10 +190,10 @@ def format_holders(report: dict[str, Any]) -> str:
     lines = [f"pool {report['pool']}: {len(report['holders'])} held"]
     if report["settling_s"] > 0:
         lines[0] += f"; grants resume in {report['settling_s']:.1f}s (the fence took over)"
-    lines.append(f"{'id':>6}  {'owner':<40} {'since':<26} {'expires_in':>10}  last_ms")
+    lines.append(f"{'id':>6}  {'owner':<40} {'since':<29} {'expires_in':>10}  last_ms")
     for h in report["holders"]:
         lines.append(
-            f"{h['id']:>6}  {h['owner']:<40} {h['since']:<26} "
+            f"{h['id']:>6}  {h['owner']:<40} {h['since']:<29} "
             f"{h['expires_in_s']:>9.1f}s  {h['last_ms']}"
         )
     return "\n".join(lines)
