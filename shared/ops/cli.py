@@ -122,34 +122,9 @@ def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_lease(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.ops import lease
+    from shared.ops.lease import main
 
-    command = list(args.lease_command)
-    if command and command[0] == "list":
-        listing = _lease_list_parser().parse_args(command[1:], argparse.Namespace(pool=args.pool))
-        if listing.pool is None:
-            args.lease_parser.error("lease list: --pool is required")
-        report = asyncio.run(lease.holders(settings, listing.pool))
-        print(json.dumps(report, indent=2) if listing.json else lease.format_holders(report))
-        return
-    if command and command[0] == "--":
-        command = command[1:]
-    missing = [f"--{n}" for n in ("pool", "min", "max") if getattr(args, n) is None]
-    if missing or not command:
-        args.lease_parser.error(f"needs {' '.join(missing) or 'a COMMAND'} (see --help)")
-    spec = lease.LeaseRun(
-        args.pool,
-        args.min,
-        args.max,
-        command,
-        args.wait,
-        args.ttl,
-        args.renew_every,
-        args.kill_after,
-        args.metrics_port,
-        args.metrics_host,
-    )
-    sys.exit(lease.run(settings, spec))
+    sys.exit(main(settings, args))
 
 
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
@@ -278,13 +253,6 @@ def _add_lease(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lease.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
     lease.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     lease.add_argument("lease_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
-
-
-def _lease_list_parser() -> argparse.ArgumentParser:
-    listing = argparse.ArgumentParser(prog="keydispenser lease list")
-    listing.add_argument("--pool", help="pool name")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    return listing
 
 
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

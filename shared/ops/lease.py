@@ -11,10 +11,14 @@ it); 75 (EX_TEMPFAIL) when no machine ID was free within ``--wait``.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
 import ctypes.util
+import dataclasses
 import datetime
+import functools
+import json
 import os
 import signal
 import sys
@@ -52,6 +56,40 @@ class LeaseRun:
     kill_after_s: float | None = None  # default: the lease's safety margin
     metrics_port: int | None = None  # serve /metrics here while the command runs
     metrics_host: str = "127.0.0.1"
+
+
+def main(settings: Settings, args: argparse.Namespace) -> int:
+    """``keydispenser lease ... -- COMMAND`` or ``keydispenser lease list``: the exit
+    status (argparse's ``lease_parser`` reports usage errors)."""
+    command = list(args.lease_command)
+    if command and command[0] == "list":
+        listing = _list_parser().parse_args(command[1:], argparse.Namespace(pool=args.pool))
+        if listing.pool is None:
+            args.lease_parser.error("lease list: --pool is required")
+        found = asyncio.run(holders(settings, listing.pool))
+        print(json.dumps(found, indent=2) if listing.json else format_holders(found))
+        return 0
+    if command and command[0] == "--":
+        command = command[1:]
+    missing = [f"--{n}" for n in ("pool", "min", "max") if getattr(args, n) is None]
+    if missing or not command:
+        args.lease_parser.error(f"needs {' '.join(missing) or 'a COMMAND'} (see --help)")
+    spec = LeaseRun(args.pool, args.min, args.max, command, args.wait, args.ttl)
+    spec = dataclasses.replace(
+        spec,
+        renew_every_s=args.renew_every,
+        kill_after_s=args.kill_after,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    return run(settings, spec)
+
+
+def _list_parser() -> argparse.ArgumentParser:
+    listing = argparse.ArgumentParser(prog="keydispenser lease list")
+    listing.add_argument("--pool", help="pool name")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    return listing
 
 
 def run(settings: Settings, spec: LeaseRun) -> int:
@@ -102,7 +140,9 @@ async def supervise(lease: MachineLease, command: Sequence[str], kill_after_s: f
     """Run ``command`` until it exits; SIGTERM it the moment ``lease`` is lost."""
     try:
         child = await asyncio.create_subprocess_exec(
-            *command, env=child_env(lease), preexec_fn=_terminate_with_parent
+            *command,
+            env=child_env(lease),
+            preexec_fn=functools.partial(_terminate_with_parent, os.getpid()),
         )
     except OSError as exc:
         print(f"keydispenser lease: cannot run {command[0]!r}: {exc}", file=sys.stderr)
@@ -152,11 +192,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _terminate_with_parent() -> None:
-    """In the child, before exec: SIGTERM when this process dies (Linux only)."""
+def _terminate_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGTERM when this process dies (Linux only); exit at
+    once if it died before that was set (the child was re-parented already)."""
     name = ctypes.util.find_library("c")
     if sys.platform.startswith("linux") and name:
         ctypes.CDLL(name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(EX_TEMPFAIL)
 
 
 async def holders(settings: Settings, pool: str) -> dict[str, Any]:

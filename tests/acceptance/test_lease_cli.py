@@ -160,3 +160,18 @@ async def test_a_command_that_ignores_sigterm_is_killed_after_a_lost_lease(
         if child.poll() is None:
             child.kill()
     assert marker.read_text() == "TERM 4"
+
+
+async def test_the_command_is_terminated_when_the_lease_process_is_killed(
+    servers: Servers, leases: MachineLeases, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    child = spawn_waiter(servers, marker)
+    try:
+        await wait_for(marker, "ready")
+        child.kill()  # SIGKILL: no release, no forwarding; the kernel tells the command
+        await exit_of(child)
+        await wait_for(marker, "TERM 4")
+    finally:
+        if child.poll() is None:
+            child.kill()
