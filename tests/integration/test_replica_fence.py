@@ -176,9 +176,11 @@ async def test_a_promotion_ends_every_machine_id_lease_and_grants_wait_one_ttl(
     held = await old.acquire("p", 0, 0, "holder", 30_000, 12_345, 0)
     assert held.granted
     await caught_up(pair)
-    await replicaof(pair.replica_client, "NO", "ONE")
     promoted = MachineLeases(RedisEndpoint(pair.replica.url))
     try:
+        with pytest.raises(StoreUnavailable, match=REPLICA_REFUSAL):  # not yet promoted
+            await promoted.acquire("p", 0, 0, "next", 30_000, 0, 0)
+        await replicaof(pair.replica_client, "NO", "ONE")
         assert await promoted.renew("p", 0, "holder", held.fence, 30_000, 0) == "fenced"
         settling = await promoted.acquire("p", 0, 0, "next", 30_000, 0, 0)
         assert settling.status == "settling" and settling.wait_ms > 25_000
