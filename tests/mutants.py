@@ -44,6 +44,7 @@ POSTGRES_FENCE_TESTS = (
 )
 SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
+LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 
 MUTANTS: Final = (
     Mutant(
@@ -232,6 +233,41 @@ MUTANTS: Final = (
         "            return last - now",
         "            return self._take(lease, now, 0, count)",
         SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "lease_granted_while_settling",
+        "shared/stores/lua/lease_acquire.lua",
+        "if now < since + ttl_max then",
+        "if false then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_renewed_by_anyone",
+        "shared/stores/lua/lease_renew.lua",
+        "if not alive(lease, epoch, now) or lease.owner ~= owner then",
+        "if not alive(lease, epoch, now) then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_released_by_anyone",
+        "shared/stores/lua/lease_release.lua",
+        "if lease == nil or lease.owner ~= owner then",
+        "if lease == nil then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_renew_ignores_its_epoch",
+        "shared/stores/lua/lease_renew.lua",
+        "if granted_in ~= epoch then",
+        "if false then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_holder_ignores_its_deadline",
+        "shared/leasing.py",
+        "return not self.lost.is_set() and time.monotonic() < self._deadline",
+        "return not self.lost.is_set()",
+        ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
 )
 
