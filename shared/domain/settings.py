@@ -174,6 +174,8 @@ class SnowflakeConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> SnowflakeConfig:
+        if self.epoch > datetime.now(UTC).timestamp() * 1000:
+            raise ValueError(f"epoch {self.epoch} ms is in the future: no ID could be minted")
         top = (1 << self.bits.machine) - 1
         if self.machine_ids.max is not None and self.machine_ids.max > top:
             raise ValueError(

@@ -113,6 +113,7 @@ def test_defaults_and_epoch_forms() -> None:
         ({"bits": {"time": 33, "machine": 20, "sequence": 10}}, "more than 4096 IDs"),
         ({"lease_ttl_s": 2, "lease_renew_s": 1}, "a third of lease_ttl_s"),
         ({"machine_ids": {"min": 9, "max": 3}}, "machine_ids.min"),
+        ({"epoch": "2999-01-01"}, "in the future"),
     ],
 )
 def test_bad_snowflake_config_names_the_field(values: dict[str, Any], field: str) -> None:
@@ -314,7 +315,7 @@ def test_time_field_full_is_exhaustion_and_before_epoch_refused() -> None:
     made = minter(clock, bits={"time": 30, "machine": 12, "sequence": 21}, epoch=0)
     with pytest.raises(SnowflakeTimeExhausted):
         made.mint(1)
-    early = minter(SteppedClock(now=T0), epoch=T0 + 1_000)
+    early = minter(SteppedClock(now=T0 - 1_000), epoch=T0)  # a clock before the epoch
     with pytest.raises(ClockBehind):
         early.mint(1)
 
