@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import ConfigError
@@ -80,9 +81,9 @@ class Holder:
                 )
 
 
-async def _first(*waits: object) -> None:
-    """Wait until the first of ``waits`` (coroutines) finishes; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]  # type: ignore[call-overload]
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of ``waits`` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -163,7 +163,8 @@ async def acquire(
     owner: str,
     metrics: LeaseMetrics | None = None,
 ) -> MachineLease:
-    """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree."""
+    """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree, or
+    StoreUnavailable when Redis could not be reached by then."""
     started = time.monotonic()
     give_up = started + wait_s
     while True:
@@ -175,7 +176,10 @@ async def acquire(
             )
         except StoreUnavailable:
             _count(metrics, pool, "error")
-            raise
+            if time.monotonic() >= give_up:
+                raise
+            await asyncio.sleep(min(give_up - time.monotonic(), _RETRY_S))
+            continue  # Redis may be failing over: ride it out within the wait
         _count(metrics, pool, answer.status)
         if answer.granted:
             _observe(metrics, pool, started)
@@ -193,8 +197,9 @@ def _why(answer: Acquired, wait_s: float) -> str:
     waited = f" (waited {wait_s:g}s)" if wait_s else ""
     if answer.status == "settling":
         return (
-            f"the Redis server changed identity (failover, failback or restart): no ID is "
-            f"granted for one lease TTL; grants resume in {answer.wait_ms / 1000:.1f}s{waited}"
+            "the Redis fence took over recently (failover, failback, restart or first use): "
+            f"no ID is granted for one lease TTL; grants resume in "
+            f"{answer.wait_ms / 1000:.1f}s{waited}"
         )
     return f"every ID is held; the first lease expires in {answer.wait_ms / 1000:.1f}s{waited}"
 
@@ -298,8 +303,10 @@ async def lease_machine_id(
 ) -> AsyncIterator[MachineLease]:
     """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
 
-    Raises NoMachineIdFree when none is granted within ``wait_s``. The endpoint stays
-    open (it belongs to the caller).
+    Raises NoMachineIdFree when none is granted within ``wait_s``, ConfigError for a
+    bad pool name or range, or when ``renew_every_s`` exceeds a third of ``ttl_s``.
+    ``owner`` is a readable label (default: host and process); a random suffix makes
+    the owner token unique. The endpoint stays open (it belongs to the caller).
     """
     check_pool(pool, lo, hi)
     check_ttl(ttl_s, renew_every_s)
@@ -331,9 +338,31 @@ class SyncMachineLease:
     ``lease.lost`` is a ``threading.Event``. Stop minting before leaving the block.
     The endpoint is used from the background thread only, and closed there on exit."""
 
-    def __init__(self, endpoint: RedisEndpoint, pool: str, lo: int, hi: int, **options: Any):
+    def __init__(
+        self,
+        endpoint: RedisEndpoint,
+        pool: str,
+        lo: int,
+        hi: int,
+        *,
+        ttl_s: float = 10.0,
+        renew_every_s: float = 1.0,
+        wait_s: float = 0.0,
+        owner: str | None = None,
+        metrics: LeaseMetrics | None = None,
+    ) -> None:
         self._endpoint = endpoint
-        self._open: Callable[[], Any] = lambda: lease_machine_id(endpoint, pool, lo, hi, **options)
+        self._open: Callable[[], Any] = lambda: lease_machine_id(
+            endpoint,
+            pool,
+            lo,
+            hi,
+            ttl_s=ttl_s,
+            renew_every_s=renew_every_s,
+            wait_s=wait_s,
+            owner=owner,
+            metrics=metrics,
+        )
         self.lost = threading.Event()
         self._lease: MachineLease | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -26,7 +26,9 @@ from dispenser.server import uvicorn_options
 from shared.domain.settings import Settings, load_settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
+from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import SyncRecord
 
@@ -159,6 +161,17 @@ async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[
     record = SyncRecord(RedisEndpoint(servers.redis_url))
     yield record
     await record.close()
+
+
+async def end_lease_settling(redis_url: str, redis_client: aioredis.Redis) -> None:
+    """Start and end at once the settle period a fresh Redis database starts on first
+    use (no machine ID is granted for one lease TTL), so leases are granted at once."""
+    leases = MachineLeases(RedisEndpoint(redis_url))
+    try:
+        await leases.holders("settle")
+    finally:
+        await leases.close()
+    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
 
 
 @asynccontextmanager

@@ -122,8 +122,9 @@ class IdTypeConfig(_Strict):
 # 2020-01-01T00:00:00Z in milliseconds since the Unix epoch: the default snowflake epoch.
 SNOWFLAKE_EPOCH_MS = 1_577_836_800_000
 SNOWFLAKE_BITS = 63  # the sign bit of a signed 64-bit integer stays 0
-# One lease acquire scans a pool's whole range in a single script call: ranges stay small.
-MACHINE_RANGE_LIMIT = 65_536
+# A lease pool's largest range (shared.domain.leases.MAX_POOL_IDS, which imports this
+# module): one acquire scans the whole range in a single script call.
+MACHINE_RANGE_LIMIT = 4_096
 
 
 class SnowflakeBits(_Strict):
@@ -173,6 +174,8 @@ class SnowflakeConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> SnowflakeConfig:
+        if self.epoch > datetime.now(UTC).timestamp() * 1000:
+            raise ValueError(f"epoch {self.epoch} ms is in the future: no ID could be minted")
         top = (1 << self.bits.machine) - 1
         if self.machine_ids.max is not None and self.machine_ids.max > top:
             raise ValueError(

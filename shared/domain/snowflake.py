@@ -260,7 +260,7 @@ class Minter:
         """``count`` IDs in increasing ranges, waiting (a bounded time) when needed."""
         spans: list[range] = []
         deadline = time.monotonic() + self._budget_ms(count) / 1000
-        while count:
+        while count > 0:
             got = self.mint_some(count)
             if isinstance(got, range):
                 spans.append(got)
@@ -274,7 +274,7 @@ class Minter:
         """``mint`` for an event loop: waits without blocking it."""
         spans: list[range] = []
         deadline = time.monotonic() + self._budget_ms(count) / 1000
-        while count:
+        while count > 0:
             got = self.mint_some(count)
             if isinstance(got, range):
                 spans.append(got)

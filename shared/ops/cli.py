@@ -156,6 +156,12 @@ def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def run_lease(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.lease import main
+
+    sys.exit(main(settings, args))
+
+
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.up import up
 
@@ -177,6 +183,7 @@ def parser() -> argparse.ArgumentParser:
     _add_drill(commands)
     _add_apikey(commands)
     _add_fence_postgres(commands)
+    _add_lease(commands)
     _add_up(commands)
     return top
 
@@ -261,6 +268,37 @@ def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentPa
         type=_whole,
         help="extra ranges every sequence skips past the highest lease on record",
     )
+
+
+def _add_lease(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lease = commands.add_parser(
+        "lease",
+        help="run a command holding a machine ID; `lease list --pool P` shows holders",
+        usage="keydispenser lease --pool NAME --min A --max B [--wait S] [--ttl S] -- COMMAND ..."
+        "\n       keydispenser lease list --pool NAME [--json]",
+        description="Runs COMMAND with KD_MACHINE_ID set to a machine ID of [A, B] in pool "
+        "NAME, leased in Redis and renewed while it runs (docs/leases.md). COMMAND gets "
+        "SIGTERM the moment the lease is lost; the exit status is COMMAND's, or 75 when no "
+        "ID is free within --wait.",
+    )
+    lease.set_defaults(func=run_lease, lease_parser=lease)
+    lease.add_argument("--pool", help="pool name (the namespace, e.g. the environment)")
+    lease.add_argument("--min", type=_whole, help="lowest machine ID of the range")
+    lease.add_argument("--max", type=_whole, help="highest machine ID of the range")
+    lease.add_argument("--wait", type=_seconds, default=0.0, help="wait this long for a free ID")
+    lease.add_argument("--ttl", type=_seconds, default=10.0, help="lease TTL (default 10)")
+    lease.add_argument(
+        "--renew-every", type=_seconds, default=1.0, help="renewal interval (default 1)"
+    )
+    lease.add_argument(
+        "--kill-after",
+        type=_seconds,
+        help="SIGKILL COMMAND this long after the SIGTERM of a lost lease "
+        "(default: the lease's safety margin, ttl/10 up to 1 s)",
+    )
+    lease.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
+    lease.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    lease.add_argument("lease_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -348,6 +386,16 @@ def _positive(raw: str) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
     return int(raw)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def _whole(raw: str) -> int:

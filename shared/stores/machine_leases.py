@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.leases import check_pool
-from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import (
     RedisPort,
     lease_acquire_keys,
@@ -119,8 +118,3 @@ def _holder(machine_id: int, lease: dict[str, str], now: int, last: dict[int, in
         int(lease["expires"]) - now,
         last.get(machine_id, 0),
     )
-
-
-def open_leases(url: str) -> MachineLeases:
-    """A store on a plain Redis URL (tests, scripts)."""
-    return MachineLeases(RedisEndpoint(url))

@@ -2,8 +2,9 @@
 
 Every script that reads or writes hot lists or the sync clock's record is fenced:
 ``fence.lua`` is prepended, and its four slots (``fence_slots``) come first in the key
-list. Each ``.lua`` file names
-its own KEYS/ARGV slots as locals at the top; the functions here fill them in that order.
+list. The lease scripts also get the helpers in ``lease.lua`` (``HELPERS``). Each
+``.lua`` file names its own KEYS/ARGV slots as locals at the top; the functions here
+fill them in that order.
 """
 
 from __future__ import annotations

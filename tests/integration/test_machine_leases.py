@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from shared.domain.errors import NoMachineIdFree
-from shared.leasing import lease_machine_id
+from shared.leasing import LeaseMetrics, SyncMachineLease, lease_machine_id
 from shared.stores import redis_keys
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -192,13 +193,13 @@ async def test_a_fenced_holder_is_lost_and_reacquires_after_the_settle_period(
 ) -> None:
     await settle(leases, redis_client)
     endpoint = RedisEndpoint(servers.redis_url)
-    ttl_s = TTL_MS / 1000
+    ttl_s = 1.0  # 0.9 s between the last renewal and the deadline: a slow server is no loss
     try:
         async with lease_machine_id(endpoint, "p", 0, 3, ttl_s=ttl_s, renew_every_s=0.1) as held:
             await new_identity(redis_client)
             await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
             assert held.lost_reason == "fenced"
-        with pytest.raises(NoMachineIdFree, match="changed identity"):
+        with pytest.raises(NoMachineIdFree, match="fence took over"):
             async with lease_machine_id(endpoint, "p", 0, 3, ttl_s=ttl_s, renew_every_s=0.1):
                 pass
         async with lease_machine_id(
@@ -247,3 +248,73 @@ async def test_a_killed_holder_leaves_its_ceiling_as_the_floor(
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
     assert next_holder.floor_ms == 5_000  # the highest ceiling, never lowered by renewals
+
+
+async def test_the_sync_form_renews_in_its_own_thread_and_reports_a_loss(
+    servers: Servers, leases: MachineLeases, redis_client: aioredis.Redis
+) -> None:
+    await settle(leases, redis_client)
+
+    def hold() -> tuple[int, bool, bool]:
+        endpoint = RedisEndpoint(servers.redis_url)
+        with SyncMachineLease(endpoint, "p", 9, 9, ttl_s=5, renew_every_s=0.1) as held:
+            first = held.lease.deadline
+            give_up = time.monotonic() + WAIT_DEADLINE_S
+            while held.lease.deadline == first and time.monotonic() < give_up:
+                time.sleep(0.02)  # until the background thread renews
+            renewed = held.lease.deadline > first and held.valid()
+            held.note_issued(123)
+        return held.machine_id, renewed, held.lost.is_set()
+
+    machine_id, renewed, lost_after = await asyncio.to_thread(hold)
+    assert (machine_id, renewed, lost_after) == (9, True, True)  # lost: released
+    assert (await leases.holders("p")).last_ms[9] == 123
+
+    def lose() -> str:
+        endpoint = RedisEndpoint(servers.redis_url)
+        with SyncMachineLease(endpoint, "p", 9, 9, ttl_s=5, renew_every_s=0.1) as held:
+            asyncio.run(new_identity_now(servers.redis_url))
+            assert held.lost.wait(WAIT_DEADLINE_S)
+            return held.lease.lost_reason
+
+    assert await asyncio.to_thread(lose) == "fenced"
+
+
+async def new_identity_now(url: str) -> None:
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        await new_identity(client)
+    finally:
+        await client.aclose()
+
+
+async def test_metrics_count_outcomes_held_leases_and_exhaustion(
+    servers: Servers, leases: MachineLeases, redis_client: aioredis.Redis
+) -> None:
+    await settle(leases, redis_client)
+    registry = CollectorRegistry()
+    metrics = LeaseMetrics(registry)
+    endpoint = RedisEndpoint(servers.redis_url)
+
+    def sample(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"pool": "p", **labels}) or 0.0
+
+    try:
+        async with lease_machine_id(endpoint, "p", 0, 0, renew_every_s=1, metrics=metrics):
+            assert sample("kd_leases_held") == 1
+            with pytest.raises(NoMachineIdFree):
+                async with lease_machine_id(endpoint, "p", 0, 0, metrics=metrics):
+                    pass
+        assert sample("kd_leases_held") == 0
+        assert sample("kd_lease_acquisitions_total", outcome="granted") == 1
+        assert sample("kd_lease_acquisitions_total", outcome="full") == 1
+        assert sample("kd_lease_pool_exhausted_total") == 1
+        assert sample("kd_lease_acquire_duration_seconds_count") == 2
+        async with lease_machine_id(
+            endpoint, "p", 0, 0, ttl_s=5, renew_every_s=0.1, metrics=metrics
+        ) as held:
+            await redis_client.hdel(redis_keys.machine_leases_key("p"), "0")
+            await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
+        assert sample("kd_lease_renew_failures_total", reason="lost") == 1
+    finally:
+        await endpoint.close()

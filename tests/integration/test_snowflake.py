@@ -9,17 +9,26 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain.errors import ConfigError
 from shared.domain.settings import Settings
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops import cli
-from shared.stores import redis_keys
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from shared.ops.databases import run_migrate
+from shared.ops.fill import fill
+from shared.ops.status import collect_status, format_status
+from shared.stores import redis_keys, sql
+from tests.conftest import (
+    Servers,
+    dispenser_over_http,
+    end_lease_settling,
+    make_settings,
+    small_types,
+)
 
 EVENTS = "events"
 # A short TTL keeps the test of a lost lease short (renewals every 0.2 s).
@@ -38,12 +47,7 @@ async def snowflake_settings(
 ) -> Settings:
     """The test types plus a snowflake type; the settle period the fence's first use
     starts (no machine ID granted for one TTL) is ended by hand."""
-    leases = MachineLeases(RedisEndpoint(servers.redis_url))
-    try:
-        await leases.holders(EVENTS)
-    finally:
-        await leases.close()
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await end_lease_settling(servers.redis_url, redis_client)
     return make_settings(servers, database, id_types={**small_types(), EVENTS: EVENTS_CONFIG})
 
 
@@ -184,3 +188,21 @@ async def test_decode_command(
         "machine": 9,
         "sequence": 4,
     }
+
+
+async def test_migrate_status_and_fill_handle_snowflake_types(
+    snowflake_settings: Settings,
+) -> None:
+    assert await run_migrate(snowflake_settings) >= 1
+    conn = await asyncpg.connect(snowflake_settings.postgres_dsn)
+    try:
+        assert not await conn.fetchval(sql.SELECT_TABLE_EXISTS, sql.cold_table_name(EVENTS))
+        assert await conn.fetchval(sql.SELECT_FINGERPRINT, EVENTS) is None
+    finally:
+        await conn.close()
+    report = await collect_status(snowflake_settings)
+    assert set(report["id_types"]) == {"farmer", "shortlink"}
+    assert report["snowflake_types"][EVENTS]["machine_ids"] == [0, 63]
+    assert "snowflake (decimal): no inventory" in format_status(report)
+    with pytest.raises(ConfigError, match="minted, not filled"):
+        await fill(snowflake_settings, EVENTS, 10)

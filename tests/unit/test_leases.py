@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from shared.domain.errors import ConfigError
 from shared.domain.leases import MAX_POOL_IDS, check_pool, check_ttl, safety_margin_s
 from shared.leasing import MachineLease
-from shared.stores.machine_leases import Acquired
+from shared.ops.lease import exit_status, format_holders, report
+from shared.stores.machine_leases import Acquired, Holder, Holders
 
 
 @pytest.mark.parametrize(
@@ -76,3 +78,25 @@ def test_the_ceiling_never_goes_down_and_issued_keeps_the_latest() -> None:
     held.note_issued(4_000)
     held.note_issued(3_000)
     assert held.issued_ms == 4_000
+
+
+def test_exit_status_follows_the_shell_convention() -> None:
+    assert exit_status(0) == 0 and exit_status(3) == 3
+    assert exit_status(-signal.SIGTERM) == 143 and exit_status(-signal.SIGKILL) == 137
+
+
+def test_the_holder_listing_shows_each_lease_and_a_settle_period() -> None:
+    found = Holders([Holder(4, "host-1:svc#ab", 1_700_000_000_000, 2_500, 99)], 1_200, {4: 99})
+    shown = report("prod", found)
+    assert shown["holders"] == [
+        {
+            "id": 4,
+            "owner": "host-1:svc#ab",
+            "since": "2023-11-14T22:13:20.000+00:00",
+            "expires_in_s": 2.5,
+            "last_ms": 99,
+        }
+    ]
+    text = format_holders(shown)
+    assert "pool prod: 1 held; grants resume in 1.2s" in text
+    assert "host-1:svc#ab" in text.splitlines()[2]

@@ -17,7 +17,14 @@ from shared.domain.errors import (
     SnowflakeTimeExhausted,
 )
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import SNOWFLAKE_EPOCH_MS, Settings, SnowflakeConfig, load_settings
+from shared.domain.leases import MAX_POOL_IDS
+from shared.domain.settings import (
+    MACHINE_RANGE_LIMIT,
+    SNOWFLAKE_EPOCH_MS,
+    Settings,
+    SnowflakeConfig,
+    load_settings,
+)
 from shared.domain.snowflake import (
     BASE62_WIDTH,
     Layout,
@@ -81,6 +88,10 @@ def ids(spans: list[range]) -> list[int]:
 # --- configuration
 
 
+def test_machine_ranges_fit_a_lease_pool() -> None:
+    assert MACHINE_RANGE_LIMIT == MAX_POOL_IDS
+
+
 def test_defaults_and_epoch_forms() -> None:
     assert config().epoch == SNOWFLAKE_EPOCH_MS
     assert config(epoch="2020-01-01").epoch == SNOWFLAKE_EPOCH_MS
@@ -99,6 +110,10 @@ def test_defaults_and_epoch_forms() -> None:
         ({"machine_ids": {"max": 1024}}, "machine_ids.max"),
         ({"machine_ids": {"pool": "Bad Pool"}}, "id_types.t.machine_ids.pool"),
         ({"length": 10}, "id_types.t.length"),
+        ({"bits": {"time": 33, "machine": 20, "sequence": 10}}, "more than 4096 IDs"),
+        ({"lease_ttl_s": 2, "lease_renew_s": 1}, "a third of lease_ttl_s"),
+        ({"machine_ids": {"min": 9, "max": 3}}, "machine_ids.min"),
+        ({"epoch": "2999-01-01"}, "in the future"),
     ],
 )
 def test_bad_snowflake_config_names_the_field(values: dict[str, Any], field: str) -> None:
@@ -122,7 +137,7 @@ def test_pooled_types_leave_snowflake_types_out() -> None:
 
 # --- layout and text
 
-LAYOUTS = st.sampled_from([(41, 10, 12), (41, 8, 14), (39, 8, 16), (44, 5, 14), (30, 16, 17)]).map(
+LAYOUTS = st.sampled_from([(41, 10, 12), (41, 8, 14), (39, 8, 16), (44, 5, 14), (30, 12, 21)]).map(
     lambda b: {"time": b[0], "machine": b[1], "sequence": b[2]}
 )
 
@@ -297,10 +312,10 @@ def test_a_new_lease_continues_strictly_after_the_last_id() -> None:
 
 def test_time_field_full_is_exhaustion_and_before_epoch_refused() -> None:
     clock = SteppedClock(now=2**30 + 5)
-    made = minter(clock, bits={"time": 30, "machine": 16, "sequence": 17}, epoch=0)
+    made = minter(clock, bits={"time": 30, "machine": 12, "sequence": 21}, epoch=0)
     with pytest.raises(SnowflakeTimeExhausted):
         made.mint(1)
-    early = minter(SteppedClock(now=T0), epoch=T0 + 1_000)
+    early = minter(SteppedClock(now=T0 - 1_000), epoch=T0)  # a clock before the epoch
     with pytest.raises(ClockBehind):
         early.mint(1)
 
