@@ -66,3 +66,8 @@ def test_a_lease_fault_that_did_not_show_fails_its_round() -> None:
         {"round": 6, "error": "could not inject", "regranted": False},
     ]
     assert not_observed(rows) == [2, 3, 4]
+
+
+def test_the_holders_process_is_read_from_its_owner_token() -> None:
+    assert held("my-host-42#9f", 0, 1).pid == 42
+    assert held("my-host-43:sleep#9f", 0, 1).pid == 43  # keydispenser lease -- sleep

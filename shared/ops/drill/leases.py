@@ -137,8 +137,8 @@ class Interval:
 
     @property
     def pid(self) -> int:
-        """The holder's process (the owner token is ``host-pid#suffix``)."""
-        return int(self.owner.rsplit("#", 1)[0].rsplit("-", 1)[1])
+        """The holder's process (the owner token is ``host-pid[:command]#suffix``)."""
+        return int(self.owner.rsplit("#", 1)[0].rsplit("-", 1)[1].split(":")[0])
 
 
 def _lease_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -301,7 +301,7 @@ class LeaseFaults:
         }
 
     async def reacquired(self, since_ms: float) -> dict[str, Any]:
-        """After a Redis fault: every worker holds a lease granted after ``since_ms``."""
+        """After a Redis fault: every worker holds a live lease granted after ``since_ms``."""
         started = time.monotonic()
         while time.monotonic() - started < REACQUIRE_DEADLINE_S:
             workers = {
@@ -309,12 +309,14 @@ class LeaseFaults:
                 for name in ("dispenser-0", "dispenser-1")
                 for pid in worker_pids(self.fleet.processes[name].pid)
             }
-            granted: dict[int, float] = {}  # worker -> its first grant after the fault
+            latest: dict[int, Interval] = {}  # worker -> its latest lease
             for held in read_intervals(self.log_dir):
-                if held.start > since_ms:
-                    granted[held.pid] = min(granted.get(held.pid, held.start), held.start)
-            if workers and workers <= granted.keys():
-                last = max(granted[pid] for pid in workers)
+                if held.pid not in latest or held.start > latest[held.pid].start:
+                    latest[held.pid] = held
+            # Held now, and granted after the fault (failback changes hands twice).
+            fresh = {p: h for p, h in latest.items() if h.start > since_ms and not h.stopped}
+            if workers and workers <= fresh.keys():
+                last = max(fresh[pid].start for pid in workers)
                 return {"leases_reacquired": True, "reacquired_ms": round(last - since_ms)}
             await asyncio.sleep(0.2)
         return {"leases_reacquired": False}
