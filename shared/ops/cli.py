@@ -124,6 +124,9 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(
             f"a lease fault or re-acquisition was not observed in rounds {rounds}"
         )
+    if report["lease_holder_unexpected_exits"]:
+        exits = report["lease_holder_exits"]
+        raise KeydispenserError(f"keydispenser lease holders exited unexpectedly: {exits}")
     if report["lease_overlaps"]:
         raise KeydispenserError(f"{report['lease_overlaps']} lease intervals overlapped")
     if report["snowflake_duplicates"]:

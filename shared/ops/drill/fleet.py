@@ -18,12 +18,21 @@ class Fleet:
     env: dict[str, str]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     exits: list[str] = field(default_factory=list)  # processes that died by themselves
-    _commands: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    # Processes whose exit is theirs to report (lease holders end when their lease does).
+    expected_exits: set[str] = field(default_factory=set)
+    _commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=dict)
 
-    def spawn(self, name: str, command: str, extra_env: dict[str, str] | None = None) -> None:
+    def spawn(
+        self,
+        name: str,
+        command: str,
+        extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         env = {**self.env, **(extra_env or {})}
-        self._commands[name] = (command, env)
-        self.processes[name] = spawn(cli_command(command), env, self.log_dir / f"{name}.log")
+        self._commands[name] = ((command, *args), env)
+        argv = cli_command(command, *args)
+        self.processes[name] = spawn(argv, env, self.log_dir / f"{name}.log")
 
     def kill(self, name: str) -> None:
         """SIGKILL the process, then its child processes (a dispenser's workers would
@@ -37,13 +46,18 @@ class Fleet:
 
     def restart(self, name: str) -> None:
         self.kill(name)
-        command, env = self._commands[name]
-        self.spawn(name, command, {k: v for k, v in env.items() if k not in self.env})
+        (command, *args), env = self._commands[name]
+        extra = {k: v for k, v in env.items() if k not in self.env}
+        self.spawn(name, command, extra, tuple(args))
 
     def restart_exited(self) -> list[str]:
         """Processes that exited without being killed: counted, then restarted so the
         drill goes on. Must stay empty: an outage is to be ridden out, never an exit."""
-        gone = [name for name, child in self.processes.items() if child.poll() is not None]
+        gone = [
+            name
+            for name, child in self.processes.items()
+            if child.poll() is not None and name not in self.expected_exits
+        ]
         for name in gone:
             self.exits.append(name)
             self.restart(name)

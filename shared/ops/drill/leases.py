@@ -48,6 +48,16 @@ CLOCK_OBSERVE_S = 3.0  # clock_back: how long the 503s are counted
 CLOCK_BEHIND = "IDG-015"
 
 
+# `keydispenser lease -- sleep` holders: two processes, two IDs, none spare.
+CLI_POOL = "drill_cli"
+CLI_HOLDERS = ("lease-0", "lease-1")
+CLI_ARGS = (
+    *("--pool", CLI_POOL, "--min", "0", "--max", str(len(CLI_HOLDERS) - 1)),
+    *("--ttl", "3", "--renew-every", "0.5", "--wait", "30", "--", "sleep", "100000"),
+)
+LOST_LEASE_EXIT = 128 + signal.SIGTERM  # the command was ended because its lease was lost
+
+
 def dispenser_env() -> dict[str, str]:
     """Two workers per dispenser, each with the test clock hook armed."""
     return {"KD_DISPENSER__WORKERS": str(WORKERS), CLOCK_ENV: str(CLOCK_STEP_MS)}
@@ -154,7 +164,8 @@ def _lease_lines(path: Path) -> Iterator[dict[str, Any]]:
 def read_intervals(log_dir: Path) -> list[Interval]:
     """Every lease interval the dispensers' workers logged."""
     intervals: dict[str, Interval] = {}
-    for path in sorted(log_dir.glob("dispenser-*.log")):
+    paths = [*log_dir.glob("dispenser-*.log"), *log_dir.glob("lease-*.log")]
+    for path in sorted(paths):
         for entry in _lease_lines(path):
             _apply(intervals, entry, path.stem)
     return list(intervals.values())
@@ -224,7 +235,33 @@ class LeaseFaults:
     fleet: Fleet
     load: SnowflakeLoad
     kills: list[dict[str, Any]] = field(default_factory=list)
+    holder_exits: Counter[int] = field(default_factory=Counter)  # exit status -> count
     _turn: int = 0
+    _kills: int = 0
+
+    def start_cli_holders(self) -> None:
+        for name in CLI_HOLDERS:
+            self.fleet.expected_exits.add(name)
+            self.fleet.spawn(name, "lease", None, CLI_ARGS)
+
+    def respawn_cli_holders(self) -> None:
+        """Start again the holders that ended (a lost lease ends its command: exit 143),
+        as a service manager would; every exit status is counted."""
+        for name in CLI_HOLDERS:
+            status = self.fleet.processes[name].poll()
+            if status is not None:
+                self.holder_exits[status] += 1
+                self.fleet.restart(name)
+
+    def holder_pids(self) -> set[int]:
+        """Every lease holder now running: dispenser workers and CLI holders."""
+        pids = {
+            pid
+            for name in ("dispenser-0", "dispenser-1")
+            for pid in worker_pids(self.fleet.processes[name].pid)
+        }
+        live = (self.fleet.processes[n] for n in CLI_HOLDERS)
+        return pids | {p.pid for p in live if p.poll() is None}
 
     @property
     def log_dir(self) -> Path:
@@ -246,12 +283,23 @@ class LeaseFaults:
         return max(live, key=lambda h: h.start)
 
     async def kill_lease_holder(self) -> dict[str, Any]:
-        """SIGKILL a worker holding a lease (uvicorn starts a new one); its ID must be
-        granted again, and only after the killed holder's deadline."""
-        name, pid = self._pick_worker()
+        """SIGKILL a lease holder, in turn a dispenser worker (uvicorn starts a new one)
+        and a ``keydispenser lease -- sleep`` process (started again at once); its ID
+        must be granted again, and only after the killed holder's deadline."""
+        self._kills += 1
+        if self._kills % 2:
+            name, pid = self._pick_worker()
+        else:
+            name = CLI_HOLDERS[(self._kills // 2) % len(CLI_HOLDERS)]
+            pid = self.fleet.processes[name].pid
         held = await self._wait_held(pid)
-        os.kill(pid, signal.SIGKILL)
+        if name in CLI_HOLDERS:
+            self.fleet.kill(name)  # and its command
+        else:
+            os.kill(pid, signal.SIGKILL)
         killed_at = time.time() * 1000
+        if name in CLI_HOLDERS:
+            self.fleet.restart(name)  # waits (--wait) for a free ID: only the killed one
         regrant = await self._wait_regrant(held, killed_at)
         notes = {
             "killed_worker": f"{name}:{pid}",
@@ -301,14 +349,12 @@ class LeaseFaults:
         }
 
     async def reacquired(self, since_ms: float) -> dict[str, Any]:
-        """After a Redis fault: every worker holds a live lease granted after ``since_ms``."""
+        """After a Redis fault: every holder (dispenser workers, CLI holders started again
+        after their lease ended) holds a live lease granted after ``since_ms``."""
         started = time.monotonic()
         while time.monotonic() - started < REACQUIRE_DEADLINE_S:
-            workers = {
-                pid
-                for name in ("dispenser-0", "dispenser-1")
-                for pid in worker_pids(self.fleet.processes[name].pid)
-            }
+            self.respawn_cli_holders()
+            workers = self.holder_pids()
             latest: dict[int, Interval] = {}  # worker -> its latest lease
             for held in read_intervals(self.log_dir):
                 if held.pid not in latest or held.start > latest[held.pid].start:
@@ -328,6 +374,10 @@ class LeaseFaults:
             "lease_intervals": len(intervals),
             "lease_overlaps": len(found),
             "lease_overlap_pairs": found[:20],
+            "lease_holder_exits": {str(k): v for k, v in sorted(self.holder_exits.items())},
+            "lease_holder_unexpected_exits": sum(
+                n for status, n in self.holder_exits.items() if status != LOST_LEASE_EXIT
+            ),
             "snowflake_ids": len(self.load.ids),
             "snowflake_duplicates": self.load.duplicates(),
             "snowflake_errors": dict(self.load.errors),
@@ -358,7 +408,8 @@ def _batches_by_worker(
     its machine ID that was granted last before the batch arrived."""
     by_id: dict[int, list[Interval]] = {}
     for held in sorted(intervals, key=lambda h: h.start):
-        by_id.setdefault(held.machine_id, []).append(held)
+        if held.pool == SNOWFLAKE_TYPE:
+            by_id.setdefault(held.machine_id, []).append(held)
     counts: dict[str, Counter[str]] = {}
     for at, machine in batches:
         holders = [h for h in by_id.get(machine, []) if h.start <= at]

@@ -275,6 +275,7 @@ class Drill:
             row["postgres_keys_discarded"] = fenced
             row["keys_discarded"] = redis_discarded + fenced
         row.update(self.notes)
+        self.lease_faults.respawn_cli_holders()
         row["process_exits"] = self.fleet.restart_exited()
         self.notes.clear()
         self.results.append(row)
@@ -338,6 +339,7 @@ async def _drill(
         load = RecordingLoad(urls, DRILL_TYPE)
         snowflakes = SnowflakeLoad(urls)
         lease_faults = LeaseFaults(fleet, snowflakes)
+        lease_faults.start_cli_holders()
         drill = Drill(
             topology, fleet, load, postgres, database, base / "snapshot.rdb", lease_faults
         )
