@@ -73,10 +73,12 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     assert report["lease_overlaps"] == 0, report["lease_overlap_pairs"]
     assert report["snowflake_duplicates"] == 0 and report["snowflake_ids"] > 0
     assert report["lease_faults_not_observed"] == []
+    # The `keydispenser lease -- sleep` holders ended only with a lost lease (exit 143).
+    assert report["lease_holder_unexpected_exits"] == 0, report["lease_holder_exits"]
     by_worker = report["snowflake_batches_by_worker"]
     assert sorted(by_worker) == ["dispenser-0", "dispenser-1"], by_worker
     assert all(len(workers) >= 2 for workers in by_worker.values()), by_worker
-    # Every worker re-acquired after each Redis fault.
+    # Every holder (workers and lease CLI processes) re-acquired after each Redis fault.
     assert all(row["leases_reacquired"] for row in report["faults"] if row["fault"] in REDIS_FAULTS)
     # The killed holder's ID was granted again, after its deadline (it had expired).
     (killed,) = [row for row in report["faults"] if row["fault"] == "kill_lease_holder"]

@@ -2,7 +2,8 @@
 
 Each dispenser runs two worker processes; each worker leases its own machine ID for the
 snowflake type (four IDs for four workers: a killed worker's ID can only come back to a
-new holder after its lease expired). Lease intervals are read from the holders' own log
+new holder after its lease expired); two ``keydispenser lease -- sleep`` processes hold
+the two IDs of a second pool. Lease intervals are read from the holders' own log
 lines (``lease_granted``, ``lease_renewed``, ``lease_stopped``: wall times of this host)
 and checked for overlap; snowflake IDs received from both dispensers are checked for
 duplicates.
@@ -11,6 +12,7 @@ duplicates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -252,6 +254,13 @@ class LeaseFaults:
             if status is not None:
                 self.holder_exits[status] += 1
                 self.fleet.restart(name)
+
+    async def supervise(self, stop: asyncio.Event, deadline: float) -> None:
+        """Start ended CLI holders again within 0.2 s, until ``stop`` or ``deadline``."""
+        while not stop.is_set() and time.monotonic() < deadline:
+            self.respawn_cli_holders()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
 
     def holder_pids(self) -> set[int]:
         """Every lease holder now running: dispenser workers and CLI holders."""

@@ -348,12 +348,18 @@ async def _drill(
         if unknown:
             raise RuntimeError(f"unknown faults: {sorted(unknown)}")
         until = time.monotonic() + rounds * 40 + 60
-        runner = asyncio.ensure_future(asyncio.gather(load.run(until), snowflakes.run(until)))
+        holders_done = asyncio.Event()  # the CLI lease holders' supervisor stops
+        runner = asyncio.ensure_future(
+            asyncio.gather(
+                load.run(until), snowflakes.run(until), lease_faults.supervise(holders_done, until)
+            )
+        )
         for number in range(rounds):
             await drill.round(number + 1, kinds[number % len(kinds)])
         await asyncio.sleep(SETTLE_S)
         load.stop()
         snowflakes.stop()
+        holders_done.set()
         await runner
         drill.measure_disruptions()
         ledger = await ledger_check(dsn, DRILL_TYPE, set(load.keys), base / "logs")
