@@ -197,6 +197,13 @@ MUTANTS: Final = (
         "for round_key in self._round_keys[:1]:",
         ("tests/unit/test_permutation.py",),
     ),
+    Mutant(
+        "sequential_batches_taken_in_table_order",
+        "shared/stores/cold_store.py",
+        "sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH",
+        "sql.TAKE_BATCH",
+        ("tests/integration/test_registry_interop.py",),
+    ),
 )
 
 

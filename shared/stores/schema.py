@@ -94,7 +94,8 @@ def _compare(id_type: IdType, stored: dict[str, object]) -> None:
 async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
     numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
     await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
-    await conn.execute(sql.for_type(sql.CREATE_COLD_TABLE, id_type.name))
+    cold = sql.CREATE_COLD_TABLE_IN_ORDER if id_type.sequential else sql.CREATE_COLD_TABLE
+    await conn.execute(sql.for_type(cold, id_type.name))
     await conn.execute(sql.for_type(sql.CREATE_LEDGER_TABLE, id_type.name))
     await conn.execute(sql.for_type(sql.ADD_LEDGER_USED_BY, id_type.name))
     stored = await _stored_fingerprint(conn, id_type.name)

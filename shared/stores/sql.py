@@ -85,6 +85,13 @@ CREATE TABLE IF NOT EXISTS {cold} (key text PRIMARY KEY)
 WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
 """
 
+# The cold table of a sequential type: byte-ordered keys, so its primary key index
+# serves TAKE_BATCH_IN_ORDER.
+CREATE_COLD_TABLE_IN_ORDER: Final = """
+CREATE TABLE IF NOT EXISTS {cold} (key text COLLATE "C" PRIMARY KEY)
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
+"""
+
 # The ledger of issued keys. entry_id is the Redis stream entry that recorded the
 # issue: a redelivered entry conflicts with its own row, a duplicate issue with another's.
 CREATE_LEDGER_TABLE: Final = """
@@ -202,6 +209,25 @@ taken AS (
 )
 SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
        (SELECT clock FROM stamp) AS clock, ARRAY(SELECT key FROM taken) AS keys
+"""
+)
+
+# TAKE_BATCH for sequential types: the lowest keys first, returned in order (keys of a
+# sequential type are zero-padded, so byte order is counter order).
+TAKE_BATCH_IN_ORDER: Final = (
+    _GUARD
+    + """,
+taken AS (
+    DELETE FROM {cold}
+    WHERE EXISTS (SELECT 1 FROM stamp)
+      AND ctid = ANY (ARRAY(
+          SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $4 FOR UPDATE SKIP LOCKED
+      ))
+    RETURNING key
+)
+SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
+       (SELECT clock FROM stamp) AS clock,
+       ARRAY(SELECT key FROM taken ORDER BY key COLLATE "C") AS keys
 """
 )
 
