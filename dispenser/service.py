@@ -57,8 +57,8 @@ class Dispenser:
         self.settings = settings
         self.hot = hot
         # The wake channel and the ledger stream share the hot store's connections.
-        self.wake = WakeChannel(hot.endpoint)
-        self.ledger_stream = LedgerStream(hot.endpoint)
+        self.wake = WakeChannel(hot.endpoint, hot.namespace)
+        self.ledger_stream = LedgerStream(hot.endpoint, hot.namespace)
         self.metrics = metrics
         self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
