@@ -23,7 +23,7 @@ from shared.stores.redis_scripts import (
     pop_keys,
     push_keys,
 )
-from shared.stores.sync_record import NO_STAMP, Stamp
+from shared.stores.sync_record import LEASED, NO_STAMP, Stamp
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600
@@ -81,6 +81,26 @@ class HotStore(RedisPort):
     def __init__(self, endpoint: RedisEndpoint, namespace: str) -> None:
         super().__init__(endpoint, namespace)
         self.discarded = 0  # keys discarded by fences, seen by this process
+
+    async def forget(self, name: str) -> int:
+        """Remove every trace of a retired type: its hot list (the keys in it are
+        wasted, never reissued), its exhausted marker and refill rate, its entries in the
+        fence's registry and discard counts and in the sync record. Returns the hot keys
+        dropped. Idempotency records expire on their own; the type's ledger stream
+        entries are skipped by keysync (the type is no longer configured)."""
+        ns, hot = self.namespace, redis_keys.hot_list_key(self.namespace, name)
+        async with self._guard("forget"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.llen(hot)
+                pipe.delete(
+                    hot, redis_keys.exhausted_key(ns, name), redis_keys.refill_key(ns, name)
+                )
+                pipe.srem(redis_keys.hot_registry_key(ns), hot)
+                pipe.hdel(redis_keys.discarded_key(ns), hot)
+                pipe.hdel(redis_keys.sync_record_key(ns), LEASED + name)
+                dropped, *_ = await pipe.execute()
+        return int(dropped)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HotStore:
