@@ -227,6 +227,7 @@ class Bench:
                 {
                     "postgres_dsn": settings.postgres_dsn,
                     "redis_url": settings.redis_url,
+                    "redis_namespace": settings.redis_namespace,  # the hot list fill() fills
                     "log_level": "WARNING",
                     "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
                 }
