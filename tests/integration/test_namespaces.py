@@ -50,8 +50,12 @@ async def test_two_namespaces_on_one_redis_db_never_touch_each_other(
     finally:
         await hot_prod.close()
         await hot_staging.close()
-    names = [str(k) for k in await redis_client.keys("*")]
-    assert names and all(k.startswith(("kd:", f"{OTHER}:")) for k in names)
+    names = {str(k) for k in await redis_client.keys("*")}
+    assert all(k.startswith(("kd:", f"{OTHER}:")) for k in names)
+    # Literal names: the default namespace keeps the names deployments already hold.
+    for ns in ("kd", OTHER):
+        assert {f"{ns}:fence", f"{ns}:hot:registry", f"{ns}:ledger", f"{ns}:sync:record"} <= names
+    assert "kd:hot:farmer" not in names and "kd:discarded" in names
 
 
 async def issued_in_ledger(client: aioredis.Redis, namespace: str) -> str:
