@@ -50,7 +50,7 @@ def _dispenser(request: Request) -> Dispenser:
 
 async def allocate_one(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     idempotency_key = _idempotency_key(request)
     if idempotency_key is None:
@@ -62,7 +62,7 @@ async def allocate_one(request: Request) -> Response:
 
 async def allocate_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     raw = request.query_params.get("count", "1")
     maximum = dispenser.settings.dispenser.max_batch
     # Rate limits are charged per key asked for; a malformed count is refused after auth.
@@ -110,7 +110,7 @@ def _count(raw: str, maximum: int) -> int:
 
 async def validate(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     dispenser.gate.admit(request.headers, name)
     id_type = dispenser.id_type(name)
     value = request.path_params["id_value"]
@@ -129,7 +129,7 @@ async def mark_used(request: Request) -> Response:
     On a type without a ledger it is accepted and counted, not recorded (a registry's
     updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.id_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
@@ -145,7 +145,7 @@ async def mark_used(request: Request) -> Response:
 
 async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
@@ -203,7 +203,7 @@ async def lookup(request: Request) -> Response:
     client's key answers exactly as a key never issued, so the answer reveals nothing.
     """
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]

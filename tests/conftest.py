@@ -34,6 +34,7 @@ TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
 _counter = itertools.count()
 SERVER_START_DEADLINE_S = 30.0
+NS = "kd"  # the default redis_namespace, which make_settings keeps
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ async def redis_client(servers: Servers) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[HotStore]:
     """A hot store on the flushed test database."""
-    store = HotStore(RedisEndpoint(servers.redis_url))
+    store = HotStore(RedisEndpoint(servers.redis_url), NS)
     yield store
     await store.close()
 
@@ -156,7 +157,7 @@ async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[H
 @pytest.fixture
 async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[SyncRecord]:
     """The PostgreSQL fence's record, on the flushed test database."""
-    record = SyncRecord(RedisEndpoint(servers.redis_url))
+    record = SyncRecord(RedisEndpoint(servers.redis_url), NS)
     yield record
     await record.close()
 

@@ -218,6 +218,20 @@ MUTANTS: Final = (
         "for round_key in self._round_keys[:1]:",
         ("tests/unit/test_permutation.py",),
     ),
+    Mutant(
+        "fence_shared_by_every_namespace",
+        "shared/stores/redis_keys.py",
+        'return f"{namespace}:fence"',
+        'return "kd:fence"',
+        ("tests/integration/test_namespaces.py", "tests/unit/test_redis_keys.py"),
+    ),
+    Mutant(
+        "sequential_batches_taken_in_table_order",
+        "shared/stores/cold_store.py",
+        "sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH",
+        "sql.TAKE_BATCH",
+        ("tests/integration/test_registry_interop.py",),
+    ),
 )
 
 

@@ -125,6 +125,21 @@ def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def run_retire(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.retire import refuse_configured, retire
+
+    refuse_configured(settings, args.name)
+    if not args.yes:
+        raise KeydispenserError(
+            f"retire '{args.name}' drops its cold table, sequence, hot list and fingerprint "
+            "for good: add --yes to confirm"
+        )
+    report = asyncio.run(retire(settings, args.name, drop_ledger=args.drop_ledger))
+    print(json.dumps(report, indent=2))
+    if not report["found"]:
+        raise KeydispenserError(f"no id type '{args.name}' in the database: nothing to retire")
+
+
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.up import up
 
@@ -145,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     _add_drill(commands)
     _add_apikey(commands)
     _add_fence_postgres(commands)
+    _add_retire(commands)
     _add_up(commands)
     return top
 
@@ -218,6 +234,20 @@ def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentPa
         required=True,
         type=_whole,
         help="extra ranges every sequence skips past the highest lease on record",
+    )
+
+
+def _add_retire(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    retire = _command(
+        commands,
+        "retire",
+        run_retire,
+        "drop a type removed from the configuration: tables, sequence, Redis state",
+    )
+    retire.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="its name")
+    retire.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
+    retire.add_argument(
+        "--drop-ledger", action="store_true", help="drop its ledger table too (kept by default)"
     )
 
 

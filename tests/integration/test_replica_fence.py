@@ -26,6 +26,7 @@ from shared.ops.embedded import EmbeddedRedis
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
+from tests.conftest import NS
 
 REPLICA_REFUSAL = "this server is a replica, not the primary"
 SYNC_DEADLINE_S = 20.0
@@ -99,7 +100,7 @@ async def pair() -> AsyncIterator[Pair]:
 
 
 async def filled_primary(pair: Pair, keys: int) -> HotStore:
-    hot = HotStore(RedisEndpoint(pair.primary.url))
+    hot = HotStore(RedisEndpoint(pair.primary.url), NS)
     await hot.push("farmer", [f"f{i}" for i in range(keys)], "b1")
     await caught_up(pair)
     return hot
@@ -123,11 +124,11 @@ async def refusals(hot: HotStore) -> list[str]:
 
 async def test_every_script_refuses_on_a_replica(pair: Pair) -> None:
     primary = await filled_primary(pair, 20)
-    replica = HotStore(RedisEndpoint(pair.replica.url))
+    replica = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         for text in await refusals(replica):
             assert REPLICA_REFUSAL in text, text
-        assert await pair.replica_client.llen(redis_keys.hot_list_key("farmer")) == 20
+        assert await pair.replica_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 20
     finally:
         await replica.close()
         await primary.close()
@@ -137,12 +138,12 @@ async def test_a_writable_replica_is_refused_too(pair: Pair) -> None:
     """replica-read-only off: Redis itself would let the scripts write; the fence must not."""
     primary = await filled_primary(pair, 20)
     await pair.replica_client.config_set("replica-read-only", "no")
-    replica = HotStore(RedisEndpoint(pair.replica.url))
+    replica = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         for text in await refusals(replica):
             assert REPLICA_REFUSAL in text, text
-        assert await pair.replica_client.llen(redis_keys.hot_list_key("farmer")) == 20
-        assert await pair.replica_client.get(redis_keys.fence_key()) == await token(
+        assert await pair.replica_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 20
+        assert await pair.replica_client.get(redis_keys.fence_key(NS)) == await token(
             pair.primary_client
         )
     finally:
@@ -159,13 +160,13 @@ async def test_a_promoted_replica_has_a_new_identity_and_discards_what_it_inheri
     await caught_up(pair)
     old_token = await token(pair.primary_client)
     await replicaof(pair.replica_client, "NO", "ONE")
-    promoted = HotStore(RedisEndpoint(pair.replica.url))
+    promoted = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         seen = await promoted.observe("farmer")
         assert seen.token != old_token
         assert seen.token == await token(pair.replica_client)
         assert seen.discarded == 25 and seen.length == 0  # exactly the inherited keys
-        assert await promoted.discarded_counts() == {redis_keys.hot_list_key("farmer"): 25}
+        assert await promoted.discarded_counts() == {redis_keys.hot_list_key(NS, "farmer"): 25}
         assert (await promoted.pop("farmer", 5)).keys == []
     finally:
         await promoted.close()

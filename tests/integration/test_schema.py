@@ -88,7 +88,8 @@ async def _columns(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
     rows = await conn.fetch(
         "SELECT table_name, column_name, data_type FROM information_schema.columns "
         "WHERE table_schema = 'public' AND table_name IN "
-        "('kd_schema_version', 'kd_id_types', 'kd_ranges', 'kd_sync_clock', 'kd_fence_events') "
+        "('kd_schema_version', 'kd_id_types', 'kd_ranges', 'kd_sync_clock', 'kd_fence_events', "
+        "'kd_retired_types') "
         "ORDER BY 1, 2"
     )
     return [(r[0], r[1], r[2]) for r in rows]

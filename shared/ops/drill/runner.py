@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
 # The one ID type the drill takes keys of; it keeps a ledger, checked after the drill.
 DRILL_TYPE = "drill"
+DRILL_NAMESPACE = "kd"  # the Redis namespace of the drill's own servers
 DRILL_TYPE_CONFIG: dict[str, Any] = {
     "kind": "numeric",
     "length": 10,
@@ -72,7 +73,9 @@ class Drill:
 
     def discarded(self) -> int:
         try:
-            counts = self.topology.primary().client().hgetall(redis_keys.discarded_key())
+            counts = (
+                self.topology.primary().client().hgetall(redis_keys.discarded_key(DRILL_NAMESPACE))
+            )
         except (redis.RedisError, RuntimeError):
             return 0
         return sum(int(v) for v in counts.values())
@@ -384,7 +387,15 @@ def _fleet(
 ) -> Fleet:
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
-    config.write_text(json.dumps({"id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG}, "keysync": keysync}))
+    config.write_text(
+        json.dumps(
+            {
+                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG},
+                "keysync": keysync,
+                "redis_namespace": DRILL_NAMESPACE,
+            }
+        )
+    )
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),
