@@ -176,14 +176,14 @@ async def test_a_promoted_replica_has_a_new_identity_and_discards_what_it_inheri
 async def test_a_failed_back_primary_has_a_new_identity_and_discards_what_it_inherited(
     pair: Pair,
 ) -> None:
-    farmer = redis_keys.hot_list_key("farmer")
+    farmer = redis_keys.hot_list_key(NS, "farmer")
     first = await filled_primary(pair, 30)
     assert len((await first.pop("farmer", 5)).keys) == 5
     await caught_up(pair)
     first_token = await token(pair.primary_client)
     # Failover: the replica takes over (discarding 25) and is refilled with 10 keys.
     await replicaof(pair.replica_client, "NO", "ONE")
-    promoted = HotStore(RedisEndpoint(pair.replica.url))
+    promoted = HotStore(RedisEndpoint(pair.replica.url), NS)
     assert (await promoted.observe("farmer")).discarded == 25
     await promoted.push("farmer", [f"g{i}" for i in range(10)], "b2")
     promoted_token = await token(pair.replica_client)
@@ -209,12 +209,12 @@ async def test_a_failed_back_primary_has_a_new_identity_and_discards_what_it_inh
 
 
 async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> None:
-    farmer = redis_keys.hot_list_key("farmer")
+    farmer = redis_keys.hot_list_key(NS, "farmer")
     with tempfile.TemporaryDirectory(prefix="kd-snapshot-") as tmp:
         server = EmbeddedRedis(Path(tmp) / "server")
         server.start()
         client = aioredis.Redis.from_url(server.url, decode_responses=True)
-        hot = HotStore(RedisEndpoint(server.url))
+        hot = HotStore(RedisEndpoint(server.url), NS)
         try:
             await hot.push("farmer", [f"f{i}" for i in range(20)], "b1")
             await client.save()
@@ -229,10 +229,10 @@ async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> No
             shutil.copy(snapshot, server.data_dir / "dump.rdb")
             server.start()  # same port, loads the older snapshot
             client = aioredis.Redis.from_url(server.url, decode_responses=True)
-            hot = HotStore(RedisEndpoint(server.url))
+            hot = HotStore(RedisEndpoint(server.url), NS)
             # The snapshot is stale: it still holds the 8 dispensed keys and the old owner.
             assert await client.llen(farmer) == 20
-            assert await client.get(redis_keys.fence_key()) == old_token
+            assert await client.get(redis_keys.fence_key(NS)) == old_token
             seen = await hot.observe("farmer")
             assert seen.token == await token(client) != old_token
             assert seen.discarded == 20 and seen.length == 0

@@ -211,7 +211,7 @@ class Drill:
         deadline = time.monotonic() + FENCE_DEADLINE_S
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.RedisError, RuntimeError):
-                owner = self.topology.primary().client().get(redis_keys.fence_key())
+                owner = self.topology.primary().client().get(redis_keys.fence_key(DRILL_NAMESPACE))
                 if owner == identity:
                     return True
             await asyncio.sleep(0.1)
