@@ -149,6 +149,13 @@ class AsyncKeyClient:
                 await asyncio.wait_for(self._arrived.wait(), left)
 
     async def _run(self) -> None:
+        try:
+            await self._fetch_while_wanted()
+        except Exception as exc:  # a bug must not leave takers waiting for nothing
+            self._failure = ClientError(f"the fetcher stopped: {type(exc).__name__}: {exc}")
+            self._broadcast()
+
+    async def _fetch_while_wanted(self) -> None:
         while True:
             await self._wanted.wait()
             keys = await self._fetch_batch()

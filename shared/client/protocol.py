@@ -155,10 +155,28 @@ class Backoff:
 def fetched(status: int, header: Mapping[str, str], body: bytes, backoff: Backoff) -> Outcome:
     """The outcome of one ``POST /v1/keys/{type}?count=n`` answer."""
     if status == 200:
+        try:
+            keys = parse_keys(body)
+        except (ValueError, KeyError, TypeError):
+            return Wait(backoff.next(), "200 with a malformed body")
         backoff.reset()
-        keys = json.loads(body)["keys"]
-        return Keys([str(k) for k in keys], header.get("idempotent-replayed") == "true")
+        return Keys(keys, header.get("idempotent-replayed") == "true")
     return _failed(status, header, body, backoff)
+
+
+_KEYS_HEAD, _KEYS_TAIL = b'{"keys":["', b'"]}'
+
+
+def parse_keys(body: bytes) -> list[str]:
+    """The keys of ``{"keys": [...]}``. The dispenser writes exactly ``{"keys":["a","b"]}``
+    (keys never need escaping), which a split reads in half the time of a JSON parser;
+    any other spelling (a proxy may re-encode) goes through the JSON parser."""
+    if body.startswith(_KEYS_HEAD) and body.endswith(_KEYS_TAIL) and b"\\" not in body:
+        return body[len(_KEYS_HEAD) : -len(_KEYS_TAIL)].decode().split('","')
+    keys = json.loads(body)["keys"]
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ValueError("the keys of an answer must be a list of strings")
+    return keys
 
 
 def marked(status: int, header: Mapping[str, str], body: bytes, backoff: Backoff) -> Outcome:

@@ -144,6 +144,12 @@ class KeyClient:
             raise ClientError("the client is closed")
 
     def _run(self) -> None:
+        try:
+            self._fetch_while_wanted()
+        except Exception as exc:  # a bug must not leave takers waiting for nothing
+            self._fail(ClientError(f"the fetcher stopped: {type(exc).__name__}: {exc}"))
+
+    def _fetch_while_wanted(self) -> None:
         while self._await_demand():
             keys = self._fetch_batch()
             if keys is None:

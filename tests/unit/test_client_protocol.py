@@ -93,3 +93,15 @@ def test_sync_client_sleeps_retry_after_then_asks_again_with_the_same_key() -> N
         assert c.take(5) == "k"
     assert events[1] == ("sleep", 4.0)
     assert events[0][0] == events[2][0] == "request" and events[0][1] == events[2][1]
+
+
+def test_keys_are_read_from_the_dispensers_bytes_and_from_any_json() -> None:
+    assert fetched(200, {}, b'{"keys":["a","b"]}', Backoff()) == Keys(["a", "b"])
+    assert fetched(200, {}, b'{ "keys": ["a", "b"] }', Backoff()) == Keys(["a", "b"])
+    assert fetched(200, {}, b'{"keys":["a\\u0041"]}', Backoff()) == Keys(["aA"])
+    assert fetched(200, {}, b'{"keys":[]}', Backoff()) == Keys([])
+
+
+def test_a_malformed_answer_is_asked_again() -> None:
+    assert isinstance(fetched(200, {}, b"<html>", Backoff()), Wait)
+    assert isinstance(fetched(200, {}, b'{"keys":[1]}', Backoff()), Wait)
