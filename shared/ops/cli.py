@@ -74,9 +74,10 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.ops.bench import run
+    from shared.ops.bench import Options, run
 
-    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, args.load))
+    options = Options(args.load, tuple(args.processes), args.sync_batch)
+    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
 
@@ -177,6 +178,19 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("auto", "wrk", "bundled"),
         default="auto",
         help="dispense: load generator (auto: wrk when installed)",
+    )
+    bench.add_argument(
+        "--processes",
+        type=_positive,
+        nargs="+",
+        default=[1, 2],
+        help="keysync: the numbers of keysync processes to measure",
+    )
+    bench.add_argument(
+        "--sync-batch",
+        type=_positive,
+        default=0,
+        help="keysync: keys per batch (default: the product's default sync_batch)",
     )
 
 
