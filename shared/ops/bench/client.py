@@ -110,7 +110,7 @@ async def run(settings: Settings, seconds: float) -> dict[str, Any]:
     process = None
     try:
         await refuse_unless_scratch(redis_client, "client")
-        await _fill(settings, redis_client, round(KEYS_PER_SECOND_SIZING * seconds * 2) + 500_000)
+        await _fill(settings, redis_client, round(KEYS_PER_SECOND_SIZING * seconds * 2) + 300_000)
         with tempfile.TemporaryDirectory(prefix="kd-bench-client-") as work:
             env = scrubbed_env(
                 KD_CONFIG=str(_config(settings, Path(work), port)),
