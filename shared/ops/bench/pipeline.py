@@ -10,8 +10,9 @@ keysync refills the hot list (low 100,000, high 400,000) from the start; keygen,
 at first, generates again once the cold inventory falls below half the prefill (its
 low watermark), as it would in production.
 
-Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, or any batch answered
-short: the pop emptied the list); the smallest hot depth sampled; and each tier's rate
+Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, after which that client
+waits the Retry-After as every client must, or any batch answered short: the pop
+emptied the list); the smallest hot depth sampled; and each tier's rate
 over the same window: keygen's committed keys, keysync's moved keys (dispensed plus
 the hot list's growth).
 """
@@ -95,6 +96,9 @@ async def _client(session: aiohttp.ClientSession, url: str, deadline: float, dra
             drain.short_batches += got < BATCH
         elif reply.status == 503 and b"IDG-001" in body:
             drain.pool_empty += 1
+            # As every client must: wait the Retry-After (spinning would starve keysync).
+            wait = float(reply.headers.get("Retry-After", "1"))
+            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
         else:
             drain.other_errors += 1
 
