@@ -76,7 +76,7 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import Options, run
 
-    options = Options(args.load, tuple(args.processes), args.sync_batch)
+    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs)
     results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
@@ -191,6 +191,9 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_positive,
         default=0,
         help="keysync: keys per batch (default: the product's default sync_batch)",
+    )
+    bench.add_argument(
+        "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
     )
 
 

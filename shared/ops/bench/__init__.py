@@ -23,6 +23,7 @@ class Options:
     load: str = "auto"  # dispense: the load generator
     processes: tuple[int, ...] = (1, 2)  # keysync: process counts measured
     sync_batch: int = 0  # keysync: keys per batch (0: the product default)
+    keysyncs: int = 1  # pipeline: keysync processes
 
 
 async def run(target: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
@@ -46,7 +47,7 @@ async def run(target: str, settings: Settings, seconds: float, options: Options)
     if target == "pipeline":
         from shared.ops.bench import pipeline
 
-        return await pipeline.run(settings, seconds)
+        return await pipeline.run(settings, seconds, options.keysyncs)
     if target == "client":
         from shared.ops.bench import client
 

@@ -1,14 +1,14 @@
 """``keydispenser bench pipeline``: keygen + keysync + dispenser live, drained by batches.
 
 The three processes run as they do in production (``keydispenser keygen|keysync|
-dispenser``, one each) on a scratch PostgreSQL database and the Redis database at
-``redis_url`` (a scratch one: the bench refuses one holding keydispenser state).
-keygen first fills the cold inventory alone to ``PREFILL_KEYS_PER_S x --seconds`` keys (what
-the target rate needs for the whole run), keysync fills the hot list; then batch
-clients take ``POST /v1/keys/{type}?count=5000`` at full speed for ``--seconds``.
-keysync refills the hot list (low 100,000, high 400,000) from the start; keygen, idle
-at first, generates again once the cold inventory falls below half the prefill (its
-low watermark), as it would in production.
+dispenser``, one each; ``--keysyncs N`` runs N keysyncs) on a scratch PostgreSQL
+database and the Redis database at ``redis_url`` (a scratch one: the bench refuses one
+holding keydispenser state). keygen first fills the cold inventory alone to
+``PREFILL_KEYS_PER_S x --seconds`` keys (what the target rate needs for the whole run),
+then keysync fills the hot list (low 100,000, high 400,000); then batch clients take
+``POST /v1/keys/{type}?count=5000`` at full speed for ``--seconds`` while keysync
+refills and keygen, idle at first, generates again once the cold inventory falls below
+half the prefill (its low watermark), as it would in production.
 
 Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, after which that client
 waits the Retry-After as every client must, or any batch answered short: the pop
@@ -63,7 +63,7 @@ def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> di
                 "kind": "numeric",
                 "length": 10,
                 "range_size": RANGE_SIZE,
-                "cold": {"low": prefill // 2, "high": prefill + 2 * RANGE_SIZE},
+                "cold": {"low": prefill // 2, "high": prefill},
                 "hot": HOT,
                 "sync_batch": 5_000,
             }
@@ -118,16 +118,18 @@ async def _wait_for(what: str, check: Any, deadline_s: float) -> None:
 
 
 class Pipeline:
-    def __init__(self, settings: Settings, seconds: float, work: Path) -> None:
+    def __init__(self, settings: Settings, seconds: float, work: Path, keysyncs: int) -> None:
         self.settings, self.seconds, self.work = settings, seconds, work
+        self.keysyncs = keysyncs
         self.prefill = max(500_000, round(PREFILL_KEYS_PER_S * seconds))
         self.port = free_port()
         self.database = f"kd_bench_pipe_{os.getpid()}"
         self.processes: list[Any] = []
 
-    def _spawn(self, command: str, config: Path) -> None:
+    def _spawn(self, command: str, config: Path, log: str = "") -> None:
         env = scrubbed_env(KD_CONFIG=str(config), KD_PERMUTATION_KEY=BENCH_PERMUTATION_KEY)
-        self.processes.append(spawn(cli_command(command), env, self.work / f"{command}.log"))
+        output = self.work / f"{log or command}.log"
+        self.processes.append(spawn(cli_command(command), env, output))
 
     async def run(self) -> dict[str, Any]:
         redis_client = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
@@ -173,7 +175,8 @@ class Pipeline:
 
         try:
             await _wait_for("the cold prefill", cold_full, fill_deadline)
-            self._spawn("keysync", config)  # now: it would take keys as keygen commits them
+            for n in range(self.keysyncs):  # now: they would take keys as keygen commits them
+                self._spawn("keysync", config, f"keysync-{n}")
             await _wait_for("the hot high watermark", hot_full, START_DEADLINE_S)
         except KeydispenserError as exc:
             raise KeydispenserError(f"{exc}\n{self._logs()}") from exc
@@ -218,10 +221,9 @@ class Pipeline:
     def _alive(self) -> None:
         for process in self.processes:
             if process.poll() is not None:
-                command = process.args[-1]
-                log = (self.work / f"{command}.log").read_text(errors="replace")
                 raise KeydispenserError(
-                    f"bench pipeline: {command} exited ({process.returncode}):\n{log[-2000:]}"
+                    f"bench pipeline: {process.args[-1]} exited ({process.returncode}):\n"
+                    + self._logs()
                 )
 
     def _report(
@@ -247,11 +249,12 @@ class Pipeline:
             "prefill_seconds": round(prefill_s, 1),
             "batch": BATCH,
             "clients": CLIENTS,
+            "keysync_processes": self.keysyncs,
             "targets": TARGETS,
             "targets_met": keys_per_s >= TARGETS["keys_per_s"] and not dry,
         }
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, keysyncs: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
-        return await Pipeline(settings, seconds, Path(work)).run()
+        return await Pipeline(settings, seconds, Path(work), keysyncs).run()
