@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from multiprocessing.synchronize import Event as EventType
+from queue import Empty
 from typing import Any
 
 import asyncpg
@@ -100,11 +101,27 @@ async def _fill(dsn: str, start: int, count: int) -> None:
         await conn.close()
 
 
-def _collect(processes: int, go: EventType, ready: Any, results: Any) -> list[dict[str, float]]:
-    for _ in range(processes):
-        ready.get(timeout=START_DEADLINE_S)
+def _gather(queue: Any, count: int, workers: list[Any], deadline_s: float) -> list[Any]:
+    """``count`` items from ``queue``; fails fast when a worker died without its item."""
+    items: list[Any] = []
+    deadline = time.monotonic() + deadline_s
+    while len(items) < count:
+        try:
+            items.append(queue.get(timeout=0.5))
+        except Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                why = f"keysync processes exited {failed}" if failed else "deadline passed"
+                raise KeydispenserError(f"bench keysync: {why}") from None
+    return items
+
+
+def _collect(
+    processes: int, go: EventType, ready: Any, results: Any, workers: list[Any]
+) -> list[dict[str, float]]:
+    _gather(ready, processes, workers, START_DEADLINE_S)
     go.set()
-    return [results.get(timeout=RUN_DEADLINE_S) for _ in range(processes)]
+    return _gather(results, processes, workers, RUN_DEADLINE_S)
 
 
 async def measure(
@@ -121,7 +138,7 @@ async def measure(
     for worker in workers:
         worker.start()
     try:
-        runs = await asyncio.to_thread(_collect, processes, go, ready, results)
+        runs = await asyncio.to_thread(_collect, processes, go, ready, results, workers)
     finally:
         for worker in workers:
             worker.join(30)
