@@ -63,3 +63,20 @@ def test_bench_client_takes_keys_through_the_client(settings: Settings, tmp_path
     report = json.loads(out.read_text())
     assert report["keys_taken"] > 0 and report["async_keys_taken"] > 0
     assert isinstance(report["targets_met"], bool)  # reported; depends on speed
+
+
+def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "pipeline.json"
+    result = run_cli(
+        "bench", "pipeline", "--seconds", "0.2", "--json", str(out), env=env, timeout_s=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["keys_dispensed"] > 0 and report["other_errors"] == 0
+    assert report["keys_dispensed"] % report["batch"] == 0 or report["hot_ran_dry"]
+    assert isinstance(report["hot_ran_dry"], bool)  # reported; depends on speed
+    for rate in ("keys_per_s", "keygen_keys_per_s", "keysync_keys_per_s"):
+        assert report[rate] >= 0

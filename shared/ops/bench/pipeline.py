@@ -5,10 +5,10 @@ dispenser``, one each; ``--keysyncs N`` runs N keysyncs) on a scratch PostgreSQL
 database and the Redis database at ``redis_url`` (a scratch one: the bench refuses one
 holding keydispenser state). keygen first fills the cold inventory alone to
 ``PREFILL_KEYS_PER_S x --seconds`` keys (what the target rate needs for the whole run),
-then keysync fills the hot list (low 100,000, high 400,000); then batch clients take
-``POST /v1/keys/{type}?count=5000`` at full speed for ``--seconds`` while keysync
-refills and keygen, idle at first, generates again once the cold inventory falls below
-half the prefill (its low watermark), as it would in production.
+then keysync fills the hot list (low 100,000, high 400,000; less for runs under 4 s);
+then batch clients take ``POST /v1/keys/{type}?count=5000`` at full speed for
+``--seconds`` while keysync refills and keygen, idle at first, generates again once
+the cold inventory falls below half the prefill (its low watermark), as in production.
 
 Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, after which that client
 waits the Retry-After as every client must, or any batch answered short: the pop
@@ -24,6 +24,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,16 @@ BATCH = 5_000
 CLIENTS = 4
 PREFILL_KEYS_PER_S = 200_000  # the target rate: the prefill covers the run at it
 RANGE_SIZE = 1 << 20
-HOT = {"low": 100_000, "high": 400_000}
+HOT_HIGH = 400_000  # the hot list's high watermark (low: a quarter), for runs of 4 s or more
+MIN_PREFILL = 40_000  # short runs (tests) scale the prefill and the hot list down
 SAMPLE_S = 0.05
 START_DEADLINE_S = 60.0
 TARGETS = {"keys_per_s": 200_000, "hot_ran_dry": False}
+
+
+def hot_marks(prefill: int) -> dict[str, int]:
+    high = min(HOT_HIGH, prefill // 2)
+    return {"low": high // 4, "high": high}
 
 
 def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> dict[str, Any]:
@@ -64,7 +71,7 @@ def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> di
                 "length": 10,
                 "range_size": RANGE_SIZE,
                 "cold": {"low": prefill // 2, "high": prefill},
-                "hot": HOT,
+                "hot": hot_marks(prefill),
                 "sync_batch": 5_000,
             }
         },
@@ -109,11 +116,13 @@ async def _sample(client: aioredis.Redis, deadline: float, drain: Drain) -> None
         await asyncio.sleep(SAMPLE_S)
 
 
-async def _wait_for(what: str, check: Any, deadline_s: float) -> None:
+async def _wait_for(what: str, check: Any, deadline_s: float, logs: Callable[[], str]) -> None:
     deadline = time.monotonic() + deadline_s
     while not await check():
         if time.monotonic() > deadline:
-            raise KeydispenserError(f"bench pipeline: {what} not reached within {deadline_s:.0f}s")
+            raise KeydispenserError(
+                f"bench pipeline: {what} not reached within {deadline_s:.0f}s\n{logs()}"
+            )
         await asyncio.sleep(0.2)
 
 
@@ -121,13 +130,16 @@ class Pipeline:
     def __init__(self, settings: Settings, seconds: float, work: Path, keysyncs: int) -> None:
         self.settings, self.seconds, self.work = settings, seconds, work
         self.keysyncs = keysyncs
-        self.prefill = max(500_000, round(PREFILL_KEYS_PER_S * seconds))
+        # The key the scratch database is migrated with, and the processes run with.
+        secret = settings.permutation_key
+        self.permutation_key = secret.get_secret_value() if secret else BENCH_PERMUTATION_KEY
+        self.prefill = max(MIN_PREFILL, round(PREFILL_KEYS_PER_S * seconds))
         self.port = free_port()
         self.database = f"kd_bench_pipe_{os.getpid()}"
         self.processes: list[Any] = []
 
     def _spawn(self, command: str, config: Path, log: str = "") -> None:
-        env = scrubbed_env(KD_CONFIG=str(config), KD_PERMUTATION_KEY=BENCH_PERMUTATION_KEY)
+        env = scrubbed_env(KD_CONFIG=str(config), KD_PERMUTATION_KEY=self.permutation_key)
         output = self.work / f"{log or command}.log"
         self.processes.append(spawn(cli_command(command), env, output))
 
@@ -147,9 +159,7 @@ class Pipeline:
         values = pipeline_config(self.settings, dsn, self.prefill, self.port)
         config = self.work / "pipeline.yaml"
         config.write_text(yaml.safe_dump(values))
-        local = Settings.model_validate(
-            values | {"permutation_key": self.settings.permutation_key or BENCH_PERMUTATION_KEY}
-        )
+        local = Settings.model_validate(values | {"permutation_key": self.permutation_key})
         await run_migrate(local)
         cold = await ColdStore.connect(dsn)
         try:
@@ -171,15 +181,12 @@ class Pipeline:
 
         async def hot_full() -> bool:
             self._alive()
-            return int(await redis_client.llen(hot_key)) >= HOT["high"]
+            return int(await redis_client.llen(hot_key)) >= hot_marks(self.prefill)["high"]
 
-        try:
-            await _wait_for("the cold prefill", cold_full, fill_deadline)
-            for n in range(self.keysyncs):  # now: they would take keys as keygen commits them
-                self._spawn("keysync", config, f"keysync-{n}")
-            await _wait_for("the hot high watermark", hot_full, START_DEADLINE_S)
-        except KeydispenserError as exc:
-            raise KeydispenserError(f"{exc}\n{self._logs()}") from exc
+        await _wait_for("the cold prefill", cold_full, fill_deadline, self._logs)
+        for n in range(self.keysyncs):  # now: they would take keys as keygen commits them
+            self._spawn("keysync", config, f"keysync-{n}")
+        await _wait_for("the hot high watermark", hot_full, START_DEADLINE_S, self._logs)
         prefill_s = time.monotonic() - started
         self._spawn("dispenser", config)
         if not serving(f"http://127.0.0.1:{self.port}/healthz", START_DEADLINE_S):
