@@ -34,9 +34,12 @@ from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser
+from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
+from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types, wall_clock_ms
+from shared.leasing import LeaseMetrics
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import not_issued
 
@@ -112,12 +115,26 @@ async def validate(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
     dispenser.gate.admit(request.headers, name)
-    id_type = dispenser.id_type(name)
+    id_type = dispenser.any_type(name)
     value = request.path_params["id_value"]
     return envelope.ok({"id": value, "valid": id_type.validate(value)})
 
 
-def _well_formed(id_type: IdType, value: str) -> str:
+async def decode(request: Request) -> Response:
+    """Time, machine ID and sequence of a snowflake ID (any well-formed one)."""
+    dispenser = _dispenser(request)
+    name = request.path_params["id_type"]
+    dispenser.gate.admit(request.headers, name)
+    id_type = dispenser.any_type(name)
+    if not isinstance(id_type, SnowflakeType):
+        raise InvalidInput(
+            f"id_type '{name}' is a {id_type.config.kind} type: only snowflake IDs decode"
+        )
+    value = request.path_params["id_value"]
+    return envelope.ok({"id": value, **id_type.decode(value).as_dict()})
+
+
+def _well_formed(id_type: IdType | SnowflakeType, value: str) -> str:
     if not id_type.validate(value):
         raise InvalidInput(f"'{value}' is not a valid {id_type.name} key")
     return value
@@ -131,9 +148,9 @@ async def mark_used(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
-    id_type = dispenser.id_type(name)
+    id_type = dispenser.any_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
-    if not id_type.config.ledger:
+    if not isinstance(id_type, IdType) or not id_type.config.ledger:
         dispenser.metrics.used_unrecorded.labels(name).inc()
         return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
     await dispenser.ledger_open(id_type)
@@ -243,6 +260,7 @@ async def config(request: Request) -> Response:
     dispenser = _dispenser(request)
     dispenser.gate.admit(request.headers)
     types = {name: openg2p.type_config(id_type) for name, id_type in dispenser.id_types.items()}
+    types |= {n: openg2p.snowflake_config(t) for n, t in dispenser.snowflakes.types.items()}
     described = openg2p.global_rules_type(dispenser.id_types)
     rules = {} if described is None else openg2p.rules(described)
     return envelope.ok(
@@ -365,6 +383,7 @@ ROUTES = [
     WholeRoute(ALLOCATE_ONE, allocate_one, methods=["POST"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
+    WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/decode", decode, methods=["GET"]),
     WholeRoute("/v1/keys/{id_type}", allocate_batch, methods=["POST"]),
     WholeRoute("/v1/keys/{id_type}/used", mark_used_batch, methods=["POST"]),
     WholeRoute("/v1/keys/{id_type}/{key}", lookup, methods=["GET"]),
@@ -375,13 +394,29 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, hot: HotStore | None = None) -> FastPath:
+# How long start-up waits for the first machine-ID lease of each snowflake type (requests
+# are answered 503 IDG-016 until it is held).
+FIRST_LEASE_WAIT_S = 2.0
+
+
+def create_app(
+    settings: Settings,
+    hot: HotStore | None = None,
+    leases: LeaseSource | None = None,
+    clock: Clock = wall_clock_ms,
+) -> FastPath:
+    """The dispenser's ASGI app. ``leases`` gives snowflake types their machine-ID leases
+    (default: leased in the hot tier's Redis); ``clock`` is the minters' clock (ms)."""
     metrics = DispenserMetrics(CollectorRegistry())
+    lease_metrics = LeaseMetrics(metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        app.state.dispenser = dispenser = Dispenser(settings, store, metrics)
+        source = leases or redis_leases(store.endpoint, store.namespace, lease_metrics)
+        snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, clock)
+        app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)
+        await snowflakes.start(FIRST_LEASE_WAIT_S)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
         app.state.build = openg2p.build_info(os.environ)
         dispenser.announce_exposure()

@@ -18,11 +18,13 @@ from starlette.responses import JSONResponse
 
 from dispenser.auth import Forbidden, RateLimited, Unauthenticated
 from shared.domain.errors import (
+    ClockBehind,
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
     LedgerBacklogFull,
     LedgerDisabled,
+    MachineIdUnavailable,
     PoolEmpty,
     StoreUnavailable,
     UnknownIdType,
@@ -54,6 +56,8 @@ ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
     BodyTooLarge: (413, "IDG-012"),
     ClientGone: (400, "IDG-013"),
     LedgerBacklogFull: (503, "IDG-014"),
+    ClockBehind: (503, "IDG-015"),
+    MachineIdUnavailable: (503, "IDG-016"),
 }
 ROUTE_NOT_FOUND = "IDG-006"
 # OpenG2P's health route: 503 IDG-005 until start-up is complete, IDG-006 when its
@@ -165,7 +169,9 @@ def public_message(exc: KeydispenserError, code: str) -> str:
 def from_domain(exc: KeydispenserError, request: str | None = None) -> JSONResponse:
     status, code = classify(exc)
     headers = None
-    if isinstance(exc, PoolEmpty | RateLimited | LedgerBacklogFull):
+    if isinstance(
+        exc, PoolEmpty | RateLimited | LedgerBacklogFull | ClockBehind | MachineIdUnavailable
+    ):
         headers = {"Retry-After": str(exc.retry_after_s)}
     elif isinstance(exc, Unauthenticated):
         headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}

@@ -74,6 +74,18 @@ class DispenserMetrics:
             TYPE,
             registry=registry,
         )
+        self.machine_id = Gauge(
+            "kd_snowflake_machine_id",
+            "Machine ID this process holds for a snowflake type; -1 while it holds none",
+            TYPE,
+            registry=registry,
+        )
+        self.leases_lost = Counter(
+            "kd_snowflake_leases_lost",
+            "Machine-ID leases this process lost while holding them (re-acquired after)",
+            TYPE,
+            registry=registry,
+        )
         self.redis_up = Gauge(
             "kd_redis_up",
             "1 when the Redis primary answered the last readiness check, else 0",

@@ -40,8 +40,9 @@ ERRORS: dict[int, str] = {
     413: "IDG-012: request body over dispenser.max_body_bytes",
     422: "IDG-004: malformed input",
     429: "IDG-010: rate limit exceeded; see Retry-After",
-    503: "IDG-001: no key available right now, IDG-005: a store is unreachable, or "
-    "IDG-014: the type's ledger is behind",
+    503: "IDG-001: no key available right now, IDG-005: a store is unreachable, "
+    "IDG-014: the type's ledger is behind, IDG-015: the clock is behind the last snowflake "
+    "time issued, or IDG-016: no machine-ID lease held for the snowflake type right now",
 }
 
 
@@ -132,10 +133,14 @@ SCHEMAS: Json = {
                 "type": "object",
                 "additionalProperties": {
                     "type": "object",
-                    "required": ["hot_depth", "state"],
+                    "required": ["state"],
                     "properties": {
                         "hot_depth": {"type": "integer", "minimum": 0},
-                        "state": {"type": "string", "enum": ["serving", "empty", "exhausted"]},
+                        "machine_id": {"type": "integer", "minimum": 0},
+                        "state": {
+                            "type": "string",
+                            "enum": ["serving", "empty", "exhausted", "no_machine_id"],
+                        },
                     },
                 },
             },
@@ -183,6 +188,27 @@ def _paths() -> Json:
                 "responses": {
                     "200": _json(
                         _envelope(_object(id=STRING, valid={"type": "boolean"})), "the verdict"
+                    ),
+                    **_errors(401, 403, 404, 422, 429),
+                },
+            }
+        },
+        "/v1/idgenerator/{id_type}/id/{id_value}/decode": {
+            "get": {
+                "summary": "Time, machine ID and sequence of a snowflake ID",
+                "parameters": [ID_TYPE, _key_param("id_value")],
+                "responses": {
+                    "200": _json(
+                        _envelope(
+                            _object(
+                                id=STRING,
+                                time={"type": "string", "format": "date-time"},
+                                time_ms={"type": "integer"},
+                                machine={"type": "integer", "minimum": 0},
+                                sequence={"type": "integer", "minimum": 0},
+                            )
+                        ),
+                        "the decoded ID",
                     ),
                     **_errors(401, 403, 404, 422, 429),
                 },
@@ -336,8 +362,8 @@ def document(settings: Settings, version: str) -> Json:
         "info": {
             "title": "keydispenser",
             "version": version,
-            "description": "Pre-generated, never-repeated IDs over HTTP. ID types: "
-            + (", ".join(types) or "(none configured)"),
+            "description": "Never-repeated IDs over HTTP: pre-generated keys and "
+            "time-ordered snowflake IDs. ID types: " + (", ".join(types) or "(none configured)"),
         },
         "paths": _paths(),
         "components": {

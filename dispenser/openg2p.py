@@ -8,6 +8,7 @@ from importlib import metadata
 from typing import Any
 
 from shared.domain.idtypes import IdType
+from shared.domain.snowflake import BASE62_WIDTH, DECIMAL_WIDTH, SnowflakeType
 
 
 def type_config(id_type: IdType) -> dict[str, Any]:
@@ -23,6 +24,22 @@ def type_config(id_type: IdType) -> dict[str, Any]:
         "filters": id_type.config.filters.model_dump(),
         "filter_rules": rules(id_type),
         "ledger": id_type.config.ledger,
+    }
+
+
+def snowflake_config(id_type: SnowflakeType) -> dict[str, Any]:
+    """A snowflake type: ``id_length`` is the longest text of one of its IDs."""
+    config = id_type.config
+    lo, hi = id_type.machine_range
+    return {
+        "id_length": DECIMAL_WIDTH if config.text == "decimal" else BASE62_WIDTH,
+        "kind": "snowflake",
+        "text": config.text,
+        "epoch_ms": config.epoch,
+        "bits": config.bits.model_dump(),
+        "machine_ids": {"pool": id_type.pool, "min": lo, "max": hi},
+        "max_backwards_ms": config.max_backwards_ms,
+        "ledger": False,
     }
 
 

@@ -15,6 +15,7 @@ import time
 from dispenser.auth import Gate
 from dispenser.coalesce import Coalescer
 from dispenser.metrics import DispenserMetrics
+from dispenser.snowflake import Snowflakes, no_leases
 from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
@@ -26,6 +27,7 @@ from shared.domain.errors import (
 )
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
+from shared.domain.snowflake import Minter, SnowflakeType
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import LedgerReader
 from shared.stores.ledger_stream import LedgerStream
@@ -53,7 +55,13 @@ LEDGER_BACKLOG_READ_S = 1.0
 class Dispenser:
     """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
 
-    def __init__(self, settings: Settings, hot: HotStore, metrics: DispenserMetrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        hot: HotStore,
+        metrics: DispenserMetrics,
+        snowflakes: Snowflakes | None = None,
+    ) -> None:
         self.settings = settings
         self.hot = hot
         # The wake channel and the ledger stream share the hot store's connections.
@@ -64,6 +72,11 @@ class Dispenser:
         self.id_types = build_id_types(settings, generating=False)
         # Each path segment that names a type (its name and its aliases) -> its name.
         self.segments = path_segments(settings.id_types)
+        # Snowflake types are minted here, from a machine-ID lease: no hot list, no pop.
+        self.snowflakes = snowflakes or Snowflakes({}, no_leases, metrics)
+        self.minters: dict[str, Minter] = self.snowflakes.minters
+        self.names = frozenset(self.id_types) | frozenset(self.minters)
+        self._issued = {name: metrics.issued.labels(name) for name in self.minters}
         self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch, self.lost)
         self.ledger = LedgerReader(settings.postgres_dsn)
         self._last_nudge: dict[str, float] = {}
@@ -85,15 +98,26 @@ class Dispenser:
             raise UnknownIdType(name)
         return found
 
+    def any_type(self, name: str) -> IdType | SnowflakeType:
+        """The named type of any kind (pooled or snowflake)."""
+        snowflake = self.snowflakes.types.get(name)
+        return snowflake if snowflake is not None else self.id_type(name)
+
     def ledger_type(self, name: str) -> IdType:
         """The named type, refused when it keeps no ledger to record in or read."""
+        if name in self.minters:
+            raise LedgerDisabled(name)
         id_type = self.id_type(name)
         if not id_type.config.ledger:
             raise LedgerDisabled(name)
         return id_type
 
     async def take_one(self, name: str, client: str) -> str:
-        """One key; concurrent callers of a type share one Redis call."""
+        """One key; concurrent callers of a type share one Redis call (snowflake types
+        mint it in-process)."""
+        minter = self.minters.get(name)
+        if minter is not None:
+            return await self._mint_one(minter)
         id_type = self.id_types.get(name) or self.id_type(name)
         if id_type.config.ledger:
             await self.ledger_open(id_type)
@@ -105,6 +129,8 @@ class Dispenser:
     async def take(
         self, name: str, count: int, client: str, idempotency_key: str | None = None
     ) -> Popped:
+        if name in self.minters:
+            return await self._mint(name, count, idempotency_key)
         id_type = self.id_type(name)
         if id_type.config.ledger:
             await self.ledger_open(id_type)
@@ -123,6 +149,23 @@ class Dispenser:
         if not popped.keys:
             raise self._none_left(id_type, popped)
         return popped
+
+    async def _mint_one(self, minter: Minter) -> str:
+        got = minter.mint_some(1)
+        value = got.start if isinstance(got, range) else (await minter.amint(1))[0].start
+        self._issued[minter.name].inc()
+        return minter.layout.encode(value)
+
+    async def _mint(self, name: str, count: int, idempotency_key: str | None) -> Popped:
+        if idempotency_key is not None:
+            raise InvalidInput(
+                f"Idempotency-Key is not accepted for snowflake type '{name}': its IDs are "
+                "minted, not taken from a pool; send the request without it"
+            )
+        minter = self.minters[name]
+        spans = await minter.amint(count)
+        self._issued[name].inc(count)
+        return Popped(minter.layout.encode_ranges(spans), remaining=0, exhausted=False)
 
     async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
         id_type = self.id_types[name]
@@ -231,8 +274,9 @@ class Dispenser:
             self.metrics.hot_depth.labels(name).set(depth)
             self.metrics.serving.labels(name).set(1 if depth else 0)
             states[name] = {"hot_depth": depth, "state": state}
-        return states
+        return states | self.snowflakes.states()
 
     async def close(self) -> None:
+        await self.snowflakes.close()
         await asyncio.gather(*self._nudges, return_exceptions=True)
         await self.ledger.close()

@@ -279,7 +279,7 @@ async def serve(settings: Settings) -> None:
             settings, cold, sync, stop, generator, metrics, heartbeat, fault_points_from_environ()
         )
         listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
-        log.info("keygen_started", extra={"id_types": sorted(settings.id_types)})
+        log.info("keygen_started", extra={"id_types": sorted(build_id_types(settings))})
         try:
             await keygen.run()
         finally:

@@ -261,7 +261,7 @@ async def serve(settings: Settings) -> None:
             await check(conn, types, keyspace=False)
         with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
             await hot.refuse_eviction()
-        log.info("keysync_started", extra={"id_types": sorted(settings.id_types)})
+        log.info("keysync_started", extra={"id_types": sorted(types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
         keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())
         tasks = [run(keysync, wake, settings, stop, heartbeat)]

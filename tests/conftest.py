@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import hypothesis
 import pytest
 import redis.asyncio as aioredis
 import uvicorn
@@ -26,9 +27,16 @@ from dispenser.server import uvicorn_options
 from shared.domain.settings import Settings, load_settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
+from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import SyncRecord
+
+# Tests never assert speed: Hypothesis's per-example deadline (200 ms) would, and fails
+# on a loaded machine.
+hypothesis.settings.register_profile("keydispenser", deadline=None)
+hypothesis.settings.load_profile("keydispenser")
 
 TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
@@ -162,12 +170,26 @@ async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[
     await record.close()
 
 
+async def end_lease_settling(redis_url: str, redis_client: aioredis.Redis) -> None:
+    """Start and end at once the settle period a fresh Redis database starts on first
+    use (no machine ID is granted for one lease TTL), so leases are granted at once."""
+    leases = MachineLeases(RedisEndpoint(redis_url), NS)
+    try:
+        await leases.holders("settle")
+    finally:
+        await leases.close()
+    await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
+
+
 @asynccontextmanager
-async def dispenser_over_http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """The dispenser app served by uvicorn on a loopback port, and a client for it."""
+async def dispenser_over_http(
+    settings: Settings, **app_options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The dispenser app served by uvicorn on a loopback port, and a client for it;
+    ``app_options`` go to ``create_app`` (a lease source, a clock)."""
     port = free_port()
     options = uvicorn_options(settings.dispenser) | {"host": "127.0.0.1", "port": port}
-    config = uvicorn.Config(create_app(settings), **options)
+    config = uvicorn.Config(create_app(settings, **app_options), **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     deadline = time.monotonic() + SERVER_START_DEADLINE_S

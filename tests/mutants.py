@@ -42,8 +42,10 @@ POSTGRES_FENCE_TESTS = (
     "tests/integration/test_postgres_fence.py",
     "tests/unit/test_postgres_fence_verdict.py",
 )
+SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
 CLIENT_TESTS = ("tests/integration/test_client.py", "tests/unit/test_client_protocol.py")
+LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 
 MUTANTS: Final = (
     Mutant(
@@ -256,6 +258,76 @@ MUTANTS: Final = (
         "    if status == 410:",
         "    if False:",
         CLIENT_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_ignores_the_floor",
+        "shared/domain/snowflake.py",
+        "self._last_ms = max(self._last_ms, lease.floor_ms)",
+        "self._last_ms = self._last_ms",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_ignores_the_ceiling",
+        "shared/domain/snowflake.py",
+        "if now > lease.ceiling_ms():",
+        "if False:",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_mints_on_an_invalid_lease",
+        "shared/domain/snowflake.py",
+        "if lease is None or not lease.valid():",
+        "if lease is None:",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_sequence_overflows_into_the_machine_bits",
+        "shared/domain/snowflake.py",
+        "taken = min(count, self.layout.sequence_limit - sequence)",
+        "taken = count",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "snowflake_minter_mints_behind_the_last_time",
+        "shared/domain/snowflake.py",
+        "            return last - now",
+        "            return self._take(lease, now, 0, count)",
+        SNOWFLAKE_TESTS,
+    ),
+    Mutant(
+        "lease_granted_while_settling",
+        "shared/stores/lua/lease_acquire.lua",
+        "if now < since + ttl_max then",
+        "if false then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_renewed_by_anyone",
+        "shared/stores/lua/lease_renew.lua",
+        "if not alive(lease, epoch, now) or lease.owner ~= owner then",
+        "if not alive(lease, epoch, now) then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_released_by_anyone",
+        "shared/stores/lua/lease_release.lua",
+        "if lease == nil or lease.owner ~= owner then",
+        "if lease == nil then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_renew_ignores_its_epoch",
+        "shared/stores/lua/lease_renew.lua",
+        "if granted_in ~= epoch then",
+        "if false then",
+        LEASE_TESTS,
+    ),
+    Mutant(
+        "lease_holder_ignores_its_deadline",
+        "shared/leasing.py",
+        "return not self.lost.is_set() and time.monotonic() < self._deadline",
+        "return not self.lost.is_set()",
+        ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
 )
 

@@ -111,3 +111,49 @@ class LedgerBacklogFull(KeydispenserError):
         )
         self.name = name
         self.retry_after_s = retry_after_s
+
+
+class ClockBehind(KeydispenserError):
+    """The clock is behind the last snowflake time issued (or recorded for the machine ID)
+    by more than ``max_backwards_ms``, or does not move on: nothing is minted (503)."""
+
+    def __init__(self, name: str, behind_ms: int, bound_ms: int) -> None:
+        super().__init__(
+            f"the clock is {behind_ms} ms behind the last '{name}' ID issued (waits at most "
+            f"{bound_ms} ms); retry later"
+        )
+        self.name = name
+        self.behind_ms = behind_ms
+        self.retry_after_s = max(1, -(-behind_ms // 1000))
+
+
+class MachineIdUnavailable(KeydispenserError):
+    """This process holds no live machine-ID lease for a snowflake type right now (not
+    yet acquired, lost, or its recorded time is behind the clock): nothing is minted (503)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"no machine ID held for '{name}' right now ({reason}); retry later")
+        self.name = name
+        self.reason = reason
+        self.retry_after_s = 1
+
+
+class SnowflakeTimeExhausted(KeyspaceExhausted):
+    """The time field of a snowflake type is full: its epoch is too far in the past."""
+
+    def __init__(self, name: str) -> None:
+        KeydispenserError.__init__(
+            self, f"keyspace of '{name}' is exhausted: its time field is full (epoch too old)"
+        )
+        self.name = name
+
+
+class NoMachineIdFree(KeydispenserError):
+    """No machine ID of a lease pool could be granted: every ID of the range is held, or
+    the Redis server changed identity and grants wait one lease TTL (docs/leases.md)."""
+
+    def __init__(self, pool: str, lo: int, hi: int, detail: str) -> None:
+        super().__init__(f"no machine ID free in [{lo}, {hi}] of pool '{pool}': {detail}")
+        self.pool = pool
+        self.lo = lo
+        self.hi = hi

@@ -231,5 +231,10 @@ class IdType:
 
 
 def build_id_types(settings: Settings, *, generating: bool = True) -> dict[str, IdType]:
+    """The pooled types (numeric, base62): those keygen, keysync and the hot tier serve.
+    Snowflake types are minted by dispensers instead (``shared.domain.snowflake``)."""
+    pooled = {n: c for n, c in settings.id_types.items() if isinstance(c, IdTypeConfig)}
+    if not pooled:
+        return {}
     secret = settings.require_permutation_key() if generating else None
-    return {name: IdType(name, cfg, secret) for name, cfg in settings.id_types.items()}
+    return {name: IdType(name, cfg, secret) for name, cfg in pooled.items()}

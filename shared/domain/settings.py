@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import UTC, date, datetime, time
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,6 +39,10 @@ LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 32), "base62": (1, 1
 # Numeric types longer than this many counter digits take a keyed "head" on top
 # of an 18-digit permuted tail: at most 10**18 keys each, unique by construction.
 MAX_COUNTER_DIGITS = 18
+DEFAULT_NAMESPACE = "kd"  # settings.redis_namespace unless set
+# A type's hot list is "<namespace>:hot:<name>": "<namespace>:hot:registry" is the set of
+# every hot list the fence discards from, so no type may be named "registry".
+RESERVED_TYPE_NAMES = frozenset({"registry"})
 AFFIX = re.compile(r"^[A-Za-z0-9_.:-]{0,16}$")  # safe in a URL path segment
 # Another name for a type in request paths (a registry's own code, e.g. "FAR-"): one
 # URL path segment that needs no percent-encoding, and never "." or "..".
@@ -145,6 +158,118 @@ class IdTypeConfig(_Strict):
         if self.kind == "numeric":
             return int(10**self.counter_digits)
         return int(62**self.length)
+
+
+# 2020-01-01T00:00:00Z in milliseconds since the Unix epoch: the default snowflake epoch.
+SNOWFLAKE_EPOCH_MS = 1_577_836_800_000
+SNOWFLAKE_BITS = 63  # the sign bit of a signed 64-bit integer stays 0
+# A lease pool's largest range (shared.domain.leases.MAX_POOL_IDS, which imports this
+# module): one acquire scans the whole range in a single script call.
+MACHINE_RANGE_LIMIT = 4_096
+
+
+class SnowflakeBits(_Strict):
+    """Widths of the three fields, most significant first; they fill 63 bits."""
+
+    time: int = Field(default=41, ge=30, le=45)
+    machine: int = Field(default=10, ge=1, le=20)
+    sequence: int = Field(default=12, ge=1, le=22)
+
+    @model_validator(mode="after")
+    def _fill_63_bits(self) -> SnowflakeBits:
+        total = self.time + self.machine + self.sequence
+        if total != SNOWFLAKE_BITS:
+            raise ValueError(
+                f"time + machine + sequence must be {SNOWFLAKE_BITS} bits, got {total} "
+                f"({self.time} + {self.machine} + {self.sequence})"
+            )
+        return self
+
+
+class MachineIds(_Strict):
+    """The machine-ID lease pool a snowflake type's dispensers draw from."""
+
+    pool: str | None = Field(default=None, pattern=ID_TYPE_NAME.pattern)  # None: the type's name
+    min: int = Field(default=0, ge=0)
+    max: int | None = Field(default=None, ge=0)  # None: 2^bits.machine - 1
+
+
+class SnowflakeConfig(_Strict):
+    """A type of time-ordered 64-bit IDs minted in each dispenser process (no inventory)."""
+
+    kind: Literal["snowflake"]
+    # Other path segments that name this type, as for pooled types.
+    aliases: tuple[str, ...] = ()
+    # ISO-8601 date or time (UTC unless it says otherwise), or milliseconds since 1970.
+    epoch: int = SNOWFLAKE_EPOCH_MS
+    bits: SnowflakeBits = SnowflakeBits()
+    text: Literal["decimal", "base62"] = "decimal"
+    machine_ids: MachineIds = MachineIds()
+    lease_ttl_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    lease_renew_s: float = Field(default=1.0, gt=0)
+    # A clock behind the last issued time is waited for up to this long, then refused.
+    max_backwards_ms: int = Field(default=5, ge=0, le=10_000)
+
+    @field_validator("epoch", mode="before")
+    @classmethod
+    def _epoch_ms(cls, value: Any) -> Any:
+        return epoch_ms(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SnowflakeConfig:
+        for alias in self.aliases:
+            if not ALIAS.fullmatch(alias):
+                raise ValueError(f"aliases: {alias!r} must match {ALIAS.pattern}")
+        if self.epoch > datetime.now(UTC).timestamp() * 1000:
+            raise ValueError(f"epoch {self.epoch} ms is in the future: no ID could be minted")
+        top = (1 << self.bits.machine) - 1
+        if self.machine_ids.max is not None and self.machine_ids.max > top:
+            raise ValueError(
+                f"machine_ids.max {self.machine_ids.max} does not fit {self.bits.machine} "
+                f"machine bits (at most {top})"
+            )
+        if self.machine_ids.min > self.machine_range[1]:
+            raise ValueError(f"machine_ids.min {self.machine_ids.min} is above machine_ids.max")
+        lo, hi = self.machine_range
+        if hi - lo + 1 > MACHINE_RANGE_LIMIT:
+            raise ValueError(
+                f"machine_ids: [{lo}, {hi}] holds more than {MACHINE_RANGE_LIMIT} IDs; "
+                "set machine_ids.min and machine_ids.max"
+            )
+        if self.lease_renew_s * 3 > self.lease_ttl_s:
+            raise ValueError("lease_renew_s must be at most a third of lease_ttl_s")
+        return self
+
+    @property
+    def machine_range(self) -> tuple[int, int]:
+        """The machine IDs leased, both ends included."""
+        top = (1 << self.bits.machine) - 1
+        hi = top if self.machine_ids.max is None else self.machine_ids.max
+        return self.machine_ids.min, hi
+
+    def pool(self, name: str) -> str:
+        return self.machine_ids.pool or name
+
+
+def epoch_ms(value: Any) -> Any:
+    """An epoch as milliseconds since 1970: from an ISO string, a date or datetime
+    (naive ones are UTC), or a whole number of milliseconds; anything else unchanged."""
+    if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(f"epoch {value!r}: neither an ISO-8601 time nor milliseconds") from exc
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime.combine(value, time(), tzinfo=UTC)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return round(value.timestamp() * 1000)
+    return value
+
+
+ID_KINDS = ("numeric", "base62", "snowflake")
+AnyIdTypeConfig = Annotated[IdTypeConfig | SnowflakeConfig, Field(discriminator="kind")]
 
 
 API_CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -290,13 +415,13 @@ class Settings(BaseSettings):
     permutation_key: SecretStr | None = None
     # Prefix of every Redis key: environments sharing one Redis server (and database)
     # each set their own and never see each other's hot lists, fence or ledger.
-    redis_namespace: str = Field(default="kd", pattern=REDIS_NAMESPACE.pattern)
+    redis_namespace: str = Field(default=DEFAULT_NAMESPACE, pattern=REDIS_NAMESPACE.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # The PostgreSQL fence (docs/reliability.md). Switch it off only to show the hazard
     # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
     # replica then dispenses keys twice.
     postgres_fence: bool = True
-    id_types: dict[str, IdTypeConfig] = Field(default_factory=dict)
+    id_types: dict[str, AnyIdTypeConfig] = Field(default_factory=dict)
     dispenser: DispenserConfig = DispenserConfig()
     keysync: KeysyncConfig = KeysyncConfig()
     keygen: KeygenConfig = KeygenConfig()
@@ -306,6 +431,8 @@ class Settings(BaseSettings):
         for name in self.id_types:
             if not ID_TYPE_NAME.fullmatch(name):
                 raise ValueError(f"id_types.{name}: name must match {ID_TYPE_NAME.pattern}")
+            if name in RESERVED_TYPE_NAMES:
+                raise ValueError(f"id_types.{name}: reserved name (a Redis key of its own)")
         _aliases_unique(self.id_types)
         for client in self.dispenser.auth.api_keys:
             unknown = set(client.id_types) - {"*", *self.id_types}
@@ -327,6 +454,13 @@ class Settings(BaseSettings):
         # Order is priority: explicit arguments, then the environment, then YAML.
         return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
 
+    def pooled(self, name: str) -> IdTypeConfig:
+        """The configuration of pooled (numeric or base62) type ``name``."""
+        config = self.id_types[name]
+        if not isinstance(config, IdTypeConfig):
+            raise ConfigError(f"id_types.{name}: a {config.kind} type, not a pooled one")
+        return config
+
     def require_permutation_key(self) -> bytes:
         if self.permutation_key is None or not self.permutation_key.get_secret_value():
             raise ConfigError(
@@ -335,7 +469,7 @@ class Settings(BaseSettings):
         return self.permutation_key.get_secret_value().encode()
 
 
-def _aliases_unique(id_types: dict[str, IdTypeConfig]) -> None:
+def _aliases_unique(id_types: dict[str, IdTypeConfig | SnowflakeConfig]) -> None:
     """Every path segment names one type: aliases differ from every name and alias."""
     owner: dict[str, str] = {name: name for name in id_types}
     for name, config in id_types.items():
@@ -347,7 +481,7 @@ def _aliases_unique(id_types: dict[str, IdTypeConfig]) -> None:
             owner[alias] = name
 
 
-def path_segments(id_types: dict[str, IdTypeConfig]) -> dict[str, str]:
+def path_segments(id_types: dict[str, IdTypeConfig | SnowflakeConfig]) -> dict[str, str]:
     """Each path segment that names a type (its name, its aliases) -> the type's name."""
     segments = {name: name for name in id_types}
     for name, config in id_types.items():
@@ -379,7 +513,17 @@ def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides
 def describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(part) for part in err["loc"]) or "(root)"
+        field = ".".join(str(part) for part in _located(err["loc"], err["type"])) or "(root)"
         message = err["msg"].removeprefix("Value error, ")
         lines.append(f"{field}: {message}")
     return "invalid configuration: " + "; ".join(lines)
+
+
+def _located(loc: tuple[int | str, ...], kind: str) -> tuple[int | str, ...]:
+    """An error's location as the YAML names it: without the kind pydantic puts after
+    an ID type's name, and ending in ``kind`` when the kind itself is unknown."""
+    if len(loc) >= 3 and loc[0] == "id_types" and loc[2] in ID_KINDS:
+        loc = loc[:2] + loc[3:]
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        loc = (*loc, "kind")
+    return loc

@@ -54,10 +54,30 @@ def run_dispenser(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_migrate(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.domain.idtypes import build_id_types
+    from shared.domain.snowflake import build_snowflake_types
     from shared.ops.databases import run_migrate
 
     version = asyncio.run(run_migrate(settings))
-    print(f"schema at version {version}; id types: {', '.join(sorted(settings.id_types))}")
+    pooled = sorted(build_id_types(settings, generating=False))
+    minted = sorted(build_snowflake_types(settings))
+    line = f"schema at version {version}; id types: {', '.join(pooled)}"
+    if minted:
+        line += f"; snowflake types (no tables needed): {', '.join(minted)}"
+    print(line)
+
+
+def run_decode(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.domain.snowflake import build_snowflake_types
+
+    types = build_snowflake_types(settings)
+    if args.name not in types:
+        known = ", ".join(sorted(types)) or "none configured"
+        raise ConfigError(
+            f"--type: '{args.name}' is not a snowflake type (snowflake types: {known})"
+        )
+    decoded = {"id": args.value, **types[args.name].decode(args.value).as_dict()}
+    print(json.dumps(decoded, indent=2))
 
 
 def run_status(settings: Settings, args: argparse.Namespace) -> None:
@@ -141,6 +161,12 @@ def run_retire(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(f"no id type '{args.name}' in the database: nothing to retire")
 
 
+def run_lease(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.lease import main
+
+    sys.exit(main(settings, args))
+
+
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.up import up
 
@@ -157,11 +183,13 @@ def parser() -> argparse.ArgumentParser:
     _command(commands, "dispenser", run_dispenser, "run a dispenser process")
     _add_status(commands)
     _add_fill(commands)
+    _add_decode(commands)
     _add_bench(commands)
     _add_drill(commands)
     _add_apikey(commands)
     _add_fence_postgres(commands)
     _add_retire(commands)
+    _add_lease(commands)
     _add_up(commands)
     return top
 
@@ -186,6 +214,16 @@ def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     fill = _command(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
     fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=_positive, help="keys to add (at least)")
+
+
+def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    decode = _command(
+        commands, "decode", run_decode, "time, machine and sequence of a snowflake ID"
+    )
+    decode.add_argument(
+        "--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name"
+    )
+    decode.add_argument("value", help="the ID, as the dispenser gave it")
 
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -266,6 +304,37 @@ def _add_retire(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     retire.add_argument(
         "--drop-ledger", action="store_true", help="drop its ledger table too (kept by default)"
     )
+
+
+def _add_lease(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lease = commands.add_parser(
+        "lease",
+        help="run a command holding a machine ID; `lease list --pool P` shows holders",
+        usage="keydispenser lease --pool NAME --min A --max B [--wait S] [--ttl S] -- COMMAND ..."
+        "\n       keydispenser lease list --pool NAME [--json]",
+        description="Runs COMMAND with KD_MACHINE_ID set to a machine ID of [A, B] in pool "
+        "NAME, leased in Redis and renewed while it runs (docs/leases.md). COMMAND gets "
+        "SIGTERM the moment the lease is lost; the exit status is COMMAND's, or 75 when no "
+        "ID is free within --wait.",
+    )
+    lease.set_defaults(func=run_lease, lease_parser=lease)
+    lease.add_argument("--pool", help="pool name (the namespace, e.g. the environment)")
+    lease.add_argument("--min", type=_whole, help="lowest machine ID of the range")
+    lease.add_argument("--max", type=_whole, help="highest machine ID of the range")
+    lease.add_argument("--wait", type=_seconds, default=0.0, help="wait this long for a free ID")
+    lease.add_argument("--ttl", type=_seconds, default=10.0, help="lease TTL (default 10)")
+    lease.add_argument(
+        "--renew-every", type=_seconds, default=1.0, help="renewal interval (default 1)"
+    )
+    lease.add_argument(
+        "--kill-after",
+        type=_seconds,
+        help="SIGKILL COMMAND this long after the SIGTERM of a lost lease "
+        "(default: the lease's safety margin, ttl/10 up to 1 s)",
+    )
+    lease.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
+    lease.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    lease.add_argument("lease_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -353,6 +422,16 @@ def _positive(raw: str) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
     return int(raw)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def _whole(raw: str) -> int:

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 async def fill(settings: Settings, name: str, count: int) -> int:
     types = build_id_types(settings)
+    if name in settings.id_types and name not in types:
+        raise ConfigError(f"--type: '{name}' is a snowflake type: its IDs are minted, not filled")
     if name not in types:
         raise ConfigError(f"--type: unknown id type '{name}' (known: {', '.join(sorted(types))})")
     stop = stop_on_signals()

@@ -6,6 +6,7 @@ from typing import Any
 
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.domain.snowflake import build_snowflake_types
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
@@ -41,7 +42,25 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
     finally:
         await cold.close()
         await hot.close()
-    return {"id_types": report, "postgres_fence": fence}
+    return {
+        "id_types": report,
+        "snowflake_types": snowflake_status(settings),
+        "postgres_fence": fence,
+    }
+
+
+def snowflake_status(settings: Settings) -> dict[str, Any]:
+    """Snowflake types keep no inventory: their layout and machine-ID pool."""
+    report: dict[str, Any] = {}
+    for name, id_type in build_snowflake_types(settings).items():
+        lo, hi = id_type.machine_range
+        report[name] = {
+            "text": id_type.config.text,
+            "bits": id_type.config.bits.model_dump(),
+            "pool": id_type.pool,
+            "machine_ids": [lo, hi],
+        }
+    return report
 
 
 def format_status(report: dict[str, Any]) -> str:
@@ -50,6 +69,12 @@ def format_status(report: dict[str, Any]) -> str:
     for name, row in report["id_types"].items():
         cells = [str(row[c]) for c in columns] + [f"{100 * row['headroom_fraction']:.4f}"]
         lines.append(name.ljust(16) + "".join(cell.rjust(20) for cell in cells))
+    for name, row in report.get("snowflake_types", {}).items():
+        lo, hi = row["machine_ids"]
+        lines.append(
+            f"{name.ljust(16)}snowflake ({row['text']}): no inventory; "
+            f"machine IDs {lo}..{hi} of pool {row['pool']}"
+        )
     lines.append(_fence_line(report["postgres_fence"]))
     return "\n".join(lines)
 

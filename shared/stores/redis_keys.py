@@ -71,3 +71,19 @@ def sync_record_key(namespace: str) -> str:
     """Hash: the record of PostgreSQL's sync clock kept outside PostgreSQL (the PostgreSQL
     fence, ``lua/sync_record.lua``) and the highest counter ever leased per type."""
     return f"{namespace}:sync:record"
+
+
+def machine_leases_key(namespace: str, pool: str) -> str:
+    """Hash of a machine-ID pool: machine id -> its lease (owner, fence token, expiry)."""
+    return f"{namespace}:lease:{pool}"
+
+
+def machine_last_key(namespace: str, pool: str) -> str:
+    """Hash: machine id -> highest timestamp (ms) its holders may have minted; no expiry."""
+    return f"{namespace}:lease:{pool}:last"
+
+
+def lease_ttl_key(namespace: str) -> str:
+    """The longest lease TTL (ms) granted in any pool: after the fence takes over, no
+    machine ID is granted for this long (``lua/lease.lua``)."""
+    return f"{namespace}:leases:ttl"

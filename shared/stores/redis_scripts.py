@@ -2,8 +2,9 @@
 
 Every script that reads or writes hot lists or the sync clock's record is fenced:
 ``fence.lua`` is prepended, and its four slots (``fence_slots``) come first in the key
-list. Each ``.lua`` file names
-its own KEYS/ARGV slots as locals at the top; the functions here fill them in that order.
+list. The lease scripts also get the helpers in ``lease.lua`` (``HELPERS``). Each
+``.lua`` file names its own KEYS/ARGV slots as locals at the top; the functions here
+fill them in that order.
 
 Scripts never build key names: every name comes from ``redis_keys`` through these
 functions, which take the namespace as their first argument (``RedisPort.namespace``),
@@ -25,6 +26,11 @@ from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
 
 UNFENCED = frozenset({"nudge"})
+# Helpers some scripts need besides the fence's, prepended after them.
+HELPERS = {
+    script: ("lease",)
+    for script in ("lease_acquire", "lease_renew", "lease_release", "lease_holders")
+}
 
 
 def load_script(script: str) -> str:
@@ -33,7 +39,7 @@ def load_script(script: str) -> str:
 
 def fenced_script(script: str) -> str:
     """The fence prologue and the helpers, followed by the script's own body."""
-    parts = ("fence", "ledger", "sync_record", script)
+    parts = ("fence", "ledger", "sync_record", *HELPERS.get(script, ()), script)
     return "\n".join(load_script(part) for part in parts)
 
 
@@ -72,6 +78,33 @@ def pop_keys(ns: str, name: str) -> list[str]:
 
 def pop_idempotent_keys(ns: str, name: str, client: str, idempotency_key: str) -> list[str]:
     return [*pop_keys(ns, name), redis_keys.idempotency_key(ns, client, idempotency_key)]
+
+
+def _lease_slots(ns: str, pool: str) -> list[str]:
+    """KEYS[5..7] of the lease scripts: the pool's leases, its last timestamps, the
+    longest TTL granted."""
+    return [
+        *fence_slots(ns),
+        redis_keys.machine_leases_key(ns, pool),
+        redis_keys.machine_last_key(ns, pool),
+        redis_keys.lease_ttl_key(ns),
+    ]
+
+
+def lease_acquire_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
+
+
+def lease_renew_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
+
+
+def lease_release_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
+
+
+def lease_holders_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
 
 
 def nudge_keys(ns: str) -> list[str]:

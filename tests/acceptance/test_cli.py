@@ -193,7 +193,7 @@ def test_fence_postgres_moves_sequences_on_and_reports(settings: Settings, tmp_p
     fenced = run_cli("fence-postgres", "--skip-ranges", "3", env=env)
     assert fenced.returncode == 0, fenced.stderr
     report = json.loads(fenced.stdout)
-    size = settings.id_types["farmer"].range_size
+    size = settings.pooled("farmer").range_size
     assert report["next_starts"]["farmer"] == 3 * size
     status = json.loads(run_cli("status", "--json", env=env).stdout)
     assert status["postgres_fence"]["last_fence"]["reason"] == "operator"

@@ -231,7 +231,7 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
         )
         # Every key accepted into the cold tier is in cold, in hot, dispensed, or in
         # at most the one batch the killed keysync had committed but not pushed.
-        assert 0 <= lost <= settings.id_types[name].sync_batch
+        assert 0 <= lost <= settings.pooled(name).sync_batch
         assert row["unfilled_ranges"] <= 1
 
 

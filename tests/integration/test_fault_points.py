@@ -37,7 +37,7 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
     types = build_id_types(settings)
-    batch = settings.id_types["farmer"].sync_batch
+    batch = settings.pooled("farmer").sync_batch
     try:
         keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
@@ -64,7 +64,7 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
         moved = await Keysync(settings, GuardedCold(cold, sync, types), hot).refill(types["farmer"])
         pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "farmer"), 0, -1)
         remaining = set(await cold_keys(settings.postgres_dsn, "farmer"))
-        assert moved == len(pushed) == len(set(pushed)) == settings.id_types["farmer"].hot.high
+        assert moved == len(pushed) == len(set(pushed)) == settings.pooled("farmer").hot.high
         assert not set(pushed) & lost
         assert not set(pushed) & remaining
         assert len(before) == len(remaining) + len(pushed) + len(lost)  # nothing twice

@@ -46,7 +46,7 @@ async def test_config_carries_id_types_with_id_length_and_filter_rules(
     response = reply.json()["response"]
     assert set(response["id_types"]) == set(settings.id_types)
     for name, entry in response["id_types"].items():
-        assert entry["id_length"] == settings.id_types[name].length
+        assert entry["id_length"] == settings.pooled(name).length
         assert_filter_rules(entry["filter_rules"])  # ours, per type, beside OpenG2P's
     assert_filter_rules(response["filter_rules"])
     described = response["filter_rules_id_type"]

@@ -40,7 +40,8 @@ async def test_keygen_fills_cold_to_high_watermark(settings: Settings, sync: Syn
         keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
-        for name, config in settings.id_types.items():
+        for name in settings.id_types:
+            config = settings.pooled(name)
             depth = await cold.depth(name, 10**9)
             assert config.cold.high <= depth < config.cold.high + config.range_size
         keys = await cold_keys(settings.postgres_dsn, "farmer")
@@ -79,7 +80,7 @@ async def test_concurrent_keygens_never_produce_the_same_key(
         # The cold table's key is its primary key: a duplicate would fail a keygen's
         # COPY (raised above), never show up as a repeated row. What can go wrong
         # silently is a range generated twice or not at all: count and accounting.
-        size = settings.id_types["shortlink"].range_size
+        size = settings.pooled("shortlink").range_size
         assert len(keys) == 6 * size
         stats = await stores[0].range_stats("shortlink")
         assert stats["leased"] == stats["filled"] == 6
@@ -132,7 +133,7 @@ async def test_keysync_moves_exactly_what_it_deleted(
         ).refill(build_id_types(settings)["farmer"])
         after = set(await cold_keys(settings.postgres_dsn, "farmer"))
         pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "farmer"), 0, -1)
-        assert moved == len(pushed) == settings.id_types["farmer"].hot.high
+        assert moved == len(pushed) == settings.pooled("farmer").hot.high
         assert set(pushed) == before - after
         assert not set(pushed) & after
         # The refill rate dispensers derive Retry-After from is published.
@@ -150,7 +151,7 @@ async def test_keysync_leaves_a_list_above_low_watermark_alone(
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
     try:
-        low = settings.id_types["farmer"].hot.low
+        low = settings.pooled("farmer").hot.low
         await hot.push("farmer", [f"k{i}" for i in range(low)], "batch-1")
         assert (
             await Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot).refill(
@@ -176,7 +177,7 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
             Keysync(settings, GuardedCold(c, sync, build_id_types(settings)), h)
             for c, h in zip(stores, hots, strict=True)
         ]
-        config = settings.id_types["shortlink"]
+        config = settings.pooled("shortlink")
         shortlink = build_id_types(settings)["shortlink"]
         await asyncio.gather(*(s.refill(shortlink) for s in syncs))
         pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "shortlink"), 0, -1)

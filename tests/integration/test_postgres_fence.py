@@ -118,7 +118,7 @@ async def test_a_server_that_lost_commits_is_fenced_and_reissues_nothing(
             await conn.close()
         # The replica had seen one lease; its first lease after the fence starts past
         # both ranges leased on the old primary.
-        size = settings.id_types["farmer"].range_size
+        size = settings.pooled("farmer").range_size
         assert state is not None
         assert int(state["last_value"]) == 2 * size
         record = await sync.read()

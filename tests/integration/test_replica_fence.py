@@ -25,6 +25,7 @@ from shared.domain.errors import StoreUnavailable
 from shared.ops.embedded import EmbeddedRedis
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
+from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import NS
 
@@ -241,3 +242,28 @@ async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> No
             await hot.close()
             await client.aclose()
             server.stop()
+
+
+async def test_a_promotion_ends_every_machine_id_lease_and_grants_wait_one_ttl(
+    pair: Pair,
+) -> None:
+    """The lease replicated to the promoted server, alive there, is refused all the same:
+    its holder re-acquires after the settle period (docs/leases.md)."""
+    old = MachineLeases(RedisEndpoint(pair.primary.url), NS)
+    await old.holders("p")  # first use of the primary: end its settle period by hand
+    await pair.primary_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
+    held = await old.acquire("p", 0, 0, "holder", 30_000, 12_345, 0)
+    assert held.granted
+    await caught_up(pair)
+    promoted = MachineLeases(RedisEndpoint(pair.replica.url), NS)
+    try:
+        with pytest.raises(StoreUnavailable, match=REPLICA_REFUSAL):  # not yet promoted
+            await promoted.acquire("p", 0, 0, "next", 30_000, 0, 0)
+        await replicaof(pair.replica_client, "NO", "ONE")
+        assert await promoted.renew("p", 0, "holder", held.fence, 30_000, 0) == "fenced"
+        settling = await promoted.acquire("p", 0, 0, "next", 30_000, 0, 0)
+        assert settling.status == "settling" and settling.wait_ms > 25_000
+        assert (await promoted.holders("p")).last_ms == {0: 12_345}  # the floor survives
+    finally:
+        await promoted.close()
+        await old.close()

@@ -18,10 +18,10 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_shipped_default_defines_farmer_and_shortlink(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KD_CONFIG", raising=False)
     settings = load_settings()
-    assert settings.id_types["farmer"].kind == "numeric"
-    assert settings.id_types["farmer"].length == 10
-    assert settings.id_types["shortlink"].kind == "base62"
-    assert settings.id_types["shortlink"].length == 7
+    assert settings.pooled("farmer").kind == "numeric"
+    assert settings.pooled("farmer").length == 10
+    assert settings.pooled("shortlink").kind == "base62"
+    assert settings.pooled("shortlink").length == 7
 
 
 def test_environment_wins_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,8 +35,8 @@ def test_environment_wins_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("KD_ID_TYPES__FARMER__HOT__LOW", "42")
     settings = load_settings(path)
     assert settings.redis_url == "redis://env:6379/1"
-    assert settings.id_types["farmer"].hot.low == 42
-    assert settings.id_types["farmer"].hot.high == 100  # the rest of the file still applies
+    assert settings.pooled("farmer").hot.low == 42
+    assert settings.pooled("farmer").hot.high == 100  # the rest of the file still applies
 
 
 def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +101,7 @@ def test_missing_permutation_key_is_named(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_filters_none_is_shorthand_for_profile_none(tmp_path: Path) -> None:
     path = write(tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 8\n    filters: none\n")
-    assert load_settings(path).id_types["t"].filter_profile == "none"
+    assert load_settings(path).pooled("t").filter_profile == "none"
 
 
 @pytest.mark.parametrize(
@@ -151,6 +151,11 @@ def test_sequential_types_default_to_no_filters(tmp_path: Path) -> None:
             tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 5\n    order: sequential\n"
         )
     )
-    assert settings.id_types["t"].filter_profile == "none"
-    assert settings.id_types["t"].check_digit == "verhoeff"
+    assert settings.pooled("t").filter_profile == "none"
+    assert settings.pooled("t").check_digit == "verhoeff"
     assert settings.redis_namespace == "kd"
+
+
+def test_a_type_may_not_take_the_name_of_the_fences_registry(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"id_types\.registry: reserved name"):
+        load_settings(write(tmp_path, "id_types:\n  registry:\n    kind: numeric\n    length: 8\n"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from shared.domain.settings import Settings
 
-TARGETS = ("keygen", "fence", "dispense", "keysync", "pipeline", "client")
+TARGETS = ("keygen", "fence", "dispense", "snowflake", "keysync", "pipeline", "client")
 # Benchmarks generate into scratch databases: any permutation key will do there.
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
@@ -52,4 +52,8 @@ async def run(target: str, settings: Settings, seconds: float, options: Options)
         from shared.ops.bench import client
 
         return await client.run(settings, seconds)
+    if target == "snowflake":
+        from shared.ops.bench import snowflake
+
+        return await snowflake.run(settings, seconds, options.load)
     raise ValueError(f"unknown benchmark {target!r}")

@@ -195,7 +195,7 @@ class BenchServer:
         stop_process(self.process)
 
 
-def _uvicorn(factory: str, port: int, workers: int) -> list[str]:
+def uvicorn_argv(factory: str, port: int, workers: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -296,7 +296,7 @@ class Bench:
         single_path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
         port = free_port()
         with BenchServer(
-            _uvicorn("shared.ops.bench.servers:bare", port, workers), self._env(), port
+            uvicorn_argv("shared.ops.bench.servers:bare", port, workers), self._env(), port
         ):
             bare = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         single_keys = int(60_000 * workers * self.seconds) + 100_000
@@ -308,7 +308,7 @@ class Bench:
         port = free_port()
         env = self._env(**{bench_servers.BASELINE_DSN_ENV: self.settings.postgres_dsn})
         with BenchServer(
-            _uvicorn("shared.ops.bench.servers:pg_baseline", port, workers), env, port
+            uvicorn_argv("shared.ops.bench.servers:pg_baseline", port, workers), env, port
         ):
             baseline = await self.load.run(f"http://127.0.0.1:{port}{single_path}")
         return {

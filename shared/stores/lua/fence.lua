@@ -3,7 +3,8 @@
 local FENCE = KEYS[1]      -- owner token: run_id:master_replid of the owning server
 local REGISTRY = KEYS[2]   -- set of every hot list name
 local DISCARDS = KEYS[3]   -- hash: hot list -> keys discarded by fences
-local SYNC_RECORD = KEYS[4]  -- hash: the PostgreSQL sync clock's record (sync_record.lua)
+local SYNC_RECORD = KEYS[4]  -- hash: the PostgreSQL sync clock's record (sync_record.lua),
+                           -- and fenced_at: when this server's fence took over
 --
 -- Replication is asynchronous: a promoted replica, a failed-back primary or a
 -- primary restarted from an older snapshot may hold keys that were already
@@ -38,8 +39,11 @@ local function enforce_fence()
   end
   -- The sync clock's record may have lost its latest updates with the old server:
   -- until a guarded write vouches for it again, PostgreSQL alone must prove it has
-  -- not forked (see sync_record.lua).
-  redis.call('HSET', SYNC_RECORD, 'untrusted', '1')
+  -- not forked (see sync_record.lua). `fenced_at` (server ms) starts a new lease
+  -- epoch: no machine ID is granted for one lease TTL after it (lease.lua).
+  local now = redis.call('TIME')
+  redis.call('HSET', SYNC_RECORD, 'untrusted', '1',
+             'fenced_at', now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000)))
   redis.call('SET', FENCE, token)
   return discarded, token
 end

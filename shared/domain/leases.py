@@ -1,0 +1,37 @@
+"""Machine-ID lease pools: what a valid pool name and range are (pure)."""
+
+from __future__ import annotations
+
+from shared.domain.errors import ConfigError
+from shared.domain.settings import ID_TYPE_NAME
+
+MAX_POOL_IDS = 4_096  # one acquire scans the range in one script call: a full 4,096-ID
+# pool takes tens of milliseconds of Redis time, which the hot tier shares
+MIN_TTL_MS = 100
+
+
+def check_pool(pool: str, lo: int, hi: int) -> None:
+    """Raise ConfigError unless ``pool`` is a valid name (like an ID type's: it becomes
+    part of Redis key names) and ``[lo, hi]`` a non-empty range of at most MAX_POOL_IDS."""
+    if not ID_TYPE_NAME.fullmatch(pool):
+        raise ConfigError(f"pool {pool!r}: must match {ID_TYPE_NAME.pattern}")
+    if lo < 0 or hi < lo:
+        raise ConfigError(f"pool '{pool}': range [{lo}, {hi}] must satisfy 0 <= min <= max")
+    if hi - lo + 1 > MAX_POOL_IDS:
+        raise ConfigError(f"pool '{pool}': range [{lo}, {hi}] holds more than {MAX_POOL_IDS} IDs")
+
+
+def check_ttl(ttl_s: float, renew_every_s: float) -> None:
+    """Raise ConfigError unless renewals come well within the TTL."""
+    if ttl_s * 1000 < MIN_TTL_MS:
+        raise ConfigError(f"lease ttl {ttl_s}s: at least {MIN_TTL_MS} ms")
+    if not 0 < renew_every_s <= ttl_s / 3:
+        raise ConfigError(
+            f"lease renew_every {renew_every_s}s: must be positive and at most a third "
+            f"of the ttl ({ttl_s}s), so a holder gets several tries before its deadline"
+        )
+
+
+def safety_margin_s(ttl_s: float) -> float:
+    """How long before the lease could expire in Redis a holder stops using it."""
+    return min(ttl_s / 10, 1.0)

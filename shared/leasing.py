@@ -1,0 +1,414 @@
+"""Holding a machine-ID lease: acquire, renew in the background, know at once when it is lost.
+
+``lease_machine_id`` (async) and ``SyncMachineLease`` (sync code: a background thread
+with its own event loop) yield a ``MachineLease``. The holder trusts the lease only
+until its own deadline on the monotonic clock: the time it sent the last successful
+grant or renewal, plus the TTL, minus a safety margin. Redis counts the TTL from when
+it received that call, so the holder always stops first. A refused or failed renewal,
+a passed deadline or a new Redis identity (the fence) sets ``lost`` at once.
+
+Timestamps (Snowflake minting): every grant and renewal records a ceiling in Redis,
+the holder's wall clock plus one TTL; the holder never mints above ``ceiling_ms()``,
+and the next holder of the ID mints strictly above ``floor_ms``. Details and limits:
+docs/leases.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.domain.errors import NoMachineIdFree, StoreUnavailable
+from shared.domain.leases import check_pool, check_ttl, safety_margin_s
+from shared.domain.settings import DEFAULT_NAMESPACE
+from shared.stores.machine_leases import Acquired, MachineLeases
+from shared.stores.redis_endpoint import RedisEndpoint
+
+log = logging.getLogger(__name__)
+POOL = ["pool"]
+_RETRY_S = 0.2  # longest pause between acquire attempts while waiting
+_RELEASE_TIMEOUT_S = 2.0
+_STOP_TIMEOUT_S = 10.0
+
+
+class LeaseMetrics:
+    """Machine-ID leases seen by this process."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.acquisitions = Counter(
+            "kd_lease_acquisitions",
+            "Acquire attempts, by outcome (granted, full, settling, error)",
+            [*POOL, "outcome"],
+            registry=registry,
+        )
+        self.acquire_seconds = Histogram(
+            "kd_lease_acquire_duration_seconds",
+            "From the first acquire attempt to a grant or giving up",
+            POOL,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60),
+            registry=registry,
+        )
+        self.renew_failures = Counter(
+            "kd_lease_renew_failures",
+            "Renewals that did not extend the lease, by reason (lost, fenced, error)",
+            [*POOL, "reason"],
+            registry=registry,
+        )
+        self.held = Gauge("kd_leases_held", "Leases this process holds", POOL, registry=registry)
+        self.exhausted = Counter(
+            "kd_lease_pool_exhausted",
+            "Acquires given up because no machine ID was free in time",
+            POOL,
+            registry=registry,
+        )
+
+
+def default_owner() -> str:
+    """A readable, unique owner token: host, process, random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MachineLease:
+    """A machine ID held until ``lost`` is set or the holder's deadline passes."""
+
+    def __init__(
+        self, pool: str, granted: Acquired, owner: str, ttl_s: float, sent_at: float, ceiling: int
+    ) -> None:
+        self.pool = pool
+        self.machine_id = granted.machine_id
+        self.floor_ms = granted.floor_ms
+        self.owner = owner
+        self.fence = granted.fence
+        self.ttl_s = ttl_s
+        self.margin_s = safety_margin_s(ttl_s)
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self._deadline = sent_at + ttl_s - self.margin_s
+        self._ceiling = ceiling
+        self._issued: int | None = None
+
+    def valid(self) -> bool:
+        """Not lost, and the monotonic clock is before the holder's safe deadline."""
+        return not self.lost.is_set() and time.monotonic() < self._deadline
+
+    def ceiling_ms(self) -> int:
+        """The highest timestamp recorded in Redis for this ID so far: never mint above."""
+        return self._ceiling
+
+    def note_issued(self, ms: int) -> None:
+        """The latest timestamp minted; on release it replaces the recorded ceiling."""
+        if self._issued is None or ms > self._issued:
+            self._issued = ms
+
+    @property
+    def issued_ms(self) -> int | None:
+        return self._issued
+
+    @property
+    def deadline(self) -> float:
+        """The monotonic time at which the holder stops using the ID."""
+        return self._deadline
+
+    def extended(self, sent_at: float, ceiling: int) -> None:
+        self._deadline = sent_at + self.ttl_s - self.margin_s
+        self._ceiling = max(self._ceiling, ceiling)
+
+    def lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self._deadline = 0.0
+            self.lost.set()
+
+
+async def acquire(
+    store: MachineLeases,
+    pool: str,
+    lo: int,
+    hi: int,
+    ttl_s: float,
+    wait_s: float,
+    owner: str,
+    metrics: LeaseMetrics | None = None,
+) -> MachineLease:
+    """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree, or
+    StoreUnavailable when Redis could not be reached by then."""
+    started = time.monotonic()
+    give_up = started + wait_s
+    while True:
+        sent_at = time.monotonic()
+        ceiling = _wall_ms() + int(ttl_s * 1000)
+        try:
+            answer = await store.acquire(
+                pool, lo, hi, owner, int(ttl_s * 1000), ceiling, secrets.randbelow(hi - lo + 1)
+            )
+        except StoreUnavailable:
+            _count(metrics, pool, "error")
+            if time.monotonic() >= give_up:
+                raise
+            await asyncio.sleep(min(give_up - time.monotonic(), _RETRY_S))
+            continue  # Redis may be failing over: ride it out within the wait
+        _count(metrics, pool, answer.status)
+        if answer.granted:
+            _observe(metrics, pool, started)
+            return MachineLease(pool, answer, owner, ttl_s, sent_at, ceiling)
+        remaining = give_up - time.monotonic()
+        if remaining <= 0:
+            _observe(metrics, pool, started)
+            if metrics is not None:
+                metrics.exhausted.labels(pool).inc()
+            raise NoMachineIdFree(pool, lo, hi, _why(answer, wait_s))
+        await asyncio.sleep(min(remaining, _RETRY_S, max(answer.wait_ms / 1000, 0.01)))
+
+
+def _why(answer: Acquired, wait_s: float) -> str:
+    waited = f" (waited {wait_s:g}s)" if wait_s else ""
+    if answer.status == "settling":
+        return (
+            "the Redis fence took over recently (failover, failback, restart or first use): "
+            f"no ID is granted for one lease TTL; grants resume in "
+            f"{answer.wait_ms / 1000:.1f}s{waited}"
+        )
+    return f"every ID is held; the first lease expires in {answer.wait_ms / 1000:.1f}s{waited}"
+
+
+def _count(metrics: LeaseMetrics | None, pool: str, outcome: str) -> None:
+    if metrics is not None:
+        metrics.acquisitions.labels(pool, outcome).inc()
+
+
+def _observe(metrics: LeaseMetrics | None, pool: str, started: float) -> None:
+    if metrics is not None:
+        metrics.acquire_seconds.labels(pool).observe(time.monotonic() - started)
+
+
+async def keep_renewed(
+    store: MachineLeases,
+    lease: MachineLease,
+    renew_every_s: float,
+    metrics: LeaseMetrics | None = None,
+) -> None:
+    """Renew every ``renew_every_s`` until the lease is lost; each attempt is bounded by
+    the holder's deadline, so a hung Redis call cannot keep a lost lease in use."""
+    while not lease.lost.is_set():
+        await _sleep_until(lease, time.monotonic() + renew_every_s)
+        if lease.lost.is_set():
+            return
+        if time.monotonic() >= lease.deadline:
+            _lost(lease, "deadline", metrics)
+            return
+        await _renew_once(store, lease, metrics)
+
+
+async def _sleep_until(lease: MachineLease, when: float) -> None:
+    """Until ``when`` or the lease's deadline, whichever comes first, or until lost."""
+    pause = min(when, lease.deadline) - time.monotonic()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(lease.lost.wait(), timeout=max(pause, 0))
+
+
+async def _renew_once(
+    store: MachineLeases, lease: MachineLease, metrics: LeaseMetrics | None
+) -> None:
+    sent_at = time.monotonic()
+    ceiling = _wall_ms() + int(lease.ttl_s * 1000)
+    call = store.renew(
+        lease.pool, lease.machine_id, lease.owner, lease.fence, int(lease.ttl_s * 1000), ceiling
+    )
+    try:
+        status = await asyncio.wait_for(call, timeout=max(lease.deadline - sent_at, 0.001))
+    except (StoreUnavailable, TimeoutError) as exc:
+        if metrics is not None:
+            metrics.renew_failures.labels(lease.pool, "error").inc()
+        log.warning("lease_renew_failed", extra={"pool": lease.pool, "error": str(exc)})
+        return  # tried again at the next beat, while the deadline allows
+    if status == "renewed":
+        lease.extended(sent_at, ceiling)
+    else:
+        _lost(lease, status, metrics)
+
+
+def _lost(lease: MachineLease, reason: str, metrics: LeaseMetrics | None) -> None:
+    if metrics is not None and reason != "deadline":
+        metrics.renew_failures.labels(lease.pool, reason).inc()
+    log.error(
+        "lease_lost",
+        extra={"pool": lease.pool, "machine_id": lease.machine_id, "reason": reason},
+    )
+    lease.lose(reason)
+
+
+async def release(store: MachineLeases, lease: MachineLease) -> None:
+    """Compare-and-delete; failures are logged (the lease then expires by its TTL)."""
+    lease.lose(lease.lost_reason or "released")
+    try:
+        call = store.release(lease.pool, lease.machine_id, lease.owner, lease.issued_ms)
+        released = await asyncio.wait_for(call, timeout=_RELEASE_TIMEOUT_S)
+    except (StoreUnavailable, TimeoutError) as exc:
+        log.warning("lease_release_failed", extra={"pool": lease.pool, "error": str(exc)})
+        return
+    log.info(
+        "lease_released",
+        extra={"pool": lease.pool, "machine_id": lease.machine_id, "was_owner": released},
+    )
+
+
+@asynccontextmanager
+async def lease_machine_id(
+    endpoint: RedisEndpoint,
+    pool: str,
+    lo: int,
+    hi: int,
+    *,
+    ttl_s: float = 10.0,
+    renew_every_s: float = 1.0,
+    wait_s: float = 0.0,
+    owner: str | None = None,
+    metrics: LeaseMetrics | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> AsyncIterator[MachineLease]:
+    """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
+
+    Raises NoMachineIdFree when none is granted within ``wait_s``, ConfigError for a
+    bad pool name or range, or when ``renew_every_s`` exceeds a third of ``ttl_s``.
+    ``owner`` is a readable label (default: host and process); a random suffix makes
+    the owner token unique. The endpoint stays open (it belongs to the caller).
+    """
+    check_pool(pool, lo, hi)
+    check_ttl(ttl_s, renew_every_s)
+    store = MachineLeases(endpoint, namespace)
+    token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
+    lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
+    log.info("lease_granted", extra={"pool": pool, "machine_id": lease.machine_id})
+    if metrics is not None:
+        metrics.held.labels(pool).inc()
+    renewer = asyncio.create_task(keep_renewed(store, lease, renew_every_s, metrics))
+    try:
+        yield lease
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        await release(store, lease)
+        if metrics is not None:
+            metrics.held.labels(pool).dec()
+
+
+class SyncMachineLease:
+    """``lease_machine_id`` for sync code: renews in a background thread with its own
+    event loop. ``with SyncMachineLease(endpoint, "orders", 0, 1023) as lease: ...``;
+    ``lease.lost`` is a ``threading.Event``. Stop minting before leaving the block.
+    The endpoint is used from the background thread only, and closed there on exit."""
+
+    def __init__(
+        self,
+        endpoint: RedisEndpoint,
+        pool: str,
+        lo: int,
+        hi: int,
+        *,
+        ttl_s: float = 10.0,
+        renew_every_s: float = 1.0,
+        wait_s: float = 0.0,
+        owner: str | None = None,
+        metrics: LeaseMetrics | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        self._endpoint = endpoint
+        self._open: Callable[[], Any] = lambda: lease_machine_id(
+            endpoint,
+            pool,
+            lo,
+            hi,
+            ttl_s=ttl_s,
+            renew_every_s=renew_every_s,
+            wait_s=wait_s,
+            owner=owner,
+            metrics=metrics,
+            namespace=namespace,
+        )
+        self.lost = threading.Event()
+        self._lease: MachineLease | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def lease(self) -> MachineLease:
+        assert self._lease is not None, "use SyncMachineLease in a with block"
+        return self._lease
+
+    @property
+    def pool(self) -> str:
+        return self.lease.pool
+
+    @property
+    def machine_id(self) -> int:
+        return self.lease.machine_id
+
+    @property
+    def floor_ms(self) -> int:
+        return self.lease.floor_ms
+
+    def valid(self) -> bool:
+        return self.lease.valid()
+
+    def ceiling_ms(self) -> int:
+        return self.lease.ceiling_ms()
+
+    def note_issued(self, ms: int) -> None:
+        self.lease.note_issued(ms)
+
+    def __enter__(self) -> SyncMachineLease:
+        granted: Future[MachineLease] = Future()
+        self._thread = threading.Thread(target=self._run, args=(granted,), daemon=True)
+        self._thread.start()
+        self._lease = granted.result()  # raises NoMachineIdFree, StoreUnavailable, ...
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(_STOP_TIMEOUT_S)
+
+    def _run(self, granted: Future[MachineLease]) -> None:
+        asyncio.run(self._hold(granted))
+
+    async def _hold(self, granted: Future[MachineLease]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with self._open() as lease:
+                granted.set_result(lease)
+                lost = asyncio.create_task(lease.lost.wait())
+                await asyncio.wait(
+                    [lost, asyncio.create_task(self._stop.wait())],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if lost.done():
+                    self.lost.set()
+                    await self._stop.wait()
+        except BaseException as exc:
+            if not granted.done():
+                granted.set_exception(exc)
+            else:
+                raise
+        finally:
+            self.lost.set()
+            await self._endpoint.close()

@@ -1,0 +1,122 @@
+"""Machine-ID leases in Redis: acquire, renew, release, list; every call behind the fence.
+
+The rules live in ``lua/lease*.lua``: a lease is granted, extended and released only by
+compare-and-set in one script call, carries the epoch it was granted in (the server
+identity and when the fence took over: a new epoch refuses its renewal), and no lease
+is granted for one TTL after the fence takes over. Each machine ID keeps a non-expiring
+record of the highest timestamp its holders may have minted (``last``), handed to the
+next holder as its floor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from shared.domain.leases import check_pool
+from shared.stores.redis_scripts import (
+    RedisPort,
+    lease_acquire_keys,
+    lease_holders_keys,
+    lease_release_keys,
+    lease_renew_keys,
+)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """The answer to an acquire: ``granted``, ``full`` or ``settling``."""
+
+    status: str
+    machine_id: int  # -1 unless granted
+    floor_ms: int  # highest timestamp earlier holders of the ID recorded (0: none)
+    fence: str  # the lease epoch: server identity and when its fence took over
+    wait_ms: int  # full: until the first lease expires; settling: until grants resume
+
+    @property
+    def granted(self) -> bool:
+        return self.status == "granted"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live lease, as ``keydispenser lease list`` shows it."""
+
+    machine_id: int
+    owner: str
+    since_ms: int  # server time of the grant (unix ms)
+    expires_in_ms: int
+    last_ms: int  # highest timestamp recorded for the ID
+
+
+@dataclass(frozen=True)
+class Holders:
+    holders: list[Holder]
+    settling_ms: int  # > 0: a new server identity; no grant for this long
+    last_ms: dict[int, int]  # every machine ID with a record, held or not
+
+
+class MachineLeases(RedisPort):
+    """The machine-ID pools of one Redis deployment."""
+
+    async def acquire(
+        self, pool: str, lo: int, hi: int, owner: str, ttl_ms: int, ceiling_ms: int, start: int
+    ) -> Acquired:
+        """Claim a free ID of ``[lo, hi]`` for ``owner``, scanning from ``lo + start``;
+        records ``ceiling_ms`` as the ID's last timestamp before granting it."""
+        check_pool(pool, lo, hi)
+        args = [lo, hi, start % (hi - lo + 1), owner, ttl_ms, ceiling_ms]
+        async with self._guard("lease_acquire"):
+            status, machine_id, floor, fence, wait = await self._run(
+                "lease_acquire", lease_acquire_keys(self.namespace, pool), args
+            )
+        return Acquired(str(status), int(machine_id), int(floor), str(fence), int(wait))
+
+    async def renew(
+        self, pool: str, machine_id: int, owner: str, fence: str, ttl_ms: int, ceiling_ms: int
+    ) -> str:
+        """Extend ``owner``'s lease by ``ttl_ms`` and record its new ceiling: 'renewed',
+        'fenced' (new server identity) or 'lost' (expired, released, someone else's)."""
+        args = [machine_id, owner, fence, ttl_ms, ceiling_ms]
+        async with self._guard("lease_renew"):
+            (status,) = await self._run("lease_renew", lease_renew_keys(self.namespace, pool), args)
+        return str(status)
+
+    async def release(
+        self, pool: str, machine_id: int, owner: str, issued_ms: int | None = None
+    ) -> bool:
+        """Delete ``owner``'s lease; False when it was not the owner. With ``issued_ms``
+        (the latest timestamp minted, minting stopped) the ID's last-timestamp record
+        becomes max(floor at grant, issued_ms); without, the recorded ceiling stays."""
+        args = [machine_id, owner, "" if issued_ms is None else issued_ms]
+        async with self._guard("lease_release"):
+            released = await self._run(
+                "lease_release", lease_release_keys(self.namespace, pool), args
+            )
+        return bool(released)
+
+    async def holders(self, pool: str) -> Holders:
+        check_pool(pool, 0, 0)
+        async with self._guard("lease_holders"):
+            now, settle_until, live, last = await self._run(
+                "lease_holders", lease_holders_keys(self.namespace, pool), []
+            )
+        last_ms = {int(k): int(v) for k, v in _pairs(last)}
+        holders = [_holder(int(k), json.loads(v), int(now), last_ms) for k, v in _pairs(live)]
+        holders.sort(key=lambda h: h.machine_id)
+        return Holders(holders, max(0, int(settle_until) - int(now)), last_ms)
+
+
+def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _holder(machine_id: int, lease: dict[str, str], now: int, last: dict[int, int]) -> Holder:
+    return Holder(
+        machine_id,
+        lease["owner"],
+        int(lease["since"]),
+        int(lease["expires"]) - now,
+        last.get(machine_id, 0),
+    )
