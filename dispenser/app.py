@@ -55,7 +55,7 @@ def _dispenser(request: Request) -> Dispenser:
 
 async def allocate_one(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     idempotency_key = _idempotency_key(request)
     if idempotency_key is None:
@@ -67,7 +67,7 @@ async def allocate_one(request: Request) -> Response:
 
 async def allocate_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     raw = request.query_params.get("count", "1")
     maximum = dispenser.settings.dispenser.max_batch
     # Rate limits are charged per key asked for; a malformed count is refused after auth.
@@ -115,7 +115,7 @@ def _count(raw: str, maximum: int) -> int:
 
 async def validate(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     dispenser.gate.admit(request.headers, name)
     id_type = dispenser.any_type(name)
     value = request.path_params["id_value"]
@@ -148,7 +148,7 @@ async def mark_used(request: Request) -> Response:
     On a type without a ledger it is accepted and counted, not recorded (a registry's
     updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.any_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
@@ -164,7 +164,7 @@ async def mark_used(request: Request) -> Response:
 
 async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
@@ -222,7 +222,7 @@ async def lookup(request: Request) -> Response:
     client's key answers exactly as a key never issued, so the answer reveals nothing.
     """
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     client = dispenser.gate.admit(request.headers, name)
     id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
@@ -417,7 +417,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        source = leases or redis_leases(store.endpoint, lease_metrics)
+        source = leases or redis_leases(store.endpoint, store.namespace, lease_metrics)
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)

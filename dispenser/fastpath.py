@@ -26,7 +26,7 @@ from dispenser.metrics import DispenserMetrics
 from dispenser.service import Dispenser
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import KeydispenserError
-from shared.domain.settings import ID_TYPE_NAME
+from shared.domain.settings import ALIAS
 
 log = logging.getLogger(__name__)
 ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
@@ -54,7 +54,8 @@ def _unanchored(pattern: re.Pattern[str]) -> str:
     return text[1:-1]
 
 
-ALLOCATE_ONE_PATH: Final = path_pattern(ALLOCATE_ONE, ID_TYPE_NAME)
+# ALIAS admits every type name too; only configured names and aliases are served here.
+ALLOCATE_ONE_PATH: Final = path_pattern(ALLOCATE_ONE, ALIAS)
 
 
 async def one_id(dispenser: Dispenser, name: str, client: str) -> bytes:
@@ -109,11 +110,14 @@ class FastPath:
             return None
         match = ALLOCATE_ONE_PATH.fullmatch(scope["path"])
         dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
-        if match is None or dispenser is None or match["name"] not in dispenser.names:
+        if match is None or dispenser is None:
+            return None
+        name = dispenser.segments.get(match["name"])
+        if name is None:
             return None  # the route gives the envelope for a malformed or unknown type
         if any(header == b"idempotency-key" for header, _ in scope["headers"]):
             return None  # the route validates the key and marks replays
-        return dispenser, match["name"]
+        return dispenser, name
 
 
 async def _allocate_one(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.domain.settings import ID_TYPE_NAME, Settings
+from shared.domain.settings import ALIAS, ID_TYPE_NAME, Settings, path_segments
 
 Json = dict[str, Any]
 KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,256}$"
@@ -356,6 +356,7 @@ def _paths() -> Json:
 def document(settings: Settings, version: str) -> Json:
     """The OpenAPI document of this configuration (its ID types, its batch limit)."""
     types = sorted(settings.id_types)
+    segments = sorted(path_segments(settings.id_types))  # names and aliases
     doc: Json = {
         "openapi": "3.0.3",
         "info": {
@@ -378,7 +379,7 @@ def document(settings: Settings, version: str) -> Json:
     for operations in doc["paths"].values():
         for operation in operations.values():
             operation["parameters"] = [
-                _configured(p, types, settings.dispenser.max_batch)
+                _configured(p, segments, settings.dispenser.max_batch)
                 for p in operation.get("parameters", [])
             ]
     return doc
@@ -387,7 +388,10 @@ def document(settings: Settings, version: str) -> Json:
 def _configured(parameter: Json, types: list[str], max_batch: int) -> Json:
     """The configured ID types and batch limit, written into the shared parameters."""
     if parameter["name"] == "id_type" and types:
-        return {**parameter, "schema": {**parameter["schema"], "enum": types}}
+        schema = {**parameter["schema"], "enum": types}
+        if not all(ID_TYPE_NAME.fullmatch(t) for t in types):  # aliases are configured
+            schema["pattern"] = ALIAS.pattern
+        return {**parameter, "schema": schema}
     if parameter["name"] == "count":
         return {**parameter, "schema": {**parameter["schema"], "maximum": max_batch}}
     return parameter

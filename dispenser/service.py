@@ -26,7 +26,7 @@ from shared.domain.errors import (
     UnknownIdType,
 )
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import ID_TYPE_NAME, Settings
+from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
 from shared.domain.snowflake import Minter, SnowflakeType
 from shared.stores.hot_store import HotStore, Popped
 from shared.stores.ledger import LedgerReader
@@ -65,11 +65,13 @@ class Dispenser:
         self.settings = settings
         self.hot = hot
         # The wake channel and the ledger stream share the hot store's connections.
-        self.wake = WakeChannel(hot.endpoint)
-        self.ledger_stream = LedgerStream(hot.endpoint)
+        self.wake = WakeChannel(hot.endpoint, hot.namespace)
+        self.ledger_stream = LedgerStream(hot.endpoint, hot.namespace)
         self.metrics = metrics
         self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
+        # Each path segment that names a type (its name and its aliases) -> its name.
+        self.segments = path_segments(settings.id_types)
         # Snowflake types are minted here, from a machine-ID lease: no hot list, no pop.
         self.snowflakes = snowflakes or Snowflakes({}, no_leases, metrics)
         self.minters: dict[str, Minter] = self.snowflakes.minters
@@ -82,6 +84,11 @@ class Dispenser:
         self._backlog = 0  # ledger stream length, as last read
         self._backlog_read_at = -math.inf
         self._nudges: set[asyncio.Task[None]] = set()
+
+    def canonical(self, segment: str) -> str:
+        """The type's name for a path segment that is one of its aliases; any other
+        segment as it is (``id_type`` refuses it when it names no type)."""
+        return self.segments.get(segment, segment)
 
     def id_type(self, name: str) -> IdType:
         if not ID_TYPE_NAME.fullmatch(name):

@@ -144,7 +144,9 @@ def no_leases(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
     raise ConfigError(f"id_types.{id_type.name}: snowflake types need a machine-ID lease source")
 
 
-def redis_leases(endpoint: RedisEndpoint, metrics: LeaseMetrics | None = None) -> LeaseSource:
+def redis_leases(
+    endpoint: RedisEndpoint, namespace: str, metrics: LeaseMetrics | None = None
+) -> LeaseSource:
     """Machine-ID leases kept in the hot tier's Redis (``shared.leasing``), one pool per
     type; an acquire waits up to one lease TTL (a new Redis server grants none for that
     long) before it is logged and tried again."""
@@ -161,6 +163,7 @@ def redis_leases(endpoint: RedisEndpoint, metrics: LeaseMetrics | None = None) -
             renew_every_s=config.lease_renew_s,
             wait_s=config.lease_ttl_s,
             metrics=metrics,
+            namespace=namespace,
         )
 
     return source

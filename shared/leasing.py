@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.domain.errors import NoMachineIdFree, StoreUnavailable
 from shared.domain.leases import check_pool, check_ttl, safety_margin_s
+from shared.domain.settings import DEFAULT_NAMESPACE
 from shared.stores.machine_leases import Acquired, MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 
@@ -300,6 +301,7 @@ async def lease_machine_id(
     wait_s: float = 0.0,
     owner: str | None = None,
     metrics: LeaseMetrics | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> AsyncIterator[MachineLease]:
     """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
 
@@ -310,7 +312,7 @@ async def lease_machine_id(
     """
     check_pool(pool, lo, hi)
     check_ttl(ttl_s, renew_every_s)
-    store = MachineLeases(endpoint)
+    store = MachineLeases(endpoint, namespace)
     token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
     lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
     log.info(
@@ -350,6 +352,7 @@ class SyncMachineLease:
         wait_s: float = 0.0,
         owner: str | None = None,
         metrics: LeaseMetrics | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         self._endpoint = endpoint
         self._open: Callable[[], Any] = lambda: lease_machine_id(
@@ -362,6 +365,7 @@ class SyncMachineLease:
             wait_s=wait_s,
             owner=owner,
             metrics=metrics,
+            namespace=namespace,
         )
         self.lost = threading.Event()
         self._lease: MachineLease | None = None

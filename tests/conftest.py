@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import hypothesis
 import pytest
 import redis.asyncio as aioredis
 import uvicorn
@@ -32,10 +33,16 @@ from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import SyncRecord
 
+# Tests never assert speed: Hypothesis's per-example deadline (200 ms) would, and fails
+# on a loaded machine.
+hypothesis.settings.register_profile("keydispenser", deadline=None)
+hypothesis.settings.load_profile("keydispenser")
+
 TEST_SECRET = "test-permutation-secret"
 EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
 _counter = itertools.count()
 SERVER_START_DEADLINE_S = 30.0
+NS = "kd"  # the default redis_namespace, which make_settings keeps
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ async def redis_client(servers: Servers) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[HotStore]:
     """A hot store on the flushed test database."""
-    store = HotStore(RedisEndpoint(servers.redis_url))
+    store = HotStore(RedisEndpoint(servers.redis_url), NS)
     yield store
     await store.close()
 
@@ -158,7 +165,7 @@ async def hot(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[H
 @pytest.fixture
 async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[SyncRecord]:
     """The PostgreSQL fence's record, on the flushed test database."""
-    record = SyncRecord(RedisEndpoint(servers.redis_url))
+    record = SyncRecord(RedisEndpoint(servers.redis_url), NS)
     yield record
     await record.close()
 
@@ -166,12 +173,12 @@ async def sync(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[
 async def end_lease_settling(redis_url: str, redis_client: aioredis.Redis) -> None:
     """Start and end at once the settle period a fresh Redis database starts on first
     use (no machine ID is granted for one lease TTL), so leases are granted at once."""
-    leases = MachineLeases(RedisEndpoint(redis_url))
+    leases = MachineLeases(RedisEndpoint(redis_url), NS)
     try:
         await leases.holders("settle")
     finally:
         await leases.close()
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
 
 
 @asynccontextmanager

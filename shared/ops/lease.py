@@ -117,6 +117,7 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             wait_s=spec.wait_s,
             owner=owner,
             metrics=LeaseMetrics(registry),
+            namespace=settings.redis_namespace,
         ) as lease:
             kill_after = spec.kill_after_s
             if kill_after is None:
@@ -204,7 +205,7 @@ def _terminate_with_parent(parent: int) -> None:
 
 async def holders(settings: Settings, pool: str) -> dict[str, Any]:
     """Who holds which ID of ``pool``, as ``keydispenser lease list`` prints it."""
-    store = MachineLeases(RedisEndpoint.from_settings(settings))
+    store = MachineLeases(RedisEndpoint.from_settings(settings), settings.redis_namespace)
     try:
         found = await store.holders(pool)
     finally:

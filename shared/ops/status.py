@@ -20,7 +20,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
     """{"id_types": {name: inventory and headroom}, "postgres_fence": its state}."""
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
-    sync = SyncRecord(hot.endpoint)
+    sync = SyncRecord(hot.endpoint, hot.namespace)
     report: dict[str, Any] = {}
     try:
         for name, id_type in build_id_types(settings, generating=False).items():

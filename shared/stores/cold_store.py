@@ -156,10 +156,13 @@ class ColdStore:
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )
 
-    async def take_batch(self, name: str, size: int, record: Record) -> tuple[list[str], Stamp]:
-        """Remove and return up to ``size`` keys behind the guard; committed when this
-        returns. PostgresBehind when this server's history does not cover ``record``."""
-        statement = sql.for_type(sql.TAKE_BATCH, name)
+    async def take_batch(
+        self, name: str, size: int, record: Record, *, in_order: bool = False
+    ) -> tuple[list[str], Stamp]:
+        """Remove and return up to ``size`` keys behind the guard (``in_order``: the
+        lowest, sorted); committed when this returns. PostgresBehind when this server's
+        history does not cover ``record``."""
+        statement = sql.for_type(sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH, name)
         async with translated("take_batch"):
             row = one_row(
                 await self._pool.fetchrow(statement, *record.guard_args(), size), "take_batch"

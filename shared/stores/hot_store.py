@@ -23,7 +23,7 @@ from shared.stores.redis_scripts import (
     pop_keys,
     push_keys,
 )
-from shared.stores.sync_record import NO_STAMP, Stamp
+from shared.stores.sync_record import LEASED, NO_STAMP, Stamp
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600
@@ -55,6 +55,19 @@ def _refill(raw: Sequence[Any]) -> Refill | None:
     return Refill(float(raw[0]), float(raw[1]))
 
 
+def pack_keys(keys: Sequence[str]) -> str:
+    """A batch as one newline-joined argument of push.lua.
+
+    Thousands of separate arguments cost the Redis client more than the rest of a
+    keysync batch (it encodes each in Python); one string costs one. Keys are drawn
+    from URL-safe alphabets, so never hold a newline: refused if one does.
+    """
+    packed = "\n".join(keys)
+    if keys and (packed.count("\n") != len(keys) - 1 or not all(keys)):
+        raise ValueError("keys must be non-empty and hold no newline")
+    return packed
+
+
 def request_fingerprint(client: str, name: str, count: int) -> str:
     """What an idempotency record was made for: the client, the type and the count."""
     return f"{client}:{name}:{count}"
@@ -78,13 +91,33 @@ class Depth:
 class HotStore(RedisPort):
     """The hot lists: keysync pushes batches, dispensers pop keys; both behind the fence."""
 
-    def __init__(self, endpoint: RedisEndpoint) -> None:
-        super().__init__(endpoint)
+    def __init__(self, endpoint: RedisEndpoint, namespace: str) -> None:
+        super().__init__(endpoint, namespace)
         self.discarded = 0  # keys discarded by fences, seen by this process
+
+    async def forget(self, name: str) -> int:
+        """Remove every trace of a retired type: its hot list (the keys in it are
+        wasted, never reissued), its exhausted marker and refill rate, its entries in the
+        fence's registry and discard counts and in the sync record. Returns the hot keys
+        dropped. Idempotency records expire on their own; the type's ledger stream
+        entries are skipped by keysync (the type is no longer configured)."""
+        ns, hot = self.namespace, redis_keys.hot_list_key(self.namespace, name)
+        async with self._guard("forget"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.llen(hot)
+                pipe.delete(
+                    hot, redis_keys.exhausted_key(ns, name), redis_keys.refill_key(ns, name)
+                )
+                pipe.srem(redis_keys.hot_registry_key(ns), hot)
+                pipe.hdel(redis_keys.discarded_key(ns), hot)
+                pipe.hdel(redis_keys.sync_record_key(ns), LEASED + name)
+                dropped, *_ = await pipe.execute()
+        return int(dropped)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HotStore:
-        return cls(RedisEndpoint.from_settings(settings))
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
 
     def _discarded(self, count: int, operation: str) -> int:
         if count:
@@ -102,10 +135,10 @@ class HotStore(RedisPort):
     ) -> Pushed:
         """Append a batch once (``batch_id``), only on the server ``pin`` names if set,
         recording its PostgreSQL ``stamp`` (status 'stale': not pushed)."""
-        args = [pin, BATCH_MARKER_TTL_S, *stamp.args(), *keys]
+        args = [pin, BATCH_MARKER_TTL_S, *stamp.args(), pack_keys(keys)]
         async with self._guard("push"):
             length, discarded, token, status = await self._run(
-                "push", push_keys(name, batch_id), args
+                "push", push_keys(self.namespace, name, batch_id), args
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 
@@ -120,7 +153,7 @@ class HotStore(RedisPort):
         args = [count, name if ledger else "", *(clients or (ANONYMOUS,))]
         async with self._guard("pop"):
             taken, remaining, exhausted, discarded, refill = await self._run(
-                "pop", pop_keys(name), args
+                "pop", pop_keys(self.namespace, name), args
             )
         return Popped(
             list(taken),
@@ -145,7 +178,7 @@ class HotStore(RedisPort):
         stored in it both hold the client's name. Raises IdempotencyMismatch when the
         key was used for another type or count.
         """
-        keys = pop_idempotent_keys(name, client, idempotency_key)
+        keys = pop_idempotent_keys(self.namespace, name, client, idempotency_key)
         request = request_fingerprint(client, name, count)
         args = [count, name if ledger else "", client, ttl_s, request, idempotency_key]
         async with self._guard("pop"):
@@ -165,7 +198,9 @@ class HotStore(RedisPort):
 
     async def observe(self, name: str) -> Depth:
         async with self._guard("depth"):
-            length, discarded, token = await self._run("depth", depth_keys(name), [])
+            length, discarded, token = await self._run(
+                "depth", depth_keys(self.namespace, name), []
+            )
         return Depth(int(length), str(token), self._discarded(int(discarded), "depth"))
 
     async def depth(self, name: str) -> int:
@@ -194,18 +229,23 @@ class HotStore(RedisPort):
         """Whether keysync marked the type's keyspace used up."""
         async with self._guard("exhausted"):
             return bool(
-                await (await self._endpoint.client()).exists(redis_keys.exhausted_key(name))
+                await (await self._endpoint.client()).exists(
+                    redis_keys.exhausted_key(self.namespace, name)
+                )
             )
 
     async def mark_exhausted(self, name: str) -> None:
         async with self._guard("mark_exhausted"):
-            await (await self._endpoint.client()).set(redis_keys.exhausted_key(name), "1")
+            await (await self._endpoint.client()).set(
+                redis_keys.exhausted_key(self.namespace, name), "1"
+            )
 
     async def record_refill(self, name: str, rate: float, at: float) -> None:
         """keysync's observed refill rate of a hot list (for dispensers' Retry-After)."""
         async with self._guard("record_refill"):
             await (await self._endpoint.client()).hset(
-                redis_keys.refill_key(name), mapping={"rate": f"{rate:.3f}", "at": f"{at:.3f}"}
+                redis_keys.refill_key(self.namespace, name),
+                mapping={"rate": f"{rate:.3f}", "at": f"{at:.3f}"},
             )
 
     async def ping(self) -> bool:
@@ -214,5 +254,7 @@ class HotStore(RedisPort):
 
     async def discarded_counts(self) -> dict[str, int]:
         async with self._guard("discarded_counts"):
-            raw = await (await self._endpoint.client()).hgetall(redis_keys.discarded_key())
+            raw = await (await self._endpoint.client()).hgetall(
+                redis_keys.discarded_key(self.namespace)
+            )
         return {str(k): int(v) for k, v in raw.items()}

@@ -20,7 +20,7 @@ LedgerEntry = tuple[str, dict[str, str]]
 class LedgerStream(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> LedgerStream:
-        return cls(RedisEndpoint.from_settings(settings))
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False
@@ -39,14 +39,16 @@ class LedgerStream(RedisPort):
         if admin:
             fields["admin"] = "1"
         async with self._guard("record_used"):
-            await (await self._endpoint.client()).xadd(redis_keys.ledger_stream_key(), fields)
+            await (await self._endpoint.client()).xadd(
+                redis_keys.ledger_stream_key(self.namespace), fields
+            )
 
     async def read(
         self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
     ) -> list[LedgerEntry]:
         """Entries for ``consumer``: first any that another consumer has held
         unacknowledged for ``claim_idle_ms`` (it died), then new ones."""
-        stream = redis_keys.ledger_stream_key()
+        stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_read"):
             client = await self._endpoint.client()
             try:
@@ -76,7 +78,7 @@ class LedgerStream(RedisPort):
 
     async def ack(self, entry_ids: Sequence[str]) -> None:
         """Acknowledge and delete applied entries, so the stream only holds the backlog."""
-        stream = redis_keys.ledger_stream_key()
+        stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_ack"):
             client = await self._endpoint.client()
             async with client.pipeline(transaction=True) as pipe:
@@ -86,4 +88,8 @@ class LedgerStream(RedisPort):
 
     async def backlog(self) -> int:
         async with self._guard("ledger_backlog"):
-            return int(await (await self._endpoint.client()).xlen(redis_keys.ledger_stream_key()))
+            return int(
+                await (await self._endpoint.client()).xlen(
+                    redis_keys.ledger_stream_key(self.namespace)
+                )
+            )

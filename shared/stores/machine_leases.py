@@ -69,7 +69,7 @@ class MachineLeases(RedisPort):
         args = [lo, hi, start % (hi - lo + 1), owner, ttl_ms, ceiling_ms]
         async with self._guard("lease_acquire"):
             status, machine_id, floor, fence, wait = await self._run(
-                "lease_acquire", lease_acquire_keys(pool), args
+                "lease_acquire", lease_acquire_keys(self.namespace, pool), args
             )
         return Acquired(str(status), int(machine_id), int(floor), str(fence), int(wait))
 
@@ -80,7 +80,7 @@ class MachineLeases(RedisPort):
         'fenced' (new server identity) or 'lost' (expired, released, someone else's)."""
         args = [machine_id, owner, fence, ttl_ms, ceiling_ms]
         async with self._guard("lease_renew"):
-            (status,) = await self._run("lease_renew", lease_renew_keys(pool), args)
+            (status,) = await self._run("lease_renew", lease_renew_keys(self.namespace, pool), args)
         return str(status)
 
     async def release(
@@ -91,14 +91,16 @@ class MachineLeases(RedisPort):
         becomes max(floor at grant, issued_ms); without, the recorded ceiling stays."""
         args = [machine_id, owner, "" if issued_ms is None else issued_ms]
         async with self._guard("lease_release"):
-            released = await self._run("lease_release", lease_release_keys(pool), args)
+            released = await self._run(
+                "lease_release", lease_release_keys(self.namespace, pool), args
+            )
         return bool(released)
 
     async def holders(self, pool: str) -> Holders:
         check_pool(pool, 0, 0)
         async with self._guard("lease_holders"):
             now, settle_until, live, last = await self._run(
-                "lease_holders", lease_holders_keys(pool), []
+                "lease_holders", lease_holders_keys(self.namespace, pool), []
             )
         last_ms = {int(k): int(v) for k, v in _pairs(last)}
         holders = [_holder(int(k), json.loads(v), int(now), last_ms) for k, v in _pairs(live)]

@@ -215,11 +215,16 @@ class GuardedCold:
 
     async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
         """A batch and its stamp (NO_STAMP with the guard off: nothing is recorded)."""
+        in_order = name in self._types and self._types[name].sequential
         try:
-            keys, stamp = await self.cold.take_batch(name, size, await self.record())
+            keys, stamp = await self.cold.take_batch(
+                name, size, await self.record(), in_order=in_order
+            )
         except PostgresBehind:
             await self.fence()
-            keys, stamp = await self.cold.take_batch(name, size, await self.record())
+            keys, stamp = await self.cold.take_batch(
+                name, size, await self.record(), in_order=in_order
+            )
         return keys, stamp if self._sync is not None else NO_STAMP
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:

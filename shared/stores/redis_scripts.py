@@ -5,6 +5,10 @@ Every script that reads or writes hot lists or the sync clock's record is fenced
 list. The lease scripts also get the helpers in ``lease.lua`` (``HELPERS``). Each
 ``.lua`` file names its own KEYS/ARGV slots as locals at the top; the functions here
 fill them in that order.
+
+Scripts never build key names: every name comes from ``redis_keys`` through these
+functions, which take the namespace as their first argument (``RedisPort.namespace``),
+so a script touches only its own namespace's keys.
 """
 
 from __future__ import annotations
@@ -39,79 +43,85 @@ def fenced_script(script: str) -> str:
     return "\n".join(load_script(part) for part in parts)
 
 
-def fence_slots() -> list[str]:
+def fence_slots(ns: str) -> list[str]:
     """KEYS[1..4] of every fenced script: fence, registry, discard counts, sync record."""
     return [
-        redis_keys.fence_key(),
-        redis_keys.hot_registry_key(),
-        redis_keys.discarded_key(),
-        redis_keys.sync_record_key(),
+        redis_keys.fence_key(ns),
+        redis_keys.hot_registry_key(ns),
+        redis_keys.discarded_key(ns),
+        redis_keys.sync_record_key(ns),
     ]
 
 
-def depth_keys(name: str) -> list[str]:
-    return [*fence_slots(), redis_keys.hot_list_key(name)]
+def depth_keys(ns: str, name: str) -> list[str]:
+    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name)]
 
 
-def push_keys(name: str, batch_id: str) -> list[str]:
-    return [*fence_slots(), redis_keys.hot_list_key(name), redis_keys.batch_key(batch_id)]
+def push_keys(ns: str, name: str, batch_id: str) -> list[str]:
+    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name), redis_keys.batch_key(ns, batch_id)]
 
 
-def record_keys() -> list[str]:
+def record_keys(ns: str) -> list[str]:
     """read_record, record_lease, reset_record, halt_record: the fence's slots only."""
-    return fence_slots()
+    return fence_slots(ns)
 
 
-def pop_keys(name: str) -> list[str]:
+def pop_keys(ns: str, name: str) -> list[str]:
     return [
-        *fence_slots(),
-        redis_keys.hot_list_key(name),
-        redis_keys.exhausted_key(name),
-        redis_keys.ledger_stream_key(),
-        redis_keys.refill_key(name),
+        *fence_slots(ns),
+        redis_keys.hot_list_key(ns, name),
+        redis_keys.exhausted_key(ns, name),
+        redis_keys.ledger_stream_key(ns),
+        redis_keys.refill_key(ns, name),
     ]
 
 
-def pop_idempotent_keys(name: str, client: str, idempotency_key: str) -> list[str]:
-    return [*pop_keys(name), redis_keys.idempotency_key(client, idempotency_key)]
+def pop_idempotent_keys(ns: str, name: str, client: str, idempotency_key: str) -> list[str]:
+    return [*pop_keys(ns, name), redis_keys.idempotency_key(ns, client, idempotency_key)]
 
 
-def _lease_slots(pool: str) -> list[str]:
+def _lease_slots(ns: str, pool: str) -> list[str]:
     """KEYS[5..7] of the lease scripts: the pool's leases, its last timestamps, the
     longest TTL granted."""
     return [
-        *fence_slots(),
-        redis_keys.machine_leases_key(pool),
-        redis_keys.machine_last_key(pool),
-        redis_keys.lease_ttl_key(),
+        *fence_slots(ns),
+        redis_keys.machine_leases_key(ns, pool),
+        redis_keys.machine_last_key(ns, pool),
+        redis_keys.lease_ttl_key(ns),
     ]
 
 
-def lease_acquire_keys(pool: str) -> list[str]:
-    return _lease_slots(pool)
+def lease_acquire_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
 
 
-def lease_renew_keys(pool: str) -> list[str]:
-    return _lease_slots(pool)
+def lease_renew_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
 
 
-def lease_release_keys(pool: str) -> list[str]:
-    return _lease_slots(pool)
+def lease_release_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
 
 
-def lease_holders_keys(pool: str) -> list[str]:
-    return _lease_slots(pool)
+def lease_holders_keys(ns: str, pool: str) -> list[str]:
+    return _lease_slots(ns, pool)
 
 
-def nudge_keys() -> list[str]:
-    return [redis_keys.keysync_wake_key()]
+def nudge_keys(ns: str) -> list[str]:
+    return [redis_keys.keysync_wake_key(ns)]
 
 
 class RedisPort:
-    """A connection to the Redis primary: runs scripts by SHA, translates driver errors."""
+    """A connection to the Redis primary: runs scripts by SHA, translates driver errors.
 
-    def __init__(self, endpoint: RedisEndpoint) -> None:
+    ``namespace`` (``settings.redis_namespace``) prefixes every key it names; ports that
+    share an endpoint share its namespace too (``RedisPort(other.endpoint,
+    other.namespace)``).
+    """
+
+    def __init__(self, endpoint: RedisEndpoint, namespace: str) -> None:
         self._endpoint = endpoint
+        self.namespace = namespace
         self._scripts: dict[str, AsyncScript] = {}
 
     @property

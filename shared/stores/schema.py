@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
@@ -92,9 +93,11 @@ def _compare(id_type: IdType, stored: dict[str, object]) -> None:
 
 
 async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
+    await _refuse_retired(conn, id_type.name)
     numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
     await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
-    await conn.execute(sql.for_type(sql.CREATE_COLD_TABLE, id_type.name))
+    cold = sql.CREATE_COLD_TABLE_IN_ORDER if id_type.sequential else sql.CREATE_COLD_TABLE
+    await conn.execute(sql.for_type(cold, id_type.name))
     await conn.execute(sql.for_type(sql.CREATE_LEDGER_TABLE, id_type.name))
     await conn.execute(sql.for_type(sql.ADD_LEDGER_USED_BY, id_type.name))
     stored = await _stored_fingerprint(conn, id_type.name)
@@ -111,6 +114,65 @@ async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
         await conn.execute(sql.for_type(sql.ALTER_SEQUENCE, id_type.name, **numbers))
         await conn.execute(sql.UPSERT_FINGERPRINT, id_type.name, fingerprint)
         log.warning("keyspace_redefined", extra={"id_type": id_type.name})
+
+
+async def _refuse_retired(conn: asyncpg.Connection, name: str) -> None:
+    retired_at = await conn.fetchval(sql.SELECT_RETIRED, name)
+    if retired_at is not None:
+        raise SchemaError(
+            f"id_types.{name}: retired on {retired_at:%Y-%m-%d} (`keydispenser retire`); a "
+            "retired name is never used again (it would generate the same keys): choose "
+            "another name"
+        )
+
+
+@dataclass(frozen=True)
+class Retired:
+    """What ``retire`` did to one type in PostgreSQL."""
+
+    name: str
+    found: bool  # the type had objects in the database (now gone) or a tombstone
+    already_retired: bool
+    cold_keys_dropped: int = 0
+    ranges_leased: int = 0
+    highest_counter: int = 0
+    ledger_dropped: bool = False
+
+
+async def retire(conn: asyncpg.Connection, name: str, *, drop_ledger: bool = False) -> Retired:
+    """Drop a type's cold table and sequence, forget its ranges and fingerprint, and keep
+    a tombstone so the name is never used again; its ledger table (history) only with
+    ``drop_ledger``. One transaction; idempotent (a retired type is left as it is)."""
+    async with conn.transaction():
+        await conn.execute(sql.LOCK_MIGRATIONS, _MIGRATION_LOCK)
+        version = await _current_version(conn)
+        if version < latest_version():
+            raise SchemaError(
+                f"database schema is at version {version}: run `keydispenser migrate`"
+            )
+        ledger_dropped = drop_ledger and await _exists(conn, sql.ledger_table(name))
+        if ledger_dropped:
+            await conn.execute(sql.for_type(sql.DROP_LEDGER_TABLE, name))
+        if await conn.fetchval(sql.SELECT_RETIRED, name) is not None:
+            return Retired(name, True, True, ledger_dropped=ledger_dropped)
+        has_cold = await _exists(conn, sql.cold_table(name))
+        cold_keys = int(await conn.fetchval(sql.for_type(sql.COUNT_COLD, name))) if has_cold else 0
+        has_sequence = await _exists(conn, sql.sequence(name))
+        ranges = one_row(await conn.fetchrow(sql.SUMMARIZE_RANGES, name), "ranges")
+        await conn.execute(sql.for_type(sql.DROP_COLD_TABLE, name))
+        await conn.execute(sql.for_type(sql.DROP_SEQUENCE, name))
+        await conn.execute(sql.DELETE_RANGES, name)
+        fingerprint = await conn.fetchval(sql.DELETE_FINGERPRINT, name)
+        if fingerprint is None and not has_sequence and not has_cold:
+            return Retired(name, found=False, already_retired=False)
+        leased, highest = int(ranges["leased"]), int(ranges["highest"])
+        await conn.execute(sql.INSERT_RETIRED, name, fingerprint, leased, highest, cold_keys)
+    log.info("id_type_retired", extra={"id_type": name, "cold_keys_dropped": cold_keys})
+    return Retired(name, True, False, cold_keys, leased, highest, ledger_dropped)
+
+
+async def _exists(conn: asyncpg.Connection, quoted: str) -> bool:
+    return bool(await conn.fetchval(sql.SELECT_TABLE_EXISTS, quoted))
 
 
 async def _has_leased(conn: asyncpg.Connection, name: str) -> bool:

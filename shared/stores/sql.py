@@ -85,6 +85,43 @@ CREATE TABLE IF NOT EXISTS {cold} (key text PRIMARY KEY)
 WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
 """
 
+# The cold table of a sequential type: byte-ordered keys, so its primary key index
+# serves TAKE_BATCH_IN_ORDER.
+CREATE_COLD_TABLE_IN_ORDER: Final = """
+CREATE TABLE IF NOT EXISTS {cold} (key text COLLATE "C" PRIMARY KEY)
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
+"""
+
+# Retiring a type (`keydispenser retire`): identifiers only.
+DROP_COLD_TABLE: Final = "DROP TABLE IF EXISTS {cold}"
+DROP_SEQUENCE: Final = "DROP SEQUENCE IF EXISTS {seq}"
+DROP_LEDGER_TABLE: Final = "DROP TABLE IF EXISTS {ledger}"
+# No parameters. Every key left in a cold table.
+COUNT_COLD: Final = "SELECT count(*) FROM {cold}"
+
+# $1: id type. When it was retired (no row: never).
+SELECT_RETIRED: Final = "SELECT retired_at FROM kd_retired_types WHERE name = $1"
+
+# $1: id type. Its leases: how many, and the end of the highest (0: none).
+SUMMARIZE_RANGES: Final = """
+SELECT count(*) AS leased, coalesce(max(range_end), 0) AS highest
+FROM kd_ranges WHERE id_type = $1
+"""
+
+# $1: id type. Forgets its leases (kd_ranges refers to its fingerprint row).
+DELETE_RANGES: Final = "DELETE FROM kd_ranges WHERE id_type = $1"
+
+# $1: id type. Forgets its fingerprint; returns it (jsonb as text), if there was one.
+DELETE_FINGERPRINT: Final = "DELETE FROM kd_id_types WHERE name = $1 RETURNING fingerprint::text"
+
+# $1: id type, $2: fingerprint json (or NULL), $3: ranges leased, $4: highest counter
+# leased, $5: cold keys dropped. The tombstone of a retired type.
+INSERT_RETIRED: Final = """
+INSERT INTO kd_retired_types (name, fingerprint, ranges_leased, highest_counter, keys_discarded)
+VALUES ($1, $2::jsonb, $3, $4, $5)
+ON CONFLICT (name) DO NOTHING
+"""
+
 # The ledger of issued keys. entry_id is the Redis stream entry that recorded the
 # issue: a redelivered entry conflicts with its own row, a duplicate issue with another's.
 CREATE_LEDGER_TABLE: Final = """
@@ -202,6 +239,25 @@ taken AS (
 )
 SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
        (SELECT clock FROM stamp) AS clock, ARRAY(SELECT key FROM taken) AS keys
+"""
+)
+
+# TAKE_BATCH for sequential types: the lowest keys first, returned in order (keys of a
+# sequential type are zero-padded, so byte order is counter order).
+TAKE_BATCH_IN_ORDER: Final = (
+    _GUARD
+    + """,
+taken AS (
+    DELETE FROM {cold}
+    WHERE EXISTS (SELECT 1 FROM stamp)
+      AND ctid = ANY (ARRAY(
+          SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $4 FOR UPDATE SKIP LOCKED
+      ))
+    RETURNING key
+)
+SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
+       (SELECT clock FROM stamp) AS clock,
+       ARRAY(SELECT key FROM taken ORDER BY key COLLATE "C") AS keys
 """
 )
 

@@ -70,11 +70,11 @@ UNGUARDED = Record()  # what the guard is given when it is switched off: always 
 class SyncRecord(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> SyncRecord:
-        return cls(RedisEndpoint.from_settings(settings))
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
 
     async def read(self) -> Record:
         async with self._guard("read_record"):
-            raw = await self._run("read_record", record_keys(), [])
+            raw = await self._run("read_record", record_keys(self.namespace), [])
         pairs = [str(item) for item in raw[1:]]
         return Record.parse(dict(zip(pairs[::2], pairs[1::2], strict=True)))
 
@@ -82,15 +82,17 @@ class SyncRecord(RedisPort):
         """Record a committed lease; False when its stamp is stale (the range is wasted)."""
         async with self._guard("record_lease"):
             status, _ = await self._run(
-                "record_lease", record_keys(), [LEASED + name, range_end, *stamp.args()]
+                "record_lease",
+                record_keys(self.namespace),
+                [LEASED + name, range_end, *stamp.args()],
             )
         return str(status) == "ok"
 
     async def reset(self, stamp: Stamp) -> None:
         """After a PostgreSQL fence: the record restarts from the fenced server's stamp."""
         async with self._guard("reset_record"):
-            await self._run("reset_record", record_keys(), stamp.args())
+            await self._run("reset_record", record_keys(self.namespace), stamp.args())
 
     async def halt(self, reason: str) -> None:
         async with self._guard("halt_record"):
-            await self._run("halt_record", record_keys(), [reason])
+            await self._run("halt_record", record_keys(self.namespace), [reason])

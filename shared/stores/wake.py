@@ -13,16 +13,18 @@ WAKE_LIST_MAX = 64  # a nudge only needs to be seen once; the list never grows p
 class WakeChannel(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> WakeChannel:
-        return cls(RedisEndpoint.from_settings(settings))
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
 
     async def nudge(self, name: str) -> None:
         """Wake a keysync for the type ``name`` now rather than at its next poll."""
         async with self._guard("nudge"):
-            await self._run("nudge", nudge_keys(), [name, WAKE_LIST_MAX])
+            await self._run("nudge", nudge_keys(self.namespace), [name, WAKE_LIST_MAX])
 
     async def wait(self, timeout_s: float) -> str | None:
         """Block until a nudge arrives (its type's name) or the timeout passes (None)."""
         async with self._guard("wait_for_nudge"):
             client = await self._endpoint.client()
-            got = await client.blpop([redis_keys.keysync_wake_key()], timeout=timeout_s)
+            got = await client.blpop(
+                [redis_keys.keysync_wake_key(self.namespace)], timeout=timeout_s
+            )
         return None if got is None else str(got[1])

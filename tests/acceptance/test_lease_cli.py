@@ -19,7 +19,7 @@ from shared.ops.processes import cli_command, run_cli, scrubbed_env
 from shared.stores import redis_keys
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import Servers
+from tests.conftest import NS, Servers
 
 pytestmark = pytest.mark.acceptance
 POOL = "cli"
@@ -43,9 +43,9 @@ time.sleep(60)
 @pytest.fixture
 async def leases(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[MachineLeases]:
     """A settled pool: the fence's first-use settle period is moved back by hand."""
-    store = MachineLeases(RedisEndpoint(servers.redis_url))
+    store = MachineLeases(RedisEndpoint(servers.redis_url), NS)
     await store.holders(POOL)
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
     yield store
     await store.close()
 
@@ -117,7 +117,7 @@ async def test_the_command_gets_sigterm_when_the_lease_is_taken(
         listed = lease_cli(servers, "list", "--json")
         holders = json.loads(listed.stdout)["holders"]
         assert [h["id"] for h in holders] == [4] and holders[0]["expires_in_s"] > 0
-        await redis_client.hdel(redis_keys.machine_leases_key(POOL), "4")  # stolen by hand
+        await redis_client.hdel(redis_keys.machine_leases_key(NS, POOL), "4")  # stolen by hand
         assert (await leases.acquire(POOL, 4, 4, "thief", 30_000, 0, 0)).granted
         assert await exit_of(child) == 42
     finally:
@@ -154,7 +154,7 @@ async def test_a_command_that_ignores_sigterm_is_killed_after_a_lost_lease(
     child = spawn_waiter(servers, marker, "ignore-sigterm")
     try:
         await wait_for(marker, "ready")
-        await redis_client.hdel(redis_keys.machine_leases_key(POOL), "4")
+        await redis_client.hdel(redis_keys.machine_leases_key(NS, POOL), "4")
         assert await exit_of(child) == 128 + 9  # SIGKILL, the kill-after (0.2 s) later
     finally:
         if child.poll() is None:

@@ -136,7 +136,7 @@ async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             rows = await conn.fetchval(f"SELECT count(*) FROM {ledger}")
-            if rows >= expected and await LedgerStream(hot.endpoint).backlog() == 0:
+            if rows >= expected and await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0:
                 break
             await asyncio.sleep(0.2)
         keys = await conn.fetch(f"SELECT key FROM {ledger} ORDER BY key")

@@ -14,7 +14,7 @@ from shared.domain.apikeys import new_api_key
 from shared.domain.settings import Settings
 from shared.stores import redis_keys, sql
 from shared.stores.hot_store import HotStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 
 async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[str]:
@@ -59,7 +59,7 @@ async def test_an_empty_pool_answers_retry_after_from_the_refill_rate(
 
     # keysync reported 100 keys/s; a batch is 500 keys: the next lands in ~5 s.
     await redis_client.hset(
-        redis_keys.refill_key("farmer"), mapping={"rate": "100", "at": str(time.time())}
+        redis_keys.refill_key(NS, "farmer"), mapping={"rate": "100", "at": str(time.time())}
     )
     async with dispenser_over_http(settings) as client:
         one = await client.post("/v1/idgenerator/farmer/id")

@@ -21,7 +21,14 @@ from shared.ops.embedded import EmbeddedRedis
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import EMPTY_CONFIG, Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import (
+    EMPTY_CONFIG,
+    NS,
+    Servers,
+    dispenser_over_http,
+    make_settings,
+    small_types,
+)
 
 
 async def test_a_full_batch_with_one_client_per_key_pops_and_records_all(hot: HotStore) -> None:
@@ -40,7 +47,7 @@ async def test_a_pop_the_script_cannot_finish_takes_nothing(
     with pytest.raises(StoreUnavailable):
         await hot.pop("shortlink", 9_000, [f"c{i}" for i in range(9_000)], ledger=True)
     assert await hot.depth("shortlink") == 9_000
-    assert await redis_client.xlen(redis_keys.ledger_stream_key()) == 0
+    assert await redis_client.xlen(redis_keys.ledger_stream_key(NS)) == 0
 
 
 @pytest.fixture
@@ -89,7 +96,7 @@ async def test_a_redis_that_may_evict_is_refused_naming_the_setting(
 async def test_the_embedded_redis_never_evicts(tmp_path: Path) -> None:
     server = EmbeddedRedis(tmp_path / "redis")
     server.start()
-    store = HotStore(RedisEndpoint(server.url))
+    store = HotStore(RedisEndpoint(server.url), NS)
     try:
         await store.refuse_eviction()
         assert await store.memory_policy() == "noeviction"
@@ -107,7 +114,7 @@ async def test_past_the_ledger_backlog_ledger_types_answer_503(
     await hot.push("shortlink", [f"L{i:06d}" for i in range(10)], uuid.uuid4().hex)
     await hot.push("farmer", ["3029384756"], uuid.uuid4().hex)
     for _ in range(3):
-        await redis_client.xadd(redis_keys.ledger_stream_key(), {"op": "noop"})
+        await redis_client.xadd(redis_keys.ledger_stream_key(NS), {"op": "noop"})
     async with dispenser_over_http(settings) as client:
         replies = [
             await client.post("/v1/idgenerator/shortlink/id"),

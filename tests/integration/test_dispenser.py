@@ -15,7 +15,7 @@ from shared.domain.settings import Settings
 from shared.ops.embedded import free_port
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
-from tests.conftest import dispenser_in_process, dispenser_over_http
+from tests.conftest import NS, dispenser_in_process, dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -65,7 +65,7 @@ async def test_empty_pool_is_idg001_with_retry_after_and_nudges_keysync(
     reply = await client.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-001")
     assert int(reply.headers["Retry-After"]) >= 1
-    assert await redis_client.lrange(redis_keys.keysync_wake_key(), 0, -1) == ["farmer"]
+    assert await redis_client.lrange(redis_keys.keysync_wake_key(NS), 0, -1) == ["farmer"]
 
 
 async def test_unknown_type_is_idg003(client: httpx.AsyncClient) -> None:

@@ -23,6 +23,7 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.sync_record import SyncRecord
+from tests.conftest import NS
 from tests.integration.test_pipeline import cold_keys
 
 
@@ -57,11 +58,11 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
         after_crash = set(await cold_keys(settings.postgres_dsn, "farmer"))
         lost = before - after_crash
         assert len(lost) == batch and after_crash < before
-        assert await redis_client.llen(redis_keys.hot_list_key("farmer")) == 0
+        assert await redis_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 0
 
         # A fresh keysync refills from what is left and never hands out the lost batch.
         moved = await Keysync(settings, GuardedCold(cold, sync, types), hot).refill(types["farmer"])
-        pushed = await redis_client.lrange(redis_keys.hot_list_key("farmer"), 0, -1)
+        pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "farmer"), 0, -1)
         remaining = set(await cold_keys(settings.postgres_dsn, "farmer"))
         assert moved == len(pushed) == len(set(pushed)) == settings.pooled("farmer").hot.high
         assert not set(pushed) & lost

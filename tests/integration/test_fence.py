@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
+from tests.conftest import NS
 
 
 async def server_token(client: aioredis.Redis) -> str:
@@ -22,7 +23,7 @@ async def server_token(client: aioredis.Redis) -> str:
 async def test_first_use_takes_ownership(hot: HotStore, redis_client: aioredis.Redis) -> None:
     seen = await hot.observe("farmer")
     assert seen.token == await server_token(redis_client)
-    assert await redis_client.get(redis_keys.fence_key()) == seen.token
+    assert await redis_client.get(redis_keys.fence_key(NS)) == seen.token
 
 
 async def test_a_new_owner_discards_every_inherited_list(
@@ -31,15 +32,15 @@ async def test_a_new_owner_discards_every_inherited_list(
     await hot.push("farmer", [f"f{i}" for i in range(30)], "b1")
     await hot.push("shortlink", [f"s{i}" for i in range(12)], "b2")
     await hot.pop("farmer", 5)
-    await redis_client.set(redis_keys.fence_key(), "another-server:another-replid")
+    await redis_client.set(redis_keys.fence_key(NS), "another-server:another-replid")
 
     popped = await hot.pop("farmer", 10)
     assert popped.keys == [] and popped.discarded == 25 + 12
     assert await hot.depth("shortlink") == 0  # every list, not only the one popped
     counts = await hot.discarded_counts()
     assert counts == {
-        redis_keys.hot_list_key("farmer"): 25,
-        redis_keys.hot_list_key("shortlink"): 12,
+        redis_keys.hot_list_key(NS, "farmer"): 25,
+        redis_keys.hot_list_key(NS, "shortlink"): 12,
     }
     assert hot.discarded == 37
     # Ownership is taken once: later pushes and pops work normally.

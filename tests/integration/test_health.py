@@ -98,7 +98,7 @@ async def test_keygen_loop_beats(settings: Settings, sync: SyncRecord) -> None:
 
 async def test_keysync_loop_beats(settings: Settings, sync: SyncRecord, hot: HotStore) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
-    wake = WakeChannel(hot.endpoint)
+    wake = WakeChannel(hot.endpoint, hot.namespace)
     stop = asyncio.Event()
     heartbeat = Heartbeat(CollectorRegistry())
     keysync = Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot)

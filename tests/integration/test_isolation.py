@@ -18,7 +18,7 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import Applied, LedgerDrain
 from shared.stores.ledger_stream import LedgerStream
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 KEYS = [f"L{i:06d}" for i in range(200)]  # well-formed base62 keys of length 7
 CLIENTS = ("alpha", "beta", "auditor", "slow")
@@ -60,7 +60,11 @@ async def http(settings: Settings, hot: HotStore) -> AsyncIterator[httpx.AsyncCl
 async def drain(settings: Settings, hot: HotStore) -> AsyncIterator[LedgerDrain]:
     cold = await ColdStore.connect(settings.postgres_dsn)
     drain = LedgerDrain(
-        LedgerStream(hot.endpoint), cold, build_id_types(settings), "test-consumer", 1_000
+        LedgerStream(hot.endpoint, hot.namespace),
+        cold,
+        build_id_types(settings),
+        "test-consumer",
+        1_000,
     )
     assert await drain.drain_once(block_ms=10) is None  # creates the consumer group
     yield drain
@@ -102,11 +106,11 @@ async def test_two_clients_with_one_idempotency_key_get_different_keys(
 
 def test_the_record_key_holds_the_client() -> None:
     """The control: keyed on the header alone, both clients would share one record."""
-    assert redis_keys.idempotency_key("alpha", "req-7") != redis_keys.idempotency_key(
-        "beta", "req-7"
+    assert redis_keys.idempotency_key(NS, "alpha", "req-7") != redis_keys.idempotency_key(
+        NS, "beta", "req-7"
     )
     # ``client\nkey`` is one pair only: no (client, key) split collides with another.
-    assert redis_keys.idempotency_key("a", "b-c") != redis_keys.idempotency_key("a-b", "c")
+    assert redis_keys.idempotency_key(NS, "a", "b-c") != redis_keys.idempotency_key(NS, "a-b", "c")
 
 
 async def test_a_record_of_another_client_under_this_name_never_replays(
@@ -119,9 +123,9 @@ async def test_a_record_of_another_client_under_this_name_never_replays(
         params={"count": "1"},
         headers=auth(api_keys, "alpha", **{"Idempotency-Key": "k"}),
     )
-    record = await redis_client.get(redis_keys.idempotency_key("alpha", "k"))
+    record = await redis_client.get(redis_keys.idempotency_key(NS, "alpha", "k"))
     assert record is not None
-    await redis_client.set(redis_keys.idempotency_key("beta", "k"), record)
+    await redis_client.set(redis_keys.idempotency_key(NS, "beta", "k"), record)
     beta = await http.post(
         "/v1/keys/shortlink",
         params={"count": "1"},

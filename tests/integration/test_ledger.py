@@ -17,7 +17,7 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import Applied, LedgerDrain, apply, parse
 from shared.stores.ledger_stream import LedgerStream
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 KEYS = [f"L{i:06d}" for i in range(100)]  # well-formed base62 keys of length 7
 
@@ -39,7 +39,11 @@ async def cold_store(settings: Settings) -> AsyncIterator[ColdStore]:
 @pytest.fixture
 async def drain(settings: Settings, hot: HotStore, cold_store: ColdStore) -> LedgerDrain:
     drain = LedgerDrain(
-        LedgerStream(hot.endpoint), cold_store, build_id_types(settings), "test-consumer", 1_000
+        LedgerStream(hot.endpoint, hot.namespace),
+        cold_store,
+        build_id_types(settings),
+        "test-consumer",
+        1_000,
     )
     assert await drain.drain_once(block_ms=10) is None  # creates the consumer group
     return drain
@@ -83,7 +87,9 @@ async def test_issued_keys_and_their_use_are_recorded(
     applied = await drain_all(drain)
     assert sum(a.issued for a in applied) == 6  # the replay issued nothing new
     assert not any(a.duplicates for a in applied)
-    assert await LedgerStream(hot.endpoint).backlog() == 0  # applied entries leave the stream
+    assert (
+        await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0
+    )  # applied entries leave the stream
 
     first = await lookup(client, one)
     assert first["issued"] is True and first["used"] is False
@@ -112,7 +118,7 @@ async def test_issued_keys_and_their_use_are_recorded(
 async def test_a_key_issued_twice_raises_the_duplicate_alarm(
     drain: LedgerDrain, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stream = redis_keys.ledger_stream_key()
+    stream = redis_keys.ledger_stream_key(NS)
     entry: dict[Any, Any] = {
         "op": "issue",
         "type": "shortlink",
@@ -141,14 +147,14 @@ async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
         "keys": "L000009",
         "clients": "a",
     }
-    entry_id = await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
-    entries = await LedgerStream(hot.endpoint).read("dead-keysync", 10, 10, 30_000)
+    entry_id = await redis_client.xadd(redis_keys.ledger_stream_key(NS), fields)
+    entries = await LedgerStream(hot.endpoint, hot.namespace).read("dead-keysync", 10, 10, 30_000)
     assert [e for e, _ in entries] == [entry_id]
     async with cold_store.connection() as conn, conn.transaction():
         await apply(conn, parse(entries, build_id_types(settings)))
     assert await drain.drain_once(block_ms=10) is None  # pending elsewhere, not yet idle
     eager = LedgerDrain(
-        LedgerStream(hot.endpoint),
+        LedgerStream(hot.endpoint, hot.namespace),
         cold_store,
         build_id_types(settings),
         "eager",
@@ -158,7 +164,7 @@ async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
     taken_over = await eager.drain_once(block_ms=10)
     assert taken_over is not None
     assert taken_over.issued == 0 and taken_over.duplicates == {}
-    assert await LedgerStream(hot.endpoint).backlog() == 0
+    assert await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0
 
 
 async def test_marking_a_key_never_issued_is_counted_not_applied(
@@ -234,15 +240,22 @@ async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
     async with cold_store.connection() as conn:
         await conn.execute(f"DROP TABLE {sql.ledger_table('shortlink')}")  # no connection error
     fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000001", "clients": "-"}
-    await redis_client.xadd(redis_keys.ledger_stream_key(), fields)
+    await redis_client.xadd(redis_keys.ledger_stream_key(NS), fields)
     monkeypatch.setattr("keysync.main.LEDGER_FAILURE_DELAY_S", 0.05)
     stop = asyncio.Event()
     task = asyncio.create_task(
-        drain_ledger(drain, KeysyncMetrics(CollectorRegistry()), LedgerStream(hot.endpoint), stop)
+        drain_ledger(
+            drain,
+            KeysyncMetrics(CollectorRegistry()),
+            LedgerStream(hot.endpoint, hot.namespace),
+            stop,
+        )
     )
     await asyncio.sleep(0.5)
     assert not task.done()  # it keeps trying rather than crashing the process
     stop.set()
     await asyncio.wait_for(task, 5)
     assert any(r.message == "ledger_drain_failed" for r in caplog.records)
-    assert await LedgerStream(hot.endpoint).backlog() == 1  # nothing acknowledged, nothing lost
+    assert (
+        await LedgerStream(hot.endpoint, hot.namespace).backlog() == 1
+    )  # nothing acknowledged, nothing lost

@@ -21,7 +21,7 @@ from shared.leasing import LeaseMetrics, SyncMachineLease, lease_machine_id
 from shared.stores import redis_keys
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import Servers
+from tests.conftest import NS, Servers
 
 TTL_MS = 400
 WAIT_DEADLINE_S = 5.0
@@ -29,7 +29,7 @@ WAIT_DEADLINE_S = 5.0
 
 @pytest.fixture
 async def leases(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[MachineLeases]:
-    store = MachineLeases(RedisEndpoint(servers.redis_url))
+    store = MachineLeases(RedisEndpoint(servers.redis_url), NS)
     yield store
     await store.close()
 
@@ -37,11 +37,11 @@ async def leases(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterato
 async def settle(leases: MachineLeases, redis_client: aioredis.Redis) -> None:
     """End the settle period the fence's first use started, by moving it back."""
     await leases.holders("p")
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
 
 
 async def new_identity(redis_client: aioredis.Redis) -> None:
-    await redis_client.set(redis_keys.fence_key(), "another-server:another-replid")
+    await redis_client.set(redis_keys.fence_key(NS), "another-server:another-replid")
 
 
 async def test_distinct_ids_until_the_range_is_used_up(
@@ -115,7 +115,7 @@ async def test_a_holder_whose_lease_vanished_is_lost_at_its_next_renewal(
     endpoint = RedisEndpoint(servers.redis_url)
     try:
         async with lease_machine_id(endpoint, "p", 3, 3, ttl_s=5, renew_every_s=0.1) as held:
-            await redis_client.hdel(redis_keys.machine_leases_key("p"), "3")  # stolen
+            await redis_client.hdel(redis_keys.machine_leases_key(NS, "p"), "3")  # stolen
             assert (await leases.acquire("p", 3, 3, "thief", 10_000, 0, 0)).granted
             await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
             assert held.lost_reason == "lost" and not held.valid()
@@ -181,7 +181,7 @@ async def test_first_use_of_a_server_waits_the_longest_ttl_granted(
     and a TTL granted once keeps counting for shorter later leases."""
     first = await leases.acquire("p", 0, 1, "a", TTL_MS, 0, 0)
     assert first.status == "settling"
-    await redis_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
     assert (await leases.acquire("p", 0, 1, "a", 60_000, 0, 0)).granted
     await new_identity(redis_client)
     short = await leases.acquire("p", 0, 1, "b", TTL_MS, 0, 0)
@@ -313,7 +313,7 @@ async def test_metrics_count_outcomes_held_leases_and_exhaustion(
         async with lease_machine_id(
             endpoint, "p", 0, 0, ttl_s=5, renew_every_s=0.1, metrics=metrics
         ) as held:
-            await redis_client.hdel(redis_keys.machine_leases_key("p"), "0")
+            await redis_client.hdel(redis_keys.machine_leases_key(NS, "p"), "0")
             await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
         assert sample("kd_lease_renew_failures_total", reason="lost") == 1
     finally:

@@ -23,7 +23,7 @@ from shared.stores.hot_store import HotStore, Popped
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import NS, Servers, make_settings, small_types
 
 
 async def cold_keys(dsn: str, name: str) -> list[str]:
@@ -132,12 +132,12 @@ async def test_keysync_moves_exactly_what_it_deleted(
             settings, GuardedCold(cold, sync, build_id_types(settings)), hot
         ).refill(build_id_types(settings)["farmer"])
         after = set(await cold_keys(settings.postgres_dsn, "farmer"))
-        pushed = await redis_client.lrange(redis_keys.hot_list_key("farmer"), 0, -1)
+        pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "farmer"), 0, -1)
         assert moved == len(pushed) == settings.pooled("farmer").hot.high
         assert set(pushed) == before - after
         assert not set(pushed) & after
         # The refill rate dispensers derive Retry-After from is published.
-        refill = await redis_client.hgetall(redis_keys.refill_key("farmer"))
+        refill = await redis_client.hgetall(redis_keys.refill_key(NS, "farmer"))
         assert float(refill["rate"]) > 0
         assert abs(float(refill["at"]) - time.time()) < 60
     finally:
@@ -180,7 +180,7 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
         config = settings.pooled("shortlink")
         shortlink = build_id_types(settings)["shortlink"]
         await asyncio.gather(*(s.refill(shortlink) for s in syncs))
-        pushed = await redis_client.lrange(redis_keys.hot_list_key("shortlink"), 0, -1)
+        pushed = await redis_client.lrange(redis_keys.hot_list_key(NS, "shortlink"), 0, -1)
         assert len(pushed) == len(set(pushed)) >= config.hot.high
         assert not set(pushed) & set(await cold_keys(settings.postgres_dsn, "shortlink"))
     finally:
@@ -206,7 +206,7 @@ async def test_hot_store_push_and_pop_in_order(hot: HotStore) -> None:
 
 
 async def test_nudge_wakes_a_waiting_keysync(hot: HotStore) -> None:
-    wake = WakeChannel(hot.endpoint)
+    wake = WakeChannel(hot.endpoint, hot.namespace)
     await wake.nudge("farmer")
     assert await wake.wait(1) == "farmer"
     assert await wake.wait(0.1) is None

@@ -27,7 +27,7 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold, ensure_fenced
 from shared.stores.sync_record import SyncRecord
-from tests.conftest import Servers
+from tests.conftest import NS, Servers
 
 
 @asynccontextmanager
@@ -144,7 +144,7 @@ async def test_a_redis_failover_alone_needs_no_fence(
 ) -> None:
     farmer = build_id_types(settings)["farmer"]
     await generate(settings, sync, farmer)
-    await redis_client.delete(redis_keys.fence_key())  # the next call sees a new server
+    await redis_client.delete(redis_keys.fence_key(NS))  # the next call sees a new server
     assert (await sync.read()).untrusted
     keys = await refill_and_dispense(settings, settings.postgres_dsn, sync, hot, farmer)
     assert keys  # PostgreSQL vouched for itself: same timeline as its last write
@@ -162,7 +162,7 @@ async def test_both_tiers_losing_state_halts_until_an_operator_fences(
         # and Redis lost its record (a new server): nothing can prove what was lost.
         async with cold.connection() as conn:
             await conn.execute("UPDATE kd_sync_clock SET timeline = timeline + 100")
-        await redis_client.delete(redis_keys.fence_key())
+        await redis_client.delete(redis_keys.fence_key(NS))
         guarded = GuardedCold(cold, sync, types)
         with pytest.raises(FenceHalted):
             await guarded.take_batch("farmer", 10)

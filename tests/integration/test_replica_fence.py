@@ -27,6 +27,7 @@ from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
+from tests.conftest import NS
 
 REPLICA_REFUSAL = "this server is a replica, not the primary"
 SYNC_DEADLINE_S = 20.0
@@ -100,7 +101,7 @@ async def pair() -> AsyncIterator[Pair]:
 
 
 async def filled_primary(pair: Pair, keys: int) -> HotStore:
-    hot = HotStore(RedisEndpoint(pair.primary.url))
+    hot = HotStore(RedisEndpoint(pair.primary.url), NS)
     await hot.push("farmer", [f"f{i}" for i in range(keys)], "b1")
     await caught_up(pair)
     return hot
@@ -124,11 +125,11 @@ async def refusals(hot: HotStore) -> list[str]:
 
 async def test_every_script_refuses_on_a_replica(pair: Pair) -> None:
     primary = await filled_primary(pair, 20)
-    replica = HotStore(RedisEndpoint(pair.replica.url))
+    replica = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         for text in await refusals(replica):
             assert REPLICA_REFUSAL in text, text
-        assert await pair.replica_client.llen(redis_keys.hot_list_key("farmer")) == 20
+        assert await pair.replica_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 20
     finally:
         await replica.close()
         await primary.close()
@@ -138,12 +139,12 @@ async def test_a_writable_replica_is_refused_too(pair: Pair) -> None:
     """replica-read-only off: Redis itself would let the scripts write; the fence must not."""
     primary = await filled_primary(pair, 20)
     await pair.replica_client.config_set("replica-read-only", "no")
-    replica = HotStore(RedisEndpoint(pair.replica.url))
+    replica = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         for text in await refusals(replica):
             assert REPLICA_REFUSAL in text, text
-        assert await pair.replica_client.llen(redis_keys.hot_list_key("farmer")) == 20
-        assert await pair.replica_client.get(redis_keys.fence_key()) == await token(
+        assert await pair.replica_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 20
+        assert await pair.replica_client.get(redis_keys.fence_key(NS)) == await token(
             pair.primary_client
         )
     finally:
@@ -160,13 +161,13 @@ async def test_a_promoted_replica_has_a_new_identity_and_discards_what_it_inheri
     await caught_up(pair)
     old_token = await token(pair.primary_client)
     await replicaof(pair.replica_client, "NO", "ONE")
-    promoted = HotStore(RedisEndpoint(pair.replica.url))
+    promoted = HotStore(RedisEndpoint(pair.replica.url), NS)
     try:
         seen = await promoted.observe("farmer")
         assert seen.token != old_token
         assert seen.token == await token(pair.replica_client)
         assert seen.discarded == 25 and seen.length == 0  # exactly the inherited keys
-        assert await promoted.discarded_counts() == {redis_keys.hot_list_key("farmer"): 25}
+        assert await promoted.discarded_counts() == {redis_keys.hot_list_key(NS, "farmer"): 25}
         assert (await promoted.pop("farmer", 5)).keys == []
     finally:
         await promoted.close()
@@ -176,14 +177,14 @@ async def test_a_promoted_replica_has_a_new_identity_and_discards_what_it_inheri
 async def test_a_failed_back_primary_has_a_new_identity_and_discards_what_it_inherited(
     pair: Pair,
 ) -> None:
-    farmer = redis_keys.hot_list_key("farmer")
+    farmer = redis_keys.hot_list_key(NS, "farmer")
     first = await filled_primary(pair, 30)
     assert len((await first.pop("farmer", 5)).keys) == 5
     await caught_up(pair)
     first_token = await token(pair.primary_client)
     # Failover: the replica takes over (discarding 25) and is refilled with 10 keys.
     await replicaof(pair.replica_client, "NO", "ONE")
-    promoted = HotStore(RedisEndpoint(pair.replica.url))
+    promoted = HotStore(RedisEndpoint(pair.replica.url), NS)
     assert (await promoted.observe("farmer")).discarded == 25
     await promoted.push("farmer", [f"g{i}" for i in range(10)], "b2")
     promoted_token = await token(pair.replica_client)
@@ -209,12 +210,12 @@ async def test_a_failed_back_primary_has_a_new_identity_and_discards_what_it_inh
 
 
 async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> None:
-    farmer = redis_keys.hot_list_key("farmer")
+    farmer = redis_keys.hot_list_key(NS, "farmer")
     with tempfile.TemporaryDirectory(prefix="kd-snapshot-") as tmp:
         server = EmbeddedRedis(Path(tmp) / "server")
         server.start()
         client = aioredis.Redis.from_url(server.url, decode_responses=True)
-        hot = HotStore(RedisEndpoint(server.url))
+        hot = HotStore(RedisEndpoint(server.url), NS)
         try:
             await hot.push("farmer", [f"f{i}" for i in range(20)], "b1")
             await client.save()
@@ -229,10 +230,10 @@ async def test_a_restart_from_an_older_snapshot_discards_the_stale_lists() -> No
             shutil.copy(snapshot, server.data_dir / "dump.rdb")
             server.start()  # same port, loads the older snapshot
             client = aioredis.Redis.from_url(server.url, decode_responses=True)
-            hot = HotStore(RedisEndpoint(server.url))
+            hot = HotStore(RedisEndpoint(server.url), NS)
             # The snapshot is stale: it still holds the 8 dispensed keys and the old owner.
             assert await client.llen(farmer) == 20
-            assert await client.get(redis_keys.fence_key()) == old_token
+            assert await client.get(redis_keys.fence_key(NS)) == old_token
             seen = await hot.observe("farmer")
             assert seen.token == await token(client) != old_token
             assert seen.discarded == 20 and seen.length == 0
@@ -248,13 +249,13 @@ async def test_a_promotion_ends_every_machine_id_lease_and_grants_wait_one_ttl(
 ) -> None:
     """The lease replicated to the promoted server, alive there, is refused all the same:
     its holder re-acquires after the settle period (docs/leases.md)."""
-    old = MachineLeases(RedisEndpoint(pair.primary.url))
+    old = MachineLeases(RedisEndpoint(pair.primary.url), NS)
     await old.holders("p")  # first use of the primary: end its settle period by hand
-    await pair.primary_client.hset(redis_keys.sync_record_key(), "fenced_at", 0)
+    await pair.primary_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
     held = await old.acquire("p", 0, 0, "holder", 30_000, 12_345, 0)
     assert held.granted
     await caught_up(pair)
-    promoted = MachineLeases(RedisEndpoint(pair.replica.url))
+    promoted = MachineLeases(RedisEndpoint(pair.replica.url), NS)
     try:
         with pytest.raises(StoreUnavailable, match=REPLICA_REFUSAL):  # not yet promoted
             await promoted.acquire("p", 0, 0, "next", 30_000, 0, 0)

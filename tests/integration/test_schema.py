@@ -33,6 +33,7 @@ async def test_migrate_is_idempotent_and_check_passes(settings: Settings) -> Non
 RELEASED_MIGRATIONS = {
     1: "85f181cc0b882e261dde6cbf95c3590cc03e2a32a8ab7d169472e6fa38fc3408",
     2: "8ca54f387e4a467f86c20757ec7c3a729a3f00f44398c3e11b73957411757c8f",
+    3: "dc02b44048a275913e416b48efe07f1a79397d563ac36e9328762b7296e33b28",
 }
 
 
@@ -88,7 +89,8 @@ async def _columns(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
     rows = await conn.fetch(
         "SELECT table_name, column_name, data_type FROM information_schema.columns "
         "WHERE table_schema = 'public' AND table_name IN "
-        "('kd_schema_version', 'kd_id_types', 'kd_ranges', 'kd_sync_clock', 'kd_fence_events') "
+        "('kd_schema_version', 'kd_id_types', 'kd_ranges', 'kd_sync_clock', 'kd_fence_events', "
+        "'kd_retired_types') "
         "ORDER BY 1, 2"
     )
     return [(r[0], r[1], r[2]) for r in rows]

@@ -24,9 +24,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from shared.domain.errors import StoreUnavailable
 from shared.domain.settings import SentinelConfig
 from shared.ops.drill.topology import MASTER, Topology
-from shared.stores import redis_endpoint
+from shared.stores import redis_endpoint, redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
+from tests.conftest import NS
 
 DEADLINE_S = 30.0
 LOOKING = "looking for the primary"
@@ -83,7 +84,7 @@ async def test_a_refused_script_on_the_demoted_primary_leads_to_the_new_one(
 ) -> None:
     # No background re-check: only the READONLY refusal can make the endpoint move.
     monkeypatch.setattr(redis_endpoint, "_VERIFY_EVERY_S", 3600.0)
-    hot = HotStore(endpoint_for(group))
+    hot = HotStore(endpoint_for(group), NS)
     try:
         await hot.push("farmer", [f"f{i}" for i in range(10)], "b1")
         primary = await hot.endpoint.client()
@@ -101,7 +102,7 @@ async def test_a_refused_script_on_the_demoted_primary_leads_to_the_new_one(
         popped = await hot.pop("farmer", 1)
         assert hot.endpoint.address == ("127.0.0.1", new)
         assert popped.keys == []  # the promoted replica discarded what it inherited
-        assert await hot.discarded_counts() == {"kd:hot:farmer": 10}
+        assert await hot.discarded_counts() == {redis_keys.hot_list_key(NS, "farmer"): 10}
     finally:
         await hot.close()
 

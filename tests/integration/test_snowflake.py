@@ -23,6 +23,7 @@ from shared.ops.fill import fill
 from shared.ops.status import collect_status, format_status
 from shared.stores import redis_keys, sql
 from tests.conftest import (
+    NS,
     Servers,
     dispenser_over_http,
     end_lease_settling,
@@ -133,7 +134,7 @@ async def test_a_lost_lease_answers_503_then_recovers(
     """A new Redis identity (as after a failover: simulated by overwriting the fence's
     owner token) loses the lease at the next renewal; no ID is granted for one TTL."""
     before = int(await one(client))
-    await redis_client.set(redis_keys.fence_key(), "another-server:another-replid")
+    await redis_client.set(redis_keys.fence_key(NS), "another-server:another-replid")
     deadline = time.monotonic() + DEADLINE_S
     refused = None
     while refused is None:

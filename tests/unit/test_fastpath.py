@@ -1,4 +1,6 @@
-"""The fast path's path pattern, derived from the route template and the type-name pattern."""
+"""The fast path's path pattern, derived from the route template and the alias pattern
+(which admits every type name: a segment that names no configured type goes on to the
+route)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from starlette.routing import Route
 
 from dispenser.app import ROUTES
 from dispenser.fastpath import ALLOCATE_ONE, ALLOCATE_ONE_PATH, path_pattern
-from shared.domain.settings import ID_TYPE_NAME
+from shared.domain.settings import ALIAS, ID_TYPE_NAME
 
 
 def test_the_fast_path_serves_the_route_it_is_derived_from() -> None:
@@ -29,8 +31,10 @@ def test_a_single_id_path_matches_with_its_type_name() -> None:
     [
         "/v1/idgenerator/farmer/id\n",  # $ would let this through
         "/v1/idgenerator/farmer\n/id",
-        "/v1/idgenerator/Farmer/id",
-        "/v1/idgenerator/1farmer/id",
+        "/v1/idgenerator/.farmer/id",  # "." and ".." are never aliases
+        "/v1/idgenerator/../id",
+        "/v1/idgenerator/far mer/id",
+        "/v1/idgenerator/FAR:/id",
         "/v1/idgenerator/" + "f" * 42 + "/id",  # one character too long
         "/v1/idgenerator//id",
         "/v1/idgenerator/farmer/id/",
@@ -48,6 +52,12 @@ def test_other_paths_do_not_match(path: str) -> None:
 def test_every_valid_type_name_is_captured_whole(name: str) -> None:
     match = ALLOCATE_ONE_PATH.match(f"/v1/idgenerator/{name}/id")
     assert match is not None and match["name"] == name
+
+
+@given(st.from_regex(ALIAS, fullmatch=True))
+def test_every_valid_alias_is_captured_whole(alias: str) -> None:
+    match = ALLOCATE_ONE_PATH.match(f"/v1/idgenerator/{alias}/id")
+    assert match is not None and match["name"] == alias
 
 
 def test_template_characters_are_literal() -> None:

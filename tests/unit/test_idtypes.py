@@ -138,3 +138,41 @@ def test_fingerprint_carries_the_key_digest_not_the_key() -> None:
     assert SECRET.decode() not in str(print_)
     other = IdType("farmer", IdTypeConfig(kind="numeric", length=10), b"other").fingerprint
     assert other.permutation_key_digest != print_["permutation_key_digest"]
+
+
+def test_sequential_numeric_is_counter_order_zero_padded() -> None:
+    plain = numeric(5, order="sequential", check_digit="none", prefix="FAR-")
+    keys, tried = plain.generate(0, 3)
+    assert (keys, tried) == (["FAR-00000", "FAR-00001", "FAR-00002"], 3)
+    assert plain.validate("FAR-00042") and not plain.validate("FAR-0042")
+    checked = numeric(6, order="sequential")
+    keys, _ = checked.generate(41, 44)
+    assert [k[:5] for k in keys] == ["00041", "00042", "00043"]
+    assert all(verhoeff_valid(k) and checked.validate(k) for k in keys)
+
+
+def test_sequential_types_keep_filters_when_asked() -> None:
+    filtered = numeric(6, order="sequential", filter_profile="openg2p")
+    keys, tried = filtered.generate(0, 100_000)
+    assert tried == 100_000 and keys == sorted(keys)
+    assert all(not rejected_by(k, filtered.rules) for k in keys)
+
+
+def test_sequential_base62_sorts_as_bytes() -> None:
+    short = IdType("s", IdTypeConfig(kind="base62", length=3, order="sequential"), SECRET)
+    keys, _ = short.generate(0, 62 * 62 + 5)
+    assert keys[:3] == ["000", "001", "002"] and keys == sorted(keys)
+
+
+def test_sequential_fingerprint_names_the_identity_and_no_key() -> None:
+    fingerprint = numeric(5, order="sequential", check_digit="none").fingerprint
+    assert fingerprint.permutation == "identity"
+    assert fingerprint.permutation_key_digest == ""
+    assert fingerprint.check_digit == "none" and fingerprint.counter_domain == 100_000
+    permuted = numeric(10).fingerprint
+    assert permuted.permutation != "identity" and permuted.check_digit == "verhoeff"
+
+
+def test_long_sequential_types_pad_past_the_counter_digits() -> None:
+    keys, _ = numeric(25, order="sequential").generate(7, 8)
+    assert keys[0][:24] == "0" * 23 + "7" and verhoeff_valid(keys[0])

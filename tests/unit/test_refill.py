@@ -13,7 +13,7 @@ from keysync.main import RefillMeter
 from shared.domain.settings import load_settings
 from shared.stores.hot_store import HotStore, Popped, Refill
 from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
+from tests.conftest import EMPTY_CONFIG, NS, TEST_SECRET, small_types
 
 
 def test_the_refill_rate_is_keys_over_the_recent_window() -> None:
@@ -31,7 +31,7 @@ def dispenser() -> Dispenser:
         id_types=small_types(),  # sync_batch 500, hot.high 1000
         dispenser={"retry_after_s": 2, "retry_after_max_s": 30},
     )
-    hot = HotStore(RedisEndpoint("redis://127.0.0.1:1/0"))  # never contacted here
+    hot = HotStore(RedisEndpoint("redis://127.0.0.1:1/0"), NS)  # never contacted here
     return Dispenser(settings, hot, DispenserMetrics(CollectorRegistry()))
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,18 @@ def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "id_types.t.colour",
         ),
         ("dispenser:\n  port: 99999\n", "dispenser.port"),
+        ("redis_namespace: Prod\n", "redis_namespace"),
+        ("redis_namespace: 'kd:a'\n", "redis_namespace"),
+        ('id_types:\n  t:\n    kind: numeric\n    length: 5\n    aliases: ["F/A"]\n', "aliases"),
+        ('id_types:\n  t:\n    kind: numeric\n    length: 5\n    aliases: [".."]\n', "aliases"),
+        (
+            "id_types:\n  t:\n    kind: numeric\n    length: 5\n    check_digit: none\n",
+            "order: sequential",
+        ),
+        (
+            "id_types:\n  t:\n    kind: base62\n    length: 5\n    check_digit: verhoeff\n",
+            "check_digit",
+        ),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, field: str) -> None:
@@ -110,3 +123,39 @@ def test_max_batch_names_the_pop_script_limit(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, "{}\n"), dispenser={"max_batch": 8_001})
     assert "dispenser: max_batch 8001 is above 5000" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("aliases", "taken"),
+    [
+        ({"a": ["b"], "b": []}, "'b' already names id type 'b'"),
+        ({"a": ["FAR-"], "b": ["FAR-"]}, "'FAR-' already names id type 'a'"),
+        ({"a": ["x", "x"], "b": []}, "'x' already names id type 'a'"),
+    ],
+)
+def test_an_alias_names_one_type_only(
+    tmp_path: Path, aliases: dict[str, list[str]], taken: str
+) -> None:
+    types = "".join(
+        f"  {name}:\n    kind: numeric\n    length: 5\n    aliases: {json.dumps(names)}\n"
+        for name, names in aliases.items()
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "id_types:\n" + types))
+    assert taken in str(caught.value)
+
+
+def test_sequential_types_default_to_no_filters(tmp_path: Path) -> None:
+    settings = load_settings(
+        write(
+            tmp_path, "id_types:\n  t:\n    kind: numeric\n    length: 5\n    order: sequential\n"
+        )
+    )
+    assert settings.pooled("t").filter_profile == "none"
+    assert settings.pooled("t").check_digit == "verhoeff"
+    assert settings.redis_namespace == "kd"
+
+
+def test_a_type_may_not_take_the_name_of_the_fences_registry(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"id_types\.registry: reserved name"):
+        load_settings(write(tmp_path, "id_types:\n  registry:\n    kind: numeric\n    length: 8\n"))

@@ -227,6 +227,7 @@ class Bench:
                 {
                     "postgres_dsn": settings.postgres_dsn,
                     "redis_url": settings.redis_url,
+                    "redis_namespace": settings.redis_namespace,  # the hot list fill() fills
                     "log_level": "WARNING",
                     "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
                 }
@@ -241,11 +242,11 @@ class Bench:
         )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
-        hot = redis_keys.hot_list_key(DISPENSE_TYPE)
+        hot = redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE)
         await client.delete(hot)
         # The fence takes ownership first: on a server it has not seen, it would
         # discard every registered hot list, the one filled here included.
-        store = HotStore(RedisEndpoint(self.settings.redis_url))
+        store = HotStore(RedisEndpoint(self.settings.redis_url), self.settings.redis_namespace)
         try:
             await store.observe(DISPENSE_TYPE)
         finally:
@@ -256,7 +257,7 @@ class Bench:
                 FILL_SCRIPT,
                 2,
                 hot,
-                redis_keys.hot_registry_key(),
+                redis_keys.hot_registry_key(self.settings.redis_namespace),
                 start,
                 min(start + step, count) - 1,
             )
@@ -268,7 +269,9 @@ class Bench:
         env = self._env(KD_DISPENSER__PORT=str(port), KD_DISPENSER__WORKERS=str(workers))
         with BenchServer(cli_command("dispenser"), env, port, ready_path="/healthz"):
             result = await self.load.run(f"http://127.0.0.1:{port}{path}")
-        after = int(await client.llen(redis_keys.hot_list_key(DISPENSE_TYPE)))
+        after = int(
+            await client.llen(redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE))
+        )
         result["keys_served"] = before - after
         result["pool_ran_dry"] = after == 0
         return result
@@ -282,7 +285,9 @@ class Bench:
             for workers in sorted({1, cores}):
                 runs[f"workers_{workers}"] = await self._round(client, workers)
         finally:
-            await client.delete(redis_keys.hot_list_key(DISPENSE_TYPE))
+            await client.delete(
+                redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE)
+            )
             await client.aclose()
             await self._drop_baseline()
         return self._report(runs, cores)

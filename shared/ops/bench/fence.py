@@ -19,10 +19,12 @@ CONCURRENCY = 32
 ARGS: list[str | int] = [1, "", "-"]  # one key, no ledger
 
 
-async def _measure(client: aioredis.Redis, body: str, seconds: float) -> dict[str, float]:
+async def _measure(
+    client: aioredis.Redis, body: str, seconds: float, namespace: str
+) -> dict[str, float]:
     script = client.register_script(body)
-    hot = redis_keys.hot_list_key(FENCE_TYPE)
-    keys = pop_keys(FENCE_TYPE)
+    hot = redis_keys.hot_list_key(namespace, FENCE_TYPE)
+    keys = pop_keys(namespace, FENCE_TYPE)
     await client.delete(hot)
     await client.rpush(hot, *[f"k{i}" for i in range(200_000)])
     await script(keys=keys, args=ARGS)  # load it; the fence takes ownership once here
@@ -63,8 +65,8 @@ async def run(settings: Settings, seconds: float) -> dict[str, Any]:
         settings.redis_url, decode_responses=True, max_connections=CONCURRENCY + 4
     )
     try:
-        plain = await _measure(client, _unfenced_pop(), seconds)
-        fenced = await _measure(client, fenced_script("pop"), seconds)
+        plain = await _measure(client, _unfenced_pop(), seconds, settings.redis_namespace)
+        fenced = await _measure(client, fenced_script("pop"), seconds, settings.redis_namespace)
     finally:
         await client.aclose()
     return {

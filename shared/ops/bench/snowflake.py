@@ -57,7 +57,9 @@ async def inprocess(settings: Settings, config: dict[str, Any], seconds: float) 
     try:
         # A Redis server seen for the first time grants no machine ID for one lease TTL.
         wait_s = id_type.config.lease_ttl_s + 5.0
-        async with lease_machine_id(endpoint, id_type.pool, lo, hi, wait_s=wait_s) as lease:
+        async with lease_machine_id(
+            endpoint, id_type.pool, lo, hi, wait_s=wait_s, namespace=settings.redis_namespace
+        ) as lease:
             minter.attach(lease)
             minted = 0
             started = time.perf_counter()

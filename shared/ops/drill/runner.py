@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
 # The one ID type the drill takes keys of; it keeps a ledger, checked after the drill.
 DRILL_TYPE = "drill"
+DRILL_NAMESPACE = "kd"  # the Redis namespace of the drill's own servers
 DRILL_TYPE_CONFIG: dict[str, Any] = {
     "kind": "numeric",
     "length": 10,
@@ -75,7 +76,9 @@ class Drill:
 
     def discarded(self) -> int:
         try:
-            counts = self.topology.primary().client().hgetall(redis_keys.discarded_key())
+            counts = (
+                self.topology.primary().client().hgetall(redis_keys.discarded_key(DRILL_NAMESPACE))
+            )
         except (redis.RedisError, RuntimeError):
             return 0
         return sum(int(v) for v in counts.values())
@@ -222,7 +225,7 @@ class Drill:
         deadline = time.monotonic() + FENCE_DEADLINE_S
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.RedisError, RuntimeError):
-                owner = self.topology.primary().client().get(redis_keys.fence_key())
+                owner = self.topology.primary().client().get(redis_keys.fence_key(DRILL_NAMESPACE))
                 if owner == identity:
                     return True
             await asyncio.sleep(0.1)
@@ -420,7 +423,9 @@ def _fleet(
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
     types = {DRILL_TYPE: DRILL_TYPE_CONFIG, leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG}
-    config.write_text(json.dumps({"id_types": types, "keysync": keysync}))
+    config.write_text(
+        json.dumps({"id_types": types, "keysync": keysync, "redis_namespace": DRILL_NAMESPACE})
+    )
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),

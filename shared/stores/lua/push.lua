@@ -9,7 +9,8 @@ local pin = ARGV[1]               -- server token the push is pinned to ('' for 
 local marker_ttl = tonumber(ARGV[2])
 local timeline = tonumber(ARGV[3])  -- the batch's stamp; timeline 0: not recorded
 local fork, clock = tonumber(ARGV[4]), tonumber(ARGV[5])
-local FIRST_KEY = 6               -- ARGV[6..]: the keys, in order
+local packed = ARGV[6]            -- the keys, in order, joined by newlines (one
+                                  -- argument: the client packs one string, not thousands)
 local CHUNK = 1000                -- unpack() fails near 8,000 arguments
 
 local discarded, token = enforce_fence()
@@ -25,7 +26,16 @@ end
 redis.call('SET', batch_marker, '1', 'EX', marker_ttl)
 redis.call('SADD', REGISTRY, hot_list)
 local length = redis.call('LLEN', hot_list)
-for i = FIRST_KEY, #ARGV, CHUNK do
-  length = redis.call('RPUSH', hot_list, unpack(ARGV, i, math.min(i + CHUNK - 1, #ARGV)))
+local chunk, n = {}, 0
+for key in string.gmatch(packed, '[^\n]+') do
+  n = n + 1
+  chunk[n] = key
+  if n == CHUNK then
+    length = redis.call('RPUSH', hot_list, unpack(chunk, 1, n))
+    n = 0
+  end
+end
+if n > 0 then
+  length = redis.call('RPUSH', hot_list, unpack(chunk, 1, n))
 end
 return {length, discarded, token, 'pushed'}

@@ -1,0 +1,271 @@
+"""``keydispenser bench pipeline``: keygen + keysync + dispenser live, drained by batches.
+
+The three processes run as they do in production (``keydispenser keygen|keysync|
+dispenser``, one each; ``--keysyncs N`` runs N keysyncs) on a scratch PostgreSQL
+database and the Redis database at ``redis_url`` (a scratch one: the bench refuses one
+holding keydispenser state). keygen first fills the cold inventory alone to
+``PREFILL_KEYS_PER_S x --seconds`` keys (what the target rate needs for the whole run),
+then keysync fills the hot list (low 100,000, high 400,000; less for runs under 4 s);
+then batch clients take ``POST /v1/keys/{type}?count=5000`` at full speed for
+``--seconds`` while keysync refills and keygen, idle at first, generates again once
+the cold inventory falls below half the prefill (its low watermark), as in production.
+
+Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, after which that client
+waits the Retry-After as every client must, or any batch answered short: the pop
+emptied the list); the smallest hot depth sampled; and each tier's rate
+over the same window: keygen's committed keys, keysync's moved keys (dispensed plus
+the hot list's growth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+import yaml
+
+from shared.domain.errors import KeydispenserError
+from shared.domain.settings import Settings
+from shared.ops.bench import BENCH_PERMUTATION_KEY
+from shared.ops.bench.scratch import clear, refuse_unless_scratch
+from shared.ops.databases import drop_database, run_migrate, scratch_database
+from shared.ops.embedded import free_port
+from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
+from shared.stores import redis_keys
+from shared.stores.cold_store import ColdStore
+
+PIPE_TYPE = "kd_bench_pipe"
+BATCH = 5_000
+CLIENTS = 4
+PREFILL_KEYS_PER_S = 200_000  # the target rate: the prefill covers the run at it
+RANGE_SIZE = 1 << 20
+HOT_HIGH = 400_000  # the hot list's high watermark (low: a quarter), for runs of 4 s or more
+MIN_PREFILL = 40_000  # short runs (tests) scale the prefill and the hot list down
+SAMPLE_S = 0.05
+START_DEADLINE_S = 60.0
+TARGETS = {"keys_per_s": 200_000, "hot_ran_dry": False}
+
+
+def hot_marks(prefill: int) -> dict[str, int]:
+    high = min(HOT_HIGH, prefill // 2)
+    return {"low": high // 4, "high": high}
+
+
+def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> dict[str, Any]:
+    return {
+        "postgres_dsn": dsn,
+        "redis_url": settings.redis_url,
+        "redis_namespace": settings.redis_namespace,
+        "log_level": "WARNING",
+        "id_types": {
+            PIPE_TYPE: {
+                "kind": "numeric",
+                "length": 10,
+                "range_size": RANGE_SIZE,
+                "cold": {"low": prefill // 2, "high": prefill},
+                "hot": hot_marks(prefill),
+                "sync_batch": 5_000,
+            }
+        },
+        "dispenser": {"port": port, "max_batch": BATCH, "idempotency_ttl_s": 60},
+        "keysync": {"poll_interval_s": 0.05},
+    }
+
+
+@dataclass
+class Drain:
+    """What the batch clients saw."""
+
+    keys: int = 0
+    requests: int = 0
+    short_batches: int = 0  # answered with fewer keys than asked: the list ran empty
+    pool_empty: int = 0  # 503 IDG-001
+    other_errors: int = 0
+    depths: list[int] = field(default_factory=list)
+
+
+async def _client(session: aiohttp.ClientSession, url: str, deadline: float, drain: Drain) -> None:
+    while time.monotonic() < deadline:
+        async with session.post(url) as reply:
+            body = await reply.read()
+        drain.requests += 1
+        if reply.status == 200:
+            got = body.count(b'","') + 1 if body != b'{"keys":[]}' else 0
+            drain.keys += got
+            drain.short_batches += got < BATCH
+        elif reply.status == 503 and b"IDG-001" in body:
+            drain.pool_empty += 1
+            # As every client must: wait the Retry-After (spinning would starve keysync).
+            wait = float(reply.headers.get("Retry-After", "1"))
+            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+        else:
+            drain.other_errors += 1
+
+
+async def _sample(client: aioredis.Redis, hot_key: str, deadline: float, drain: Drain) -> None:
+    while time.monotonic() < deadline:
+        drain.depths.append(int(await client.llen(hot_key)))
+        await asyncio.sleep(SAMPLE_S)
+
+
+async def _wait_for(what: str, check: Any, deadline_s: float, logs: Callable[[], str]) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise KeydispenserError(
+                f"bench pipeline: {what} not reached within {deadline_s:.0f}s\n{logs()}"
+            )
+        await asyncio.sleep(0.2)
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, seconds: float, work: Path, keysyncs: int) -> None:
+        self.settings, self.seconds, self.work = settings, seconds, work
+        self.keysyncs = keysyncs
+        # The key the scratch database is migrated with, and the processes run with.
+        secret = settings.permutation_key
+        self.permutation_key = secret.get_secret_value() if secret else BENCH_PERMUTATION_KEY
+        self.prefill = max(MIN_PREFILL, round(PREFILL_KEYS_PER_S * seconds))
+        self.port = free_port()
+        self.database = f"kd_bench_pipe_{os.getpid()}"
+        self.processes: list[Any] = []
+
+    def _spawn(self, command: str, config: Path, log: str = "") -> None:
+        env = scrubbed_env(KD_CONFIG=str(config), KD_PERMUTATION_KEY=self.permutation_key)
+        output = self.work / f"{log or command}.log"
+        self.processes.append(spawn(cli_command(command), env, output))
+
+    async def run(self) -> dict[str, Any]:
+        redis_client = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        try:
+            await refuse_unless_scratch(redis_client, self.settings.redis_namespace, "pipeline")
+            dsn = await scratch_database(self.settings.postgres_dsn, self.database)
+            return await self._run(redis_client, dsn)
+        finally:
+            stop_processes(self.processes)
+            await clear(redis_client, self.settings.redis_namespace, PIPE_TYPE)
+            await redis_client.aclose()
+            await drop_database(self.settings.postgres_dsn, self.database)
+
+    async def _run(self, redis_client: aioredis.Redis, dsn: str) -> dict[str, Any]:
+        values = pipeline_config(self.settings, dsn, self.prefill, self.port)
+        config = self.work / "pipeline.yaml"
+        config.write_text(yaml.safe_dump(values))
+        local = Settings.model_validate(values | {"permutation_key": self.permutation_key})
+        await run_migrate(local)
+        cold = await ColdStore.connect(dsn)
+        try:
+            return await self._measure(redis_client, cold, config)
+        finally:
+            await cold.close()
+
+    async def _measure(
+        self, redis_client: aioredis.Redis, cold: ColdStore, config: Path
+    ) -> dict[str, Any]:
+        hot_key = self._hot_key()
+        started = time.monotonic()
+        self._spawn("keygen", config)
+        fill_deadline = START_DEADLINE_S + self.prefill / 20_000
+
+        async def cold_full() -> bool:
+            self._alive()
+            return await cold.depth(PIPE_TYPE, self.prefill) >= self.prefill
+
+        async def hot_full() -> bool:
+            self._alive()
+            return int(await redis_client.llen(hot_key)) >= hot_marks(self.prefill)["high"]
+
+        await _wait_for("the cold prefill", cold_full, fill_deadline, self._logs)
+        for n in range(self.keysyncs):  # now: they would take keys as keygen commits them
+            self._spawn("keysync", config, f"keysync-{n}")
+        await _wait_for("the hot high watermark", hot_full, START_DEADLINE_S, self._logs)
+        prefill_s = time.monotonic() - started
+        self._spawn("dispenser", config)
+        if not serving(f"http://127.0.0.1:{self.port}/healthz", START_DEADLINE_S):
+            raise KeydispenserError("bench pipeline: the dispenser did not start")
+        accepted_before = (await cold.range_stats(PIPE_TYPE))["accepted"]
+        hot_before = int(await redis_client.llen(hot_key))
+        drain, elapsed = await self._drain(redis_client)
+        self._alive()
+        accepted_after = (await cold.range_stats(PIPE_TYPE))["accepted"]
+        hot_after = int(await redis_client.llen(hot_key))
+        return self._report(
+            drain,
+            elapsed,
+            prefill_s,
+            accepted_after - accepted_before,
+            drain.keys + hot_after - hot_before,
+        )
+
+    def _hot_key(self) -> str:
+        return redis_keys.hot_list_key(self.settings.redis_namespace, PIPE_TYPE)
+
+    async def _drain(self, redis_client: aioredis.Redis) -> tuple[Drain, float]:
+        drain = Drain()
+        url = f"http://127.0.0.1:{self.port}/v1/keys/{PIPE_TYPE}?count={BATCH}"
+        connector = aiohttp.TCPConnector(limit=CLIENTS)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            started = time.monotonic()
+            deadline = started + self.seconds
+            await asyncio.gather(
+                _sample(redis_client, self._hot_key(), deadline, drain),
+                *(_client(session, url, deadline, drain) for _ in range(CLIENTS)),
+            )
+            elapsed = time.monotonic() - started
+        return drain, elapsed
+
+    def _logs(self) -> str:
+        return "\n".join(
+            f"{log.name}: {log.read_text(errors='replace')[-1500:]}"
+            for log in sorted(self.work.glob("*.log"))
+        )
+
+    def _alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise KeydispenserError(
+                    f"bench pipeline: {process.args[-1]} exited ({process.returncode}):\n"
+                    + self._logs()
+                )
+
+    def _report(
+        self, drain: Drain, elapsed: float, prefill_s: float, generated: int, moved: int
+    ) -> dict[str, Any]:
+        dry = drain.pool_empty > 0 or drain.short_batches > 0
+        keys_per_s = round(drain.keys / elapsed)
+        return {
+            "benchmark": "pipeline",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "seconds": round(elapsed, 3),
+            "keys_per_s": keys_per_s,
+            "keys_dispensed": drain.keys,
+            "hot_ran_dry": dry,
+            "hot_min_depth": min(drain.depths, default=0),
+            "idg001_answers": drain.pool_empty,
+            "short_batches": drain.short_batches,
+            "other_errors": drain.other_errors,
+            "requests": drain.requests,
+            "keygen_keys_per_s": round(generated / elapsed),
+            "keysync_keys_per_s": round(moved / elapsed),
+            "cold_prefill_keys": self.prefill,
+            "prefill_seconds": round(prefill_s, 1),
+            "batch": BATCH,
+            "clients": CLIENTS,
+            "keysync_processes": self.keysyncs,
+            "targets": TARGETS,
+            "targets_met": keys_per_s >= TARGETS["keys_per_s"] and not dry,
+        }
+
+
+async def run(settings: Settings, seconds: float, keysyncs: int = 1) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
+        return await Pipeline(settings, seconds, Path(work), keysyncs).run()

@@ -1,0 +1,42 @@
+"""``keydispenser retire``: remove what a type left behind once it left the configuration."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import asyncpg
+
+from shared.domain.errors import ConfigError
+from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
+from shared.stores import schema
+from shared.stores.hot_store import HotStore
+
+
+def refuse_configured(settings: Settings, name: str) -> None:
+    """A type still configured (by name or alias) is never retired."""
+    owner = path_segments(settings.id_types).get(name)
+    if owner is not None:
+        raise ConfigError(
+            f"id_types.{owner}: '{name}' is still configured: remove the type from the "
+            "configuration and roll every process before retiring it"
+        )
+    if not ID_TYPE_NAME.fullmatch(name):
+        raise ConfigError(f"--type: '{name}' is not an id type name ({ID_TYPE_NAME.pattern})")
+
+
+async def retire(settings: Settings, name: str, *, drop_ledger: bool) -> dict[str, Any]:
+    """PostgreSQL first (the tombstone), then Redis; both idempotent, so a retire that
+    stopped half-way is finished by running it again."""
+    refuse_configured(settings, name)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        done = await schema.retire(conn, name, drop_ledger=drop_ledger)
+    finally:
+        await conn.close()
+    hot = HotStore.from_settings(settings)
+    try:
+        dropped = await hot.forget(name)
+    finally:
+        await hot.close()
+    return asdict(done) | {"hot_keys_dropped": dropped}

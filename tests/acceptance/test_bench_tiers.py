@@ -1,0 +1,83 @@
+"""`bench keysync` and `bench client` run end to end; their figures are reported, never
+asserted. What is asserted is what they count: every key moved or taken, exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared.domain.settings import Settings
+from shared.ops.processes import run_cli
+from shared.stores import redis_keys
+from tests.acceptance.harness import process_env, write_config
+from tests.conftest import NS
+
+pytestmark = pytest.mark.acceptance
+
+
+def test_bench_keysync_moves_every_key_exactly_in_one_and_two_processes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "keysync.json"
+    result = run_cli(
+        "bench", "keysync", "--seconds", "0.05", "--processes", "1", "2", "--json", str(out),
+        env=env, timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for processes in (1, 2):
+        measure = report[f"processes_{processes}"]
+        assert measure["exact"] is True
+        assert measure["keys_moved"] == report["keys_per_measure"] == 20_000
+        assert len(measure["per_process_moved"]) == processes
+        assert measure["keys_per_s"] > 0
+    # It leaves its scratch Redis database as it found it: a next run is not refused.
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        assert not client.exists(redis_keys.sync_record_key(NS), redis_keys.hot_registry_key(NS))
+    finally:
+        client.close()
+
+
+def test_bench_keysync_refuses_a_redis_database_holding_state(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    assert run_cli("migrate", env=env).returncode == 0
+    assert run_cli("fill", "--type", "farmer", "--count", "1", env=env).returncode == 0
+    refused = run_cli("bench", "keysync", "--seconds", "0.05", env=env, timeout_s=120)
+    assert refused.returncode == 2
+    assert "scratch database" in refused.stderr
+
+
+def test_bench_client_takes_keys_through_the_client(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "client.json"
+    result = run_cli(
+        "bench", "client", "--seconds", "0.2", "--json", str(out), env=env, timeout_s=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["keys_taken"] > 0 and report["async_keys_taken"] > 0
+    assert isinstance(report["targets_met"], bool)  # reported; depends on speed
+
+
+def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "pipeline.json"
+    result = run_cli(
+        "bench", "pipeline", "--seconds", "0.2", "--json", str(out), env=env, timeout_s=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["keys_dispensed"] > 0 and report["other_errors"] == 0
+    assert report["keys_dispensed"] % report["batch"] == 0 or report["hot_ran_dry"]
+    assert isinstance(report["hot_ran_dry"], bool)  # reported; depends on speed
+    for rate in ("keys_per_s", "keygen_keys_per_s", "keysync_keys_per_s"):
+        assert report[rate] >= 0
