@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.ops.drill.leases import Interval, SnowflakeLoad, not_observed, overlaps, read_intervals
+from shared.ops.drill.leases import (
+    SNOWFLAKE_TYPE,
+    SNOWFLAKE_TYPE_CONFIG,
+    Interval,
+    not_observed,
+    overlaps,
+    read_intervals,
+)
+from shared.ops.drill.load import SnowflakeLoad
 
 
 def line(event: str, owner: str, machine_id: int = 1, **times: float) -> str:
@@ -51,7 +59,7 @@ def test_an_interval_inside_another_is_an_overlap() -> None:
 
 
 def test_snowflake_duplicates_are_counted() -> None:
-    load = SnowflakeLoad(["http://127.0.0.1:1"])
+    load = SnowflakeLoad(["http://127.0.0.1:1"], SNOWFLAKE_TYPE, SNOWFLAKE_TYPE_CONFIG)
     load.ids.extend([5, 6, 7, 6, 5, 5])
     assert load.duplicates() == 3
 

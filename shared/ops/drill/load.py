@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
+import numpy as np
+
+from shared.domain.settings import SnowflakeConfig
+from shared.domain.snowflake import SnowflakeType
 
 
 @dataclass
@@ -89,3 +95,74 @@ class RecordingLoad:
             return 0.0, -1.0
         length, start = max((b - a, a) for a, b in itertools.pairwise([fault_at, *served]))
         return (start - fault_at) * 1000, length * 1000
+
+
+@dataclass
+class SnowflakeLoad:
+    """Batches of snowflake IDs from every dispenser, on fresh connections so that
+    every worker behind a port answers some."""
+
+    urls: list[str]
+    name: str
+    config: dict[str, Any]  # the type's configuration, to decode its IDs
+    clients: int = 2
+    count: int = 50
+    max_requests: int = 1_000_000
+    ids: array[int] = field(default_factory=lambda: array("q"))
+    batches: list[tuple[float, int]] = field(default_factory=list)  # (wall ms, machine)
+    errors: Counter[str] = field(default_factory=Counter)
+    error_events: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, code)
+    requests: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        config = SnowflakeConfig.model_validate(self.config)
+        self.layout = SnowflakeType(self.name, config).layout
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, deadline: float) -> None:
+        timeout = aiohttp.ClientTimeout(total=3)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            await asyncio.gather(*(self._client(session, n, deadline) for n in range(self.clients)))
+
+    async def _client(self, session: aiohttp.ClientSession, n: int, deadline: float) -> None:
+        i = n
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.requests >= self.max_requests:
+                return
+            self.requests += 1
+            i += 1
+            url = f"{self.urls[i % len(self.urls)]}/v1/keys/{self.name}?count={self.count}"
+            if not await self._request(session, url):
+                await asyncio.sleep(0.02)
+
+    async def _request(self, session: aiohttp.ClientSession, url: str) -> bool:
+        code = ""
+        try:
+            async with session.post(url) as reply:
+                body = await reply.json(content_type=None)
+                if reply.status == 200:
+                    self._record([int(k) for k in body["keys"]])
+                    return True
+                code = str(body["errors"][0]["errorCode"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            code = type(exc).__name__
+        self.errors[code] += 1
+        self.error_events.append((time.monotonic(), code))
+        return False
+
+    def _record(self, values: list[int]) -> None:
+        if values:
+            self.ids.extend(values)
+            machine = self.layout.decompose(values[0]).machine
+            self.batches.append((time.time() * 1000, machine))
+
+    def errors_since(self, since: float, code: str) -> int:
+        return sum(1 for at, c in self.error_events if at >= since and c == code)
+
+    def duplicates(self) -> int:
+        values = np.frombuffer(self.ids, dtype=np.int64)
+        return int(values.size - np.unique(values).size)

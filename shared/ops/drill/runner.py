@@ -25,8 +25,8 @@ from shared.domain.settings import Settings
 from shared.ops.databases import scratch_database
 from shared.ops.drill import leases
 from shared.ops.drill.fleet import Fleet
-from shared.ops.drill.leases import LeaseFaults, SnowflakeLoad
-from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.leases import LeaseFaults
+from shared.ops.drill.load import RecordingLoad, SnowflakeLoad
 from shared.ops.drill.postgres import PostgresPair
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import free_port
@@ -340,7 +340,7 @@ async def _drill(
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
         load = RecordingLoad(urls, DRILL_TYPE)
-        snowflakes = SnowflakeLoad(urls)
+        snowflakes = SnowflakeLoad(urls, leases.SNOWFLAKE_TYPE, leases.SNOWFLAKE_TYPE_CONFIG)
         lease_faults = LeaseFaults(fleet, snowflakes)
         lease_faults.start_cli_holders()
         drill = Drill(
