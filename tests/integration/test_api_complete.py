@@ -14,7 +14,7 @@ from shared.domain.apikeys import new_api_key
 from shared.domain.settings import Settings
 from shared.stores import redis_keys, sql
 from shared.stores.hot_store import HotStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import Servers, both_servers, dispenser_over_http, make_settings, small_types
 
 
 async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[str]:
@@ -23,11 +23,12 @@ async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[
     return keys
 
 
+@both_servers
 async def test_concurrent_single_requests_never_share_keys_and_some_share_a_pop(
-    settings: Settings, hot: HotStore, redis_client: aioredis.Redis
+    settings: Settings, hot: HotStore, redis_client: aioredis.Redis, server: str
 ) -> None:
     keys = await fill(hot, "farmer", 900)
-    async with dispenser_over_http(settings) as client:
+    async with dispenser_over_http(settings, server) as client:
         limits = httpx.Limits(max_connections=64)
         # A generous deadline: 600 requests on a loaded 2-core machine may queue.
         async with httpx.AsyncClient(base_url=client.base_url, limits=limits, timeout=60) as many:
@@ -171,11 +172,12 @@ async def test_observability_can_be_protected_too(
         assert good.status_code == 200
 
 
+@both_servers
 async def test_a_request_body_on_the_single_route_is_ignored_and_the_connection_reused(
-    settings: Settings, hot: HotStore
+    settings: Settings, hot: HotStore, server: str
 ) -> None:
     await fill(hot, "farmer", 10)
-    async with dispenser_over_http(settings) as client:
+    async with dispenser_over_http(settings, server) as client:
         with_body = await client.post("/v1/idgenerator/farmer/id", json={"anything": 1})
         after = await client.post("/v1/idgenerator/farmer/id", content=b"x" * 70_000)
         last = await client.post("/v1/idgenerator/farmer/id")
