@@ -76,7 +76,10 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import run
 
-    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, args.load))
+    servers = tuple(name.strip() for name in args.servers.split(","))
+    results = asyncio.run(
+        run(args.target, _with_bench_key(settings), args.seconds, args.load, servers)
+    )
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
 
@@ -177,6 +180,11 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("auto", "wrk", "bundled"),
         default="auto",
         help="dispense: load generator (auto: wrk when installed)",
+    )
+    bench.add_argument(
+        "--servers",
+        default="uvicorn,granian",
+        help="dispense: HTTP servers measured (uvicorn always; granian for bare and single)",
     )
 
 

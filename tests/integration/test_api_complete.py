@@ -23,12 +23,11 @@ async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[
     return keys
 
 
-@both_servers
 async def test_concurrent_single_requests_never_share_keys_and_some_share_a_pop(
-    settings: Settings, hot: HotStore, redis_client: aioredis.Redis, server: str
+    settings: Settings, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
     keys = await fill(hot, "farmer", 900)
-    async with dispenser_over_http(settings, server) as client:
+    async with dispenser_over_http(settings) as client:
         limits = httpx.Limits(max_connections=64)
         # A generous deadline: 600 requests on a loaded 2-core machine may queue.
         async with httpx.AsyncClient(base_url=client.base_url, limits=limits, timeout=60) as many:

@@ -89,7 +89,6 @@ async def test_malformed_path_values_are_422(client: httpx.AsyncClient) -> None:
     )
 
 
-@both_servers
 async def test_validate(client: httpx.AsyncClient) -> None:
     good = await client.get("/v1/idgenerator/farmer/id/validate/3029384756")
     assert good.status_code == 200
@@ -121,7 +120,6 @@ async def test_batch_count_out_of_range_is_422(client: httpx.AsyncClient, count:
     assert_error(await client.post("/v1/keys/farmer", params={"count": count}), 422, "IDG-004")
 
 
-@both_servers
 async def test_health_version_config(client: httpx.AsyncClient) -> None:
     health = await client.get("/v1/idgenerator/health")
     assert health.status_code == 200 and health.json()["response"] == {"status": "UP"}
@@ -133,7 +131,6 @@ async def test_health_version_config(client: httpx.AsyncClient) -> None:
     assert "permutation" not in str(config)
 
 
-@both_servers
 async def test_liveness_and_readiness(
     client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:

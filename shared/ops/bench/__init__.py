@@ -15,7 +15,13 @@ TARGETS = ("keygen", "fence", "dispense")
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
 
-async def run(target: str, settings: Settings, seconds: float, load: str) -> dict[str, Any]:
+async def run(
+    target: str,
+    settings: Settings,
+    seconds: float,
+    load: str,
+    servers: tuple[str, ...] = ("uvicorn", "granian"),
+) -> dict[str, Any]:
     """Run one benchmark; the modules load lazily (the dispense bench needs aiohttp)."""
     if target == "keygen":
         from shared.ops.bench import keygen
@@ -28,5 +34,5 @@ async def run(target: str, settings: Settings, seconds: float, load: str) -> dic
     if target == "dispense":
         from shared.ops.bench import dispense
 
-        return await dispense.run(settings, seconds, load)
+        return await dispense.run(settings, seconds, load, servers)
     raise ValueError(f"unknown benchmark {target!r}")
