@@ -104,6 +104,7 @@ def granian_options(config: DispenserConfig, log_level: str = "INFO") -> dict[st
         "loop": Loops.uvloop,
         "http": HTTPModes.http1,
         "websockets": False,
+        # Connections per worker; None leaves granian's default (1024 / workers).
         "backpressure": config.limit_concurrency,
         "http1_settings": HTTP1Settings(
             header_read_timeout=config.timeout_keep_alive_s * 1_000,
