@@ -82,9 +82,16 @@ async def allocate_batch(request: Request) -> Response:
 async def disconnected(receive: Receive) -> None:
     """Returns once the server reports the client gone; request body chunks (ignored by
     the routes that watch) are skipped. uvicorn reports a disconnect at once, granian
-    only after the unread body has been handed over: so the watch starts before the pop."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    only after the unread body has been handed over: so the watch starts before the pop.
+    After the body's last chunk only a disconnect may come; anything else (a server
+    that would answer at once forever) ends the watch without a busy loop."""
+    message = await receive()
+    while message["type"] == "http.request" and message.get("more_body", False):
+        message = await receive()
+    if message["type"] != "http.disconnect":
+        message = await receive()
+    if message["type"] != "http.disconnect":
+        await asyncio.get_running_loop().create_future()  # nothing more to learn: wait
 
 
 async def _take_counting_loss(

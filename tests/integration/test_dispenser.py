@@ -4,6 +4,7 @@ The API contract (``both_servers``) runs on uvicorn and on granian."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -69,6 +70,11 @@ async def test_empty_pool_is_idg001_with_retry_after_and_nudges_keysync(
     reply = await client.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-001")
     assert int(reply.headers["Retry-After"]) >= 1
+    # The nudge is sent beside the answer, not before it: wait for it (with a deadline).
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await redis_client.lrange(redis_keys.keysync_wake_key(), 0, -1):
+        assert asyncio.get_running_loop().time() < deadline, "keysync was not nudged"
+        await asyncio.sleep(0.02)
     assert await redis_client.lrange(redis_keys.keysync_wake_key(), 0, -1) == ["farmer"]
 
 
