@@ -18,6 +18,7 @@ databases (the bench fills a hot list there, and a table in PostgreSQL, then dro
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import shutil
@@ -78,6 +79,9 @@ return redis.call('LLEN', KEYS[1])
 """
 
 
+log = logging.getLogger(__name__)
+
+
 class LoadGenerator:
     """wrk when present, else the bundled client; same connections and duration."""
 
@@ -87,6 +91,13 @@ class LoadGenerator:
         if choice == "wrk" and self.wrk is None:
             raise ConfigError("bench --load wrk: wrk is not installed (apt-get install wrk)")
         self.name = "wrk" if self.wrk else "bundled-asyncio-client"
+        if choice == "auto" and self.wrk is None:
+            # Said out loud: the bundled client saturates a core of its own and measures
+            # a lower ceiling than wrk; the report's load_generator names it too.
+            log.warning(
+                "bench_load_generator_fallback",
+                extra={"load_generator": self.name, "hint": "apt-get install wrk"},
+            )
 
     async def run(self, url: str) -> dict[str, float]:
         if self.wrk:
