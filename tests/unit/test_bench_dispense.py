@@ -45,7 +45,7 @@ def test_a_report_without_figures_is_an_error() -> None:
 def test_auto_says_when_it_falls_back_to_the_bundled_client(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(dispense.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with caplog.at_level(logging.WARNING, logger=dispense.__name__):
         load = dispense.LoadGenerator(1.0, "auto")
     assert load.name == "bundled-asyncio-client"
