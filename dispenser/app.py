@@ -9,6 +9,7 @@ requests before the route table is reached.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -74,12 +75,43 @@ async def allocate_batch(request: Request) -> Response:
     client = dispenser.gate.admit(request.headers, name, cost=_parsed_count(raw, maximum) or 1)
     count = _count(raw, maximum)
     idempotency_key = _idempotency_key(request)
-    popped = await dispenser.take(name, count, client, idempotency_key)
-    if idempotency_key is None and await request.is_disconnected():
-        dispenser.lost(name, len(popped.keys))  # a retry with a key would get them back
+    if idempotency_key is not None:  # a retry with the key gets the keys back
+        popped = await dispenser.take(name, count, client, idempotency_key)
+    else:
+        popped = await _take_counting_loss(request, dispenser, name, count, client)
     return _replay_marked(
         Response(envelope.keys_body(popped.keys), media_type="application/json"), popped
     )
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns once the server reports the client gone; request body chunks (ignored by
+    the routes that watch) are skipped. uvicorn reports a disconnect at once, granian
+    only after the unread body has been handed over: so the watch starts before the pop.
+    After the body's last chunk only a disconnect may come; anything else (a server
+    that would answer at once forever) ends the watch without a busy loop."""
+    message = await receive()
+    while message["type"] == "http.request" and message.get("more_body", False):
+        message = await receive()
+    if message["type"] != "http.disconnect":
+        message = await receive()
+    if message["type"] != "http.disconnect":
+        await asyncio.get_running_loop().create_future()  # nothing more to learn: wait
+
+
+async def _take_counting_loss(
+    request: Request, dispenser: Dispenser, name: str, count: int, client: str
+) -> Popped:
+    """``take`` a batch, counting its keys as lost when the client is gone by the end."""
+    watch = asyncio.ensure_future(disconnected(request.receive))
+    try:
+        popped = await dispenser.take(name, count, client, None)
+        await asyncio.sleep(0)  # a disconnect reported during the pop reaches the watch
+        if watch.done() and not watch.cancelled() and watch.exception() is None:
+            dispenser.lost(name, len(popped.keys))
+        return popped
+    finally:
+        watch.cancel()
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -426,11 +458,13 @@ def create_app(
         app.state.build = openg2p.build_info(os.environ)
         dispenser.announce_exposure()
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
+        log.info("dispenser_started", extra={"pid": os.getpid()})
         try:
             yield
         finally:
             await dispenser.close()
             await store.close()
+            log.info("dispenser_stopped", extra={"pid": os.getpid()})
 
     app = Starlette(
         routes=ROUTES,

@@ -1,4 +1,4 @@
-"""dispenser: serves keys over HTTP from the hot tier (uvicorn + Starlette)."""
+"""dispenser: serves keys over HTTP from the hot tier (Starlette on uvicorn or granian)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 import uvicorn
+from granian.server import Server as Granian
 from starlette.types import ASGIApp
 
 from dispenser.app import create_app
-from dispenser.server import uvicorn_options
+from dispenser.server import granian_options, uvicorn_options
 from shared import logs
 from shared.domain.errors import StoreUnavailable
 from shared.domain.settings import Settings, load_settings
@@ -39,19 +40,34 @@ async def refuse_evicting_redis(settings: Settings) -> None:
 
 
 def main(settings: Settings) -> None:
-    workers = settings.dispenser.workers
-    options = uvicorn_options(settings.dispenser)
+    config = settings.dispenser
     asyncio.run(refuse_evicting_redis(settings))
     log.info(
         "dispenser_starting",
         extra={
-            "host": settings.dispenser.host,
-            "port": settings.dispenser.port,
-            "workers": workers,
+            "host": config.host,
+            "port": config.port,
+            "workers": config.workers,
+            "server": config.server,
         },
     )
-    if workers == 1:
+    if config.server == "granian":
+        run_granian(settings)
+    else:
+        run_uvicorn(settings)
+
+
+def run_uvicorn(settings: Settings) -> None:
+    options = uvicorn_options(settings.dispenser)
+    if settings.dispenser.workers == 1:
         uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()
     else:
         # Worker processes import the factory; they share the listening socket.
-        uvicorn.run(FACTORY, factory=True, workers=workers, **options)
+        uvicorn.run(FACTORY, factory=True, **options, workers=settings.dispenser.workers)
+
+
+def run_granian(settings: Settings) -> None:
+    """granian always serves from worker processes (one or more) under this one, which
+    only supervises them; each worker imports the factory and runs the app's lifespan."""
+    options = granian_options(settings.dispenser, settings.log_level)
+    Granian(FACTORY, factory=True, **options).serve()

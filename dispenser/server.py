@@ -1,21 +1,38 @@
-"""uvicorn, configured with the limits a server exposed to clients needs.
+"""The HTTP servers (uvicorn, granian), configured with the limits a server exposed to
+clients needs. ``dispenser.server`` picks one; both run the same ASGI app.
 
 uvicorn offers a concurrency limit, a keep-alive timeout and (for its h11 parser only)
 a bound on the request head. Its faster httptools parser keeps no bound: a client can
 send megabytes of headers and they are held in memory. ``BoundedHttpTools`` adds the
 same bound to it. Slow clients (a request sent a byte at a time) are the reverse
 proxy's to cut off: see deploy/nginx.conf and docs/security.md.
+
+granian (a Rust HTTP server, hyper underneath) offers the same bounds in its own terms:
+hyper's read buffer bounds the request head (431 past it, never below 8192 bytes),
+``header_read_timeout`` closes a connection that has not sent a whole request head in
+time (idle keep-alive connections included, so it is the keep-alive timeout too, and a
+slow-head timeout uvicorn lacks), ``backpressure`` caps the connections a worker serves
+at once (more wait in the listen backlog instead of getting 503), and a worker asked to
+stop finishes the requests it holds before the app's shutdown runs, within
+``workers_kill_timeout``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from granian.constants import HTTPModes, Interfaces, Loops
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.domain.settings import DispenserConfig
 
 HEAD_TOO_LARGE = "Request head too large."
+# Seconds a stopping server gives in-flight requests before it cuts them off.
+GRACEFUL_SHUTDOWN_S = 10
+# hyper refuses a read buffer smaller than this (its bound on the request head).
+GRANIAN_MIN_HEAD_BYTES = 8_192
 
 
 class BoundedHttpTools(HttpToolsProtocol):
@@ -67,5 +84,36 @@ def uvicorn_options(config: DispenserConfig) -> dict[str, Any]:
         "log_config": None,
         "access_log": False,
         "lifespan": "on",
-        "timeout_graceful_shutdown": 10,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
+    }
+
+
+def granian_head_bytes(config: DispenserConfig) -> int:
+    """granian's bound on the request head: ``max_header_bytes``, at least hyper's minimum."""
+    return max(config.max_header_bytes, GRANIAN_MIN_HEAD_BYTES)
+
+
+def granian_options(config: DispenserConfig, log_level: str = "INFO") -> dict[str, Any]:
+    """The granian settings every dispenser server runs with (host and port included),
+    as keyword arguments of ``granian.server.Server`` (the target excepted)."""
+    return {
+        "address": config.host,
+        "port": config.port,
+        "interface": Interfaces.ASGI,  # with lifespan: the app starts in every worker
+        "workers": config.workers,
+        "loop": Loops.uvloop,
+        "http": HTTPModes.http1,
+        "websockets": False,
+        # Connections per worker; None leaves granian's default (1024 / workers).
+        "backpressure": config.limit_concurrency,
+        "http1_settings": HTTP1Settings(
+            header_read_timeout=config.timeout_keep_alive_s * 1_000,
+            keep_alive=True,
+            max_buffer_size=granian_head_bytes(config),
+        ),
+        "log_level": LogLevels(log_level.lower()),
+        # granian's own lines go to the root logger (the process's JSON output).
+        "log_dictconfig": {"loggers": {"_granian": {"handlers": [], "propagate": True}}},
+        "log_access": False,
+        "workers_kill_timeout": GRACEFUL_SHUTDOWN_S,
     }

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +29,7 @@ from dispenser.server import uvicorn_options
 from shared.domain.settings import Settings, load_settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.machine_leases import MachineLeases
@@ -43,6 +46,10 @@ EMPTY_CONFIG = Path(__file__).parent / "empty.yaml"
 _counter = itertools.count()
 SERVER_START_DEADLINE_S = 30.0
 NS = "kd"  # the default redis_namespace, which make_settings keeps
+# The HTTP servers a dispenser runs on (dispenser.server). Tests marked ``both_servers``
+# run against each; the others against uvicorn in this process.
+HTTP_SERVERS = ("uvicorn", "granian")
+both_servers = pytest.mark.parametrize("server", HTTP_SERVERS, indirect=True)
 
 
 @dataclass(frozen=True)
@@ -181,12 +188,36 @@ async def end_lease_settling(redis_url: str, redis_client: aioredis.Redis) -> No
     await redis_client.hset(redis_keys.sync_record_key(NS), "fenced_at", 0)
 
 
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> str:
+    """The HTTP server under test: uvicorn unless the test is marked ``both_servers``."""
+    name: str = getattr(request, "param", "uvicorn")
+    return name
+
+
 @asynccontextmanager
 async def dispenser_over_http(
-    settings: Settings, **app_options: Any
+    settings: Settings, server: str = "uvicorn", **app_options: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The dispenser app served by uvicorn on a loopback port, and a client for it;
-    ``app_options`` go to ``create_app`` (a lease source, a clock)."""
+    """The dispenser served on a loopback port, and a client for it: uvicorn in this
+    process (``app_options`` go to ``create_app``: a lease source, a clock), or granian
+    as a real ``keydispenser dispenser`` process (granian serves only from worker
+    processes of its own)."""
+    if server == "granian":
+        if app_options:
+            raise ValueError(f"a granian dispenser runs in its own process: {sorted(app_options)}")
+        serving = _granian_process(settings)
+    else:
+        serving = _uvicorn_in_process(settings, **app_options)
+    async with (
+        serving as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+    ):
+        yield client
+
+
+@asynccontextmanager
+async def _uvicorn_in_process(settings: Settings, **app_options: Any) -> AsyncIterator[int]:
     port = free_port()
     options = uvicorn_options(settings.dispenser) | {"host": "127.0.0.1", "port": port}
     config = uvicorn.Config(create_app(settings, **app_options), **options)
@@ -200,11 +231,65 @@ async def dispenser_over_http(
             raise RuntimeError(f"dispenser did not start within {SERVER_START_DEADLINE_S}s")
         await asyncio.sleep(0.01)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            yield client
+        yield port
     finally:
         server.should_exit = True
         await task
+
+
+def dispenser_process_env(settings: Settings, work: Path, **extra: str) -> dict[str, str]:
+    """The environment of a ``keydispenser dispenser`` child configured as ``settings``."""
+    config = work / "dispenser.yaml"
+    body = settings.model_dump(
+        mode="json", include={"id_types", "dispenser", "log_level", "redis_namespace"}
+    )
+    config.write_text(json.dumps(body))
+    key = settings.permutation_key
+    return scrubbed_env(
+        KD_CONFIG=str(config),
+        KD_POSTGRES_DSN=settings.postgres_dsn,
+        KD_REDIS_URL=settings.redis_url,
+        KD_PERMUTATION_KEY=key.get_secret_value() if key else "",
+        **extra,
+    )
+
+
+async def wait_until_serving(
+    port: int, child: subprocess.Popen[bytes], log: Path, deadline_s: float
+) -> None:
+    """Poll ``/healthz`` on loopback ``port`` until it answers 200; fail with the
+    child's log when it exits first or the deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1) as probe:
+        while time.monotonic() < deadline and child.poll() is None:
+            try:
+                if (await probe.get("/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.02)
+    output = await asyncio.to_thread(log.read_text)
+    raise RuntimeError(f"dispenser did not serve on {port}:\n{output}")
+
+
+@asynccontextmanager
+async def _granian_process(settings: Settings) -> AsyncIterator[int]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="kd-granian-") as work:
+        env = dispenser_process_env(
+            settings,
+            Path(work),
+            KD_DISPENSER__SERVER="granian",
+            KD_DISPENSER__HOST="127.0.0.1",
+            KD_DISPENSER__PORT=str(port),
+        )
+        log = Path(work) / "dispenser.log"
+        child = spawn(cli_command("dispenser"), env, log)
+        try:
+            await wait_until_serving(port, child, log, SERVER_START_DEADLINE_S)
+            yield port
+        finally:
+            stop_process(child)
 
 
 @asynccontextmanager

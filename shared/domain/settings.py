@@ -316,14 +316,18 @@ IDEMPOTENCY_TTL_LIMIT_S = 7 * 86_400
 class DispenserConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
-    # uvicorn worker processes; each coalesces its own requests.
+    # The HTTP server: uvicorn or granian (dispenser/server.py; how to choose in
+    # docs/operations.md). Both enforce the limits below where they offer them.
+    server: Literal["uvicorn", "granian"] = "uvicorn"
+    # Server worker processes; each coalesces its own requests.
     workers: int = Field(default=1, ge=1, le=64)
     max_batch: int = Field(default=1_000, ge=1)
     # Largest request body read (POST /v1/keys/{t}/used); larger ones get 413 unread.
     max_body_bytes: int = Field(default=262_144, ge=1_024, le=16_777_216)
-    # Server limits (uvicorn): connections served at once (more get 503), seconds an
-    # idle keep-alive connection stays open, and the largest request head (request
-    # line and headers; enforced by the h11 parser, see docs/security.md).
+    # Server limits, per worker: connections served at once (uvicorn answers more with
+    # 503, granian leaves them queued), seconds an idle keep-alive connection stays open
+    # (granian: also the time to send a request head), and the largest request head
+    # (request line and headers; granian's bound is at least 8192). docs/security.md.
     limit_concurrency: int | None = Field(default=4_096, ge=1)
     timeout_keep_alive_s: int = Field(default=5, ge=1, le=300)
     max_header_bytes: int = Field(default=16_384, ge=1_024, le=1_048_576)

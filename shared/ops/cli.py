@@ -96,7 +96,8 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import Options, run
 
-    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs)
+    servers = tuple(name.strip() for name in args.servers.split(","))
+    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs, servers)
     results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
@@ -266,6 +267,11 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     bench.add_argument(
         "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
+    )
+    bench.add_argument(
+        "--servers",
+        default="uvicorn,granian",
+        help="dispense: HTTP servers measured (uvicorn always; granian for bare and single)",
     )
 
 

@@ -155,7 +155,7 @@ def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_p
 
 
 @pytest.mark.parametrize("load", ["auto", "bundled"])
-def test_bench_dispense_measures_all_four_and_writes_json(
+def test_bench_dispense_measures_all_four_on_both_servers_and_writes_json(
     settings: Settings, tmp_path: Path, load: str
 ) -> None:
     """The benchmark runs end to end (its figures are reported, never asserted)."""
@@ -168,6 +168,9 @@ def test_bench_dispense_measures_all_four_and_writes_json(
         "1",
         "--load",
         load,
+        # granian's phases once (with wrk when installed); the bundled client on uvicorn.
+        "--servers",
+        "uvicorn,granian" if load == "auto" else "uvicorn",
         "--json",
         str(out),
         env=env,
@@ -177,8 +180,19 @@ def test_bench_dispense_measures_all_four_and_writes_json(
     report = json.loads(out.read_text())
     for field in ("bare_rps", "single_rps", "single_p99_ms", "batch_keys_per_s", "pg_baseline_rps"):
         assert report[field] > 0, field
+    # Bare and single on each server measured, in the same run; unprefixed: uvicorn's.
+    servers = ("uvicorn", "granian") if load == "auto" else ("uvicorn",)
+    for server in servers:
+        for field in ("bare_rps", "bare_p99_ms", "single_rps", "single_p99_ms"):
+            assert report[f"{server}_{field}"] > 0, (server, field)
+    assert report["uvicorn_single_rps"] == report["single_rps"]
+    assert ("granian_single_rps" in report) == ("granian" in servers)
     for run in report["runs"].values():
         assert run["non_2xx"] == {"bare": 0, "single": 0, "batch": 0, "pg_baseline": 0}
+        if "granian" in servers:
+            assert run["granian_non_2xx"] == {"bare": 0, "single": 0}
+            assert run["granian_single_keys_served"] > 0
+            assert "granian_single_vs_uvicorn_bare" in run["targets_met"]
         assert run["single_keys_served"] > 0
         assert isinstance(run["pool_ran_dry"], bool)  # reported; depends on speed
     # auto picks wrk when installed, else the bundled client, and says which it used.

@@ -1,7 +1,10 @@
-"""Every dispenser endpoint and error envelope, over real HTTP with real Redis."""
+"""Every dispenser endpoint and error envelope, over real HTTP with real Redis.
+
+The API contract (``both_servers``) runs on uvicorn and on granian."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -15,14 +18,14 @@ from shared.domain.settings import Settings
 from shared.ops.embedded import free_port
 from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
-from tests.conftest import NS, dispenser_in_process, dispenser_over_http
+from tests.conftest import NS, both_servers, dispenser_in_process, dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 @pytest.fixture
-async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with dispenser_over_http(settings) as http:
+async def client(settings: Settings, server: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with dispenser_over_http(settings, server) as http:
         yield http
 
 
@@ -46,6 +49,7 @@ def assert_error(reply: httpx.Response, status: int, code: str) -> None:
     assert body["errors"][0]["message"]
 
 
+@both_servers
 async def test_allocate_returns_keys_in_order_in_the_envelope(
     client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
@@ -59,21 +63,29 @@ async def test_allocate_returns_keys_in_order_in_the_envelope(
     assert second.json()["response"] == {"id": "2013023805"}
 
 
+@both_servers
 async def test_empty_pool_is_idg001_with_retry_after_and_nudges_keysync(
     client: httpx.AsyncClient, redis_client: aioredis.Redis
 ) -> None:
     reply = await client.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-001")
     assert int(reply.headers["Retry-After"]) >= 1
+    # The nudge is sent beside the answer, not before it: wait for it (with a deadline).
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await redis_client.lrange(redis_keys.keysync_wake_key(NS), 0, -1):
+        assert asyncio.get_running_loop().time() < deadline, "keysync was not nudged"
+        await asyncio.sleep(0.02)
     assert await redis_client.lrange(redis_keys.keysync_wake_key(NS), 0, -1) == ["farmer"]
 
 
+@both_servers
 async def test_unknown_type_is_idg003(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/v1/idgenerator/nosuchtype/id"), 404, "IDG-003")
     assert_error(await client.post("/v1/keys/nosuchtype"), 404, "IDG-003")
     assert_error(await client.get("/v1/idgenerator/nosuchtype/id/validate/123"), 404, "IDG-003")
 
 
+@both_servers
 async def test_malformed_path_values_are_422(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/v1/idgenerator/Bad-Type!/id"), 422, "IDG-004")
     assert_error(await client.get("/v1/idgenerator/farmer/id/validate/12ab45"), 422, "IDG-004")
@@ -96,6 +108,7 @@ async def test_validate(client: httpx.AsyncClient) -> None:
     assert short.json()["response"]["valid"] is True
 
 
+@both_servers
 async def test_batch_endpoint(
     client: httpx.AsyncClient, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
@@ -146,6 +159,7 @@ async def test_liveness_and_readiness(
     assert "kd_redis_up 1.0" in metrics
 
 
+@both_servers
 async def test_unknown_routes_and_methods(client: httpx.AsyncClient) -> None:
     assert_error(await client.get("/nowhere"), 404, "IDG-006")
     assert_error(await client.get("/v1/idgenerator/farmer/id"), 405, "IDG-007")
@@ -159,6 +173,7 @@ async def test_redis_down_is_503_in_the_envelope(settings: Settings) -> None:
     assert reply.headers["Retry-After"] == "1"
 
 
+@both_servers
 async def test_metrics_count_what_happened(client: httpx.AsyncClient, hot: HotStore) -> None:
     await fill(hot, "farmer", ["3029384756", "2013023805", "3794627158"])
     await client.post("/v1/idgenerator/farmer/id")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from shared.ops.bench import dispense
 from shared.ops.bench.dispense import parse_wrk
 
 WRK = """Running 3s test @ http://127.0.0.1:18080/v1/idgenerator/kd_bench/id
@@ -37,3 +40,13 @@ def test_wrk_report_is_read_in_milliseconds() -> None:
 def test_a_report_without_figures_is_an_error() -> None:
     with pytest.raises(ValueError, match="wrk"):
         parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")
+
+
+def test_auto_says_when_it_falls_back_to_the_bundled_client(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger=dispense.__name__):
+        load = dispense.LoadGenerator(1.0, "auto")
+    assert load.name == "bundled-asyncio-client"
+    assert [r.getMessage() for r in caplog.records] == ["bench_load_generator_fallback"]

@@ -24,6 +24,7 @@ class Options:
     processes: tuple[int, ...] = (1, 2)  # keysync: process counts measured
     sync_batch: int = 0  # keysync: keys per batch (0: the product default)
     keysyncs: int = 1  # pipeline: keysync processes
+    servers: tuple[str, ...] = ("uvicorn", "granian")  # dispense: HTTP servers measured
 
 
 async def run(target: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
@@ -39,7 +40,7 @@ async def run(target: str, settings: Settings, seconds: float, options: Options)
     if target == "dispense":
         from shared.ops.bench import dispense
 
-        return await dispense.run(settings, seconds, options.load)
+        return await dispense.run(settings, seconds, options.load, options.servers)
     if target == "keysync":
         from shared.ops.bench import keysync
 

@@ -4,7 +4,7 @@
 uvicorn + Starlette on this machine. ``pg_baseline``: IDs issued from PostgreSQL per
 request with ``SELECT ... FOR UPDATE SKIP LOCKED`` + ``UPDATE``, the way the reference
 OpenG2P ID Generator issues them (on asyncpg, a faster driver than the reference's).
-Both are run by uvicorn with the same options as the dispenser.
+Both are run by uvicorn; `bare` also by granian, with the options the dispenser uses.
 """
 
 from __future__ import annotations
