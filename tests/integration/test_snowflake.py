@@ -32,11 +32,11 @@ from tests.conftest import (
 )
 
 EVENTS = "events"
-# A short TTL keeps the test of a lost lease short (renewals every 0.2 s).
+# A short TTL keeps the test of a lost lease short (renewals every 0.5 s).
 EVENTS_CONFIG: dict[str, Any] = {
     "kind": "snowflake",
-    "lease_ttl_s": 1.0,
-    "lease_renew_s": 0.2,
+    "lease_ttl_s": 2.0,
+    "lease_renew_s": 0.5,
     "machine_ids": {"min": 0, "max": 63},
 }
 DEADLINE_S = 10.0
@@ -62,18 +62,36 @@ def events(settings: Settings) -> SnowflakeType:
     return build_snowflake_types(settings)[EVENTS]
 
 
-async def one(client: httpx.AsyncClient) -> str:
-    reply = await client.post(f"/v1/idgenerator/{EVENTS}/id")
+async def answered(client: httpx.AsyncClient, path: str, **params: int) -> httpx.Response:
+    """POST ``path`` as a client would: a 503 (no lease yet, or one lost to a renewal
+    late on a loaded machine) is asked again after its Retry-After, up to DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    while (reply := await client.post(path, params=params)).status_code == 503:
+        assert time.monotonic() < deadline, reply.text
+        await asyncio.sleep(min(float(reply.headers.get("Retry-After", "1")), 0.2))
     assert reply.status_code == 200, reply.text
-    key: str = reply.json()["response"]["id"]
+    return reply
+
+
+async def one(client: httpx.AsyncClient) -> str:
+    key: str = (await answered(client, f"/v1/idgenerator/{EVENTS}/id")).json()["response"]["id"]
     return key
 
 
 async def batch(client: httpx.AsyncClient, count: int) -> list[str]:
-    reply = await client.post(f"/v1/keys/{EVENTS}", params={"count": count})
-    assert reply.status_code == 200, reply.text
-    keys: list[str] = reply.json()["keys"]
+    keys: list[str] = (await answered(client, f"/v1/keys/{EVENTS}", count=count)).json()["keys"]
     return keys
+
+
+async def leased(client: httpx.AsyncClient) -> int:
+    """Wait (up to DEADLINE_S) until the dispenser holds a machine ID for EVENTS."""
+    deadline = time.monotonic() + DEADLINE_S
+    while (
+        machine := (await client.get("/readyz")).json()["types"][EVENTS].get("machine_id")
+    ) is None:
+        assert time.monotonic() < deadline, "no machine ID leased"
+        await asyncio.sleep(0.05)
+    return int(machine)
 
 
 def error_code(reply: httpx.Response) -> str:
@@ -165,6 +183,7 @@ async def test_the_last_time_issued_outlives_the_process(
     async with dispenser_over_http(settings) as first:
         minted = await batch(first, 100)
     async with dispenser_over_http(settings, clock=lambda: wall_clock_ms() - 2_000) as behind:
+        await leased(behind)  # refused for its clock, not for want of a lease
         reply = await behind.post(f"/v1/idgenerator/{EVENTS}/id")
     assert reply.status_code == 503 and error_code(reply) == "IDG-015", reply.text
     async with dispenser_over_http(settings) as later:
