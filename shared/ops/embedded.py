@@ -254,7 +254,9 @@ class EmbeddedRedis:
         command = redis_server_command(
             self.port, self.data_dir, "--maxmemory-policy", self.memory_policy
         )
-        self.process = spawn(command, output="discard")
+        # Its own session: a Ctrl-C at `keydispenser up` reaches the processes, which
+        # release their machine-ID leases, before `up` stops this server.
+        self.process = spawn(command, output="discard", own_session=True)
         if not listening(self.port, 10, self.process):
             raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 

@@ -37,18 +37,38 @@ def scrubbed_env(**settings: str) -> dict[str, str]:
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, output: Output = "inherit"
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    output: Output = "inherit",
+    *,
+    own_session: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with stdin closed (no child waits on a terminal it cannot read)."""
+    """Start ``argv`` with stdin closed (no child waits on a terminal it cannot read).
+
+    ``own_session``: out of the caller's process group, so a Ctrl-C at the terminal
+    does not reach it; whoever started it stops it (servers outlive their clients).
+    """
     if isinstance(output, Path):
         # The child holds its own descriptor of the log; ours can close at once.
         with output.open("ab") as log:
             return subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=own_session,
             )
     stdout = None if output == "inherit" else subprocess.DEVNULL
     stderr = subprocess.DEVNULL if output == "discard" else None
-    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=own_session,
+    )
 
 
 def run_cli(

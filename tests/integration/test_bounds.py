@@ -181,3 +181,16 @@ async def test_readiness_says_when_the_redis_primary_is_unreachable(
         metrics = (await client.get("/metrics")).text
     assert ready.status_code == 503 and ready.json()["error"] == "redis unreachable"
     assert "kd_redis_up 0.0" in metrics
+
+
+def test_the_embedded_redis_runs_in_a_session_of_its_own(tmp_path: Path) -> None:
+    """A Ctrl-C at `keydispenser up` signals its process group: the Redis server must
+    not get it, so the dispenser can still release its leases there before `up` stops
+    the server."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    try:
+        assert server.process is not None
+        assert os.getsid(server.process.pid) == server.process.pid != os.getsid(0)
+    finally:
+        server.stop()
