@@ -87,6 +87,7 @@ class SnowflakeBench:
             yaml.safe_dump(
                 {
                     "redis_url": settings.redis_url,
+                    "redis_namespace": settings.redis_namespace,  # as the in-process lease
                     "log_level": "WARNING",
                     "id_types": {SNOWFLAKE_TYPE: SNOWFLAKE_TYPE_CONFIG},
                 }
