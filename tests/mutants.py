@@ -103,6 +103,20 @@ MUTANTS: Final = (
         ("tests/integration/test_sentinel_endpoint.py",),
     ),
     Mutant(
+        "embedded_redis_shares_the_terminals_process_group",
+        "shared/ops/embedded.py",
+        'spawn(command, output="discard", own_session=True)',
+        'spawn(command, output="discard")',
+        ("tests/integration/test_bounds.py",),
+    ),
+    Mutant(
+        "a_type_may_be_named_like_the_fences_registry",
+        "shared/domain/settings.py",
+        "            if name in RESERVED_TYPE_NAMES:",
+        "            if False:",
+        ("tests/unit/test_settings.py",),
+    ),
+    Mutant(
         "verhoeff_position_off_by_one",
         "shared/domain/checkdigit.py",
         "c = _D[c][_P[(i + 1) % 8][int(ch)]]",
