@@ -10,6 +10,7 @@ handlers answer through the same functions: ``one_id``, ``refusal`` and ``crashe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -17,12 +18,14 @@ from typing import Final
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from dispenser import envelope
 from dispenser.auth import Gate
 from dispenser.metrics import DispenserMetrics
+from dispenser.rsgi import HTTPProtocol, Lifespan, asgi_headers, asgi_scope, serve_asgi
+from dispenser.rsgi import Scope as RsgiScope
 from dispenser.service import Dispenser
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import KeydispenserError
@@ -31,6 +34,7 @@ from shared.domain.settings import ALIAS
 log = logging.getLogger(__name__)
 ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
 _JSON_HEADERS: Final = (b"content-type", b"application/json")
+_RSGI_JSON_HEADERS: Final = [("content-type", "application/json")]
 
 
 def path_pattern(template: str, name: re.Pattern[str]) -> re.Pattern[str]:
@@ -92,10 +96,12 @@ def crashed(scope: Scope) -> JSONResponse:
 
 
 class FastPath:
-    """Pure ASGI: serves ALLOCATE_ONE itself, hands everything else to ``app``."""
+    """Serves ALLOCATE_ONE itself and hands everything else to ``app``: an ASGI app
+    (uvicorn) and an RSGI app (granian) at once."""
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
+        self._lifespan = Lifespan(app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         served = self._served(scope)
@@ -104,19 +110,37 @@ class FastPath:
         else:
             await _allocate_one(*served, scope, receive, send)
 
+    async def __rsgi__(self, scope: RsgiScope, protocol: HTTPProtocol) -> None:
+        served = None
+        if scope.method == "POST" and "idempotency-key" not in scope.headers:
+            served = self._route(scope.path)
+        if served is None:
+            await serve_asgi(self.app, scope, protocol, self._lifespan.state)
+        else:
+            await _allocate_one_rsgi(*served, scope, protocol, self._lifespan.state)
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._lifespan.startup(loop)
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._lifespan.shutdown(loop)
+
     def _served(self, scope: Scope) -> tuple[Dispenser, str] | None:
         """The service and the type name when this request is one to answer here."""
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        match = ALLOCATE_ONE_PATH.fullmatch(scope["path"])
+        if any(header == b"idempotency-key" for header, _ in scope["headers"]):
+            return None  # the route validates the key and marks replays
+        return self._route(scope["path"])
+
+    def _route(self, path: str) -> tuple[Dispenser, str] | None:
+        match = ALLOCATE_ONE_PATH.fullmatch(path)
         dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
         if match is None or dispenser is None:
             return None
         name = dispenser.segments.get(match["name"])
         if name is None:
             return None  # the route gives the envelope for a malformed or unknown type
-        if any(header == b"idempotency-key" for header, _ in scope["headers"]):
-            return None  # the route validates the key and marks replays
         return dispenser, name
 
 
@@ -133,6 +157,33 @@ async def _allocate_one(
     else:
         await _send_json(send, body)
     dispenser.metrics.observe_latency(ALLOCATE_ONE, started)
+
+
+async def _allocate_one_rsgi(
+    dispenser: Dispenser,
+    name: str,
+    scope: RsgiScope,
+    protocol: HTTPProtocol,
+    state: dict[str, object],
+) -> None:
+    started = time.perf_counter()
+    try:
+        client = ANONYMOUS
+        if dispenser.gate.enabled:
+            client = dispenser.gate.admit(Headers(raw=asgi_headers(scope)), name)
+        body = await one_id(dispenser, name, client)
+    except KeydispenserError as exc:
+        _respond(protocol, refusal(exc, asgi_scope(scope, state), dispenser.metrics))
+    except Exception:
+        _respond(protocol, crashed(asgi_scope(scope, state)))
+    else:
+        protocol.response_bytes(200, _RSGI_JSON_HEADERS, body)
+    dispenser.metrics.observe_latency(ALLOCATE_ONE, started)
+
+
+def _respond(protocol: HTTPProtocol, response: Response) -> None:
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
+    protocol.response_bytes(response.status_code, headers, bytes(response.body))
 
 
 def _client(gate: Gate, scope: Scope, name: str) -> str:

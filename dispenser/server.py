@@ -1,5 +1,6 @@
 """The HTTP servers (uvicorn, granian), configured with the limits a server exposed to
-clients needs. ``dispenser.server`` picks one; both run the same ASGI app.
+clients needs. ``dispenser.server`` picks one; both run the same app: uvicorn as ASGI,
+granian over its native RSGI (``dispenser.rsgi``).
 
 uvicorn offers a concurrency limit, a keep-alive timeout and (for its h11 parser only)
 a bound on the request head. Its faster httptools parser keeps no bound: a client can
@@ -99,7 +100,8 @@ def granian_options(config: DispenserConfig, log_level: str = "INFO") -> dict[st
     return {
         "address": config.host,
         "port": config.port,
-        "interface": Interfaces.ASGI,  # with lifespan: the app starts in every worker
+        # granian's native interface; the app runs its ASGI lifespan in every worker.
+        "interface": Interfaces.RSGI,
         "workers": config.workers,
         "loop": Loops.uvloop,
         "http": HTTPModes.http1,

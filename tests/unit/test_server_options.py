@@ -38,7 +38,7 @@ def test_granian_gets_the_same_limits_in_its_terms() -> None:
     http1 = options["http1_settings"]
     assert http1.header_read_timeout == 7_000  # milliseconds
     assert http1.max_buffer_size == 20_000
-    assert options["interface"] == "asgi"  # the lifespan runs in every worker
+    assert options["interface"] == "rsgi"  # the app runs its ASGI lifespan in every worker
     assert options["workers_kill_timeout"] == uvicorn_options(LIMITS)["timeout_graceful_shutdown"]
     assert options["log_level"] == "warning"
 
