@@ -25,6 +25,7 @@ from shared.stores import redis_keys, sql
 from tests.conftest import (
     NS,
     Servers,
+    both_servers,
     dispenser_over_http,
     end_lease_settling,
     make_settings,
@@ -53,8 +54,8 @@ async def snowflake_settings(
 
 
 @pytest.fixture
-async def client(snowflake_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with dispenser_over_http(snowflake_settings) as http:
+async def client(snowflake_settings: Settings, server: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with dispenser_over_http(snowflake_settings, server) as http:
         yield http
 
 
@@ -99,6 +100,7 @@ def error_code(reply: httpx.Response) -> str:
     return code
 
 
+@both_servers  # minting in each worker process, behind either server
 async def test_single_batch_validate_and_decode(
     client: httpx.AsyncClient, snowflake_settings: Settings
 ) -> None:
