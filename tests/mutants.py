@@ -252,9 +252,9 @@ MUTANTS: Final = (
     Mutant(
         "client_retries_with_a_new_idempotency_key",
         "shared/client/aio.py",
-        "reply = await self._http.post(path, params=params, headers=request_headers)",
+        "reply = await self._http.post(self._fetch_url, headers=request_headers)",
         "reply = await self._http.post(\n"
-        "                    path, params=params,\n"
+        "                    self._fetch_url,\n"
         "                    headers={'Idempotency-Key': protocol.new_idempotency_key()},\n"
         "                )",
         CLIENT_TESTS,

@@ -61,6 +61,11 @@ class AsyncKeyClient:
             transport=transport,
             limits=httpx.Limits(max_connections=self._buffering.fetchers + 4),
         )
+        # Built once: httpx merging the base URL and the query on every request costs
+        # about as much CPU as parsing the batch it fetches.
+        self._fetch_url = self._http.build_request(
+            "POST", protocol.fetch_path(id_type), params={"count": self._buffering.batch}
+        ).url
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> AsyncKeyClient:
@@ -172,12 +177,10 @@ class AsyncKeyClient:
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
         if not self._idempotent:
             request_headers = {}
-        params = {"count": self._buffering.batch}
         backoff = Backoff()
-        path = protocol.fetch_path(self.id_type)
         while True:
             try:
-                reply = await self._http.post(path, params=params, headers=request_headers)
+                reply = await self._http.post(self._fetch_url, headers=request_headers)
                 outcome = protocol.fetched(reply.status_code, reply.headers, reply.content, backoff)
             except httpx.TransportError as exc:
                 outcome = protocol.unreachable(exc, backoff)
