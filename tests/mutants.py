@@ -260,6 +260,13 @@ MUTANTS: Final = (
         CLIENT_TESTS,
     ),
     Mutant(
+        "client_take_nowait_hands_out_a_key_twice",
+        "shared/client/aio.py",
+        "key = buffer.popleft()",
+        "key = buffer[0]",
+        CLIENT_TESTS,
+    ),
+    Mutant(
         "client_ignores_retry_after",
         "shared/client/protocol.py",
         'return Wait(max(waited, 0.0), f"{status} {code}", from_server=True)',

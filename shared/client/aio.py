@@ -99,6 +99,19 @@ class AsyncKeyClient:
             return key
         return await self._take_waiting(timeout_s)
 
+    def take_nowait(self) -> str | None:
+        """One buffered key, to this task only, without awaiting; None when none is
+        buffered right now (the take that emptied the buffer asked for a refill).
+        ``client.take_nowait() or await client.take()`` pays for a coroutine only when
+        the buffer is empty; ``take`` waits for a key and raises the errors."""
+        buffer = self._buffer
+        if buffer:
+            key = buffer.popleft()
+            if not self._filling and len(buffer) < self._low:
+                self._want()
+            return key
+        return None
+
     async def take_many(self, count: int, timeout_s: float = DEFAULT_TAKE_TIMEOUT_S) -> list[str]:
         return [await self.take(timeout_s) for _ in range(count)]
 
