@@ -252,11 +252,18 @@ MUTANTS: Final = (
     Mutant(
         "client_retries_with_a_new_idempotency_key",
         "shared/client/aio.py",
-        "reply = await self._http.post(path, params=params, headers=request_headers)",
+        "reply = await self._http.post(self._fetch_url, headers=request_headers)",
         "reply = await self._http.post(\n"
-        "                    path, params=params,\n"
+        "                    self._fetch_url,\n"
         "                    headers={'Idempotency-Key': protocol.new_idempotency_key()},\n"
         "                )",
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "client_take_nowait_hands_out_a_key_twice",
+        "shared/client/aio.py",
+        "key = buffer.popleft()",
+        "key = buffer[0]",
         CLIENT_TESTS,
     ),
     Mutant(

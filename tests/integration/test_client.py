@@ -158,6 +158,37 @@ async def test_tasks_sharing_an_async_client_never_get_the_same_key(
     assert len(every) == len(set(every)) == 2_400
 
 
+async def test_tasks_taking_without_awaiting_never_get_the_same_key(
+    url: str, redis_client: aioredis.Redis, hot: HotStore
+) -> None:
+    await fill(hot, "farmer", 5_000)
+
+    async def taker(client: AsyncKeyClient) -> list[str]:
+        keys = []
+        for _ in range(300):
+            keys.append(client.take_nowait() or await client.take(DEADLINE_S))
+            await asyncio.sleep(0)  # the other takers run between two takes
+        return keys
+
+    async with AsyncKeyClient(url, "farmer", buffering=Buffering(batch=100)) as client:
+        taken = await asyncio.gather(*(taker(client) for _ in range(8)))
+    every = [key for keys in taken for key in keys]
+    assert len(every) == len(set(every)) == 2_400
+
+
+async def test_take_nowait_answers_none_once_the_buffer_is_empty_and_it_refills(
+    url: str, redis_client: aioredis.Redis, hot: HotStore
+) -> None:
+    pushed = await fill(hot, "farmer", 10)
+    async with AsyncKeyClient(url, "farmer", buffering=Buffering(batch=5, low=1, high=5)) as client:
+        await until(lambda: client.depth == 5)
+        taken = [client.take_nowait() for _ in range(5)]
+        assert client.take_nowait() is None  # no await since: the fetcher had no turn
+        await until(lambda: client.depth == 5)
+        assert await client.take(DEADLINE_S) == pushed[5]
+    assert taken == pushed[:5]
+
+
 async def test_retry_after_is_waited_before_asking_again(
     url: str, redis_client: aioredis.Redis, hot: HotStore
 ) -> None:
