@@ -14,6 +14,7 @@ from shared.domain.idtypes import IdType
 from shared.domain.settings import Settings
 from shared.stores.cold_store import SequenceState
 from shared.stores.hot_store import Depth, Pushed
+from shared.stores.ports import OpenBatch
 from shared.stores.sync_record import NO_STAMP, Stamp
 
 
@@ -58,7 +59,7 @@ class ServerEpochs:
 class NoCold:
     """push() never reads the cold tier."""
 
-    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
+    async def begin_take(self, name: str, size: int) -> OpenBatch:
         raise AssertionError("not expected")
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
