@@ -79,7 +79,7 @@ MUTANTS: Final = (
         "keysync/main.py",
         "            await following.rollback()\n            return await pushing, None",
         "            await following.commit()\n            return await pushing, None",
-        ("tests/integration/test_fault_points.py",),
+        ("tests/integration/test_fault_points.py", "tests/unit/test_keysync_push.py"),
     ),
     Mutant(
         "keysync_take_batch_never_deletes",
