@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from keysync.metrics import KeysyncMetrics
 from shared.domain.errors import FenceHalted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import Settings
+from shared.domain.settings import IdTypeConfig, Settings
 from shared.metrics import Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
@@ -35,7 +35,7 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
 from shared.stores.ledger_stream import LedgerStream
-from shared.stores.ports import ColdInventory, HotLists
+from shared.stores.ports import ColdInventory, HotLists, OpenBatch
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
 from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
@@ -45,6 +45,13 @@ log = logging.getLogger(__name__)
 PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
 LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
+# How long the next batch's open transaction waits for the push before it is rolled back.
+NEXT_BATCH_HOLD_S = 1.0
+
+
+def _want(config: IdTypeConfig, depth: int) -> int:
+    """Keys to take next for a hot list of ``depth`` keys (0 or less: none)."""
+    return min(config.sync_batch, config.hot.high - depth)
 
 
 class RefillMeter:
@@ -87,27 +94,66 @@ class Keysync:
             await self.refill(id_type)
 
     async def refill(self, id_type: IdType) -> int:
-        """Top a hot list up to its high watermark when below its low one; returns moved."""
+        """Top a hot list up to its high watermark when below its low one; returns moved.
+
+        Pipelined: while a committed batch is pushed, the next one is deleted in a
+        transaction left open, committed only once that push succeeded
+        (``_push_taking_next``).
+        So at any instant at most one batch is committed and not yet pushed.
+        """
         name, config = id_type.name, id_type.config
         seen = await self._hot.observe(name)
         self._token, depth = seen.token, seen.length
         if depth >= config.hot.low:
             return 0
-        moved = 0
-        while depth < config.hot.high:
-            keys, stamp = await self._cold.take_batch(
-                name, min(config.sync_batch, config.hot.high - depth)
-            )
-            if not keys:
-                await self._cold_empty(name)
-                break
-            self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
-            depth = await self.push(name, keys, stamp)
-            moved += len(keys)
-            await self._record_refill(name, len(keys))
+        moved, following = 0, None
+        try:
+            while depth < config.hot.high:
+                taken = following or await self._cold.begin_take(name, _want(config, depth))
+                await taken.commit()
+                if not taken.keys:
+                    await self._cold_empty(name)
+                    break
+                self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
+                size = _want(config, depth + len(taken.keys))
+                depth, following = await self._push_taking_next(name, taken, size)
+                moved += len(taken.keys)
+        finally:
+            if following is not None:  # still open: another keysync filled the list, or
+                await following.rollback()  # this one failed (no-op once committed)
         if moved:
             log.info("refilled", extra={"id_type": name, "moved": moved, "hot_depth": depth})
         return moved
+
+    async def _push_taking_next(
+        self, name: str, taken: OpenBatch, size: int
+    ) -> tuple[int, OpenBatch | None]:
+        """Push a committed batch while the next ``size`` keys are taken (none when 0).
+
+        The next batch's transaction stays open until this push succeeded, and is rolled
+        back if it failed or has not succeeded within ``NEXT_BATCH_HOLD_S`` (the open
+        transaction holds the sync clock's row lock). Returns the hot list's length and
+        the next batch, still to be committed.
+        """
+        pushing = asyncio.ensure_future(self._push_recorded(name, taken))
+        if size <= 0:
+            return await pushing, None
+        try:
+            following = await self._cold.begin_take(name, size)
+        except BaseException:
+            await asyncio.wait([pushing])
+            pushing.result()  # the committed batch's own failure comes first
+            raise
+        done, _ = await asyncio.wait([pushing], timeout=NEXT_BATCH_HOLD_S)
+        if not done or pushing.cancelled() or pushing.exception() is not None:
+            await following.rollback()
+            return await pushing, None
+        return pushing.result(), following
+
+    async def _push_recorded(self, name: str, taken: OpenBatch) -> int:
+        depth = await self.push(name, taken.keys, taken.stamp)
+        await self._record_refill(name, len(taken.keys))
+        return depth
 
     async def _record_refill(self, name: str, keys: int) -> None:
         """Publish the refill rate, from which dispensers derive IDG-001's Retry-After."""

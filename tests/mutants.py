@@ -65,20 +65,30 @@ MUTANTS: Final = (
     Mutant(
         "keysync_pushes_before_its_commit_point",
         "keysync/main.py",
-        '            self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet\n'
-        "            depth = await self.push(name, keys, stamp)\n",
-        "            depth = await self.push(name, keys, stamp)\n"
-        '            self._fault("keysync.committed")\n',
+        '                self._fault("keysync.committed")'
+        "  # the DELETE committed, nothing pushed yet\n"
+        "                size = _want(config, depth + len(taken.keys))\n"
+        "                depth, following = await self._push_taking_next(name, taken, size)\n",
+        "                size = _want(config, depth + len(taken.keys))\n"
+        "                depth, following = await self._push_taking_next(name, taken, size)\n"
+        '                self._fault("keysync.committed")\n',
         ("tests/integration/test_fault_points.py",),
+    ),
+    Mutant(
+        "keysync_commits_the_next_batch_before_the_push_succeeded",
+        "keysync/main.py",
+        "            await following.rollback()\n            return await pushing, None",
+        "            await following.commit()\n            return await pushing, None",
+        ("tests/integration/test_fault_points.py", "tests/unit/test_keysync_push.py"),
     ),
     Mutant(
         "keysync_take_batch_never_deletes",
         "shared/stores/sql.py",
-        "    DELETE FROM {cold}\n    WHERE EXISTS (SELECT 1 FROM stamp)\n"
-        "      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))\n"
+        "    DELETE FROM {cold}\n"
+        "    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1))\n"
         "    RETURNING key",
-        "    SELECT key FROM {cold}\n    WHERE EXISTS (SELECT 1 FROM stamp)\n"
-        "      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))",
+        "    SELECT key FROM {cold}\n"
+        "    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1))",
         ("tests/integration/test_pipeline.py", "tests/integration/test_fault_points.py"),
     ),
     Mutant(

@@ -97,7 +97,9 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import Options, run
 
     servers = tuple(name.strip() for name in args.servers.split(","))
-    options = Options(args.load, tuple(args.processes), args.sync_batch, args.keysyncs, servers)
+    options = Options(
+        args.load, tuple(args.processes), args.sync_batch, args.keysyncs, servers, args.rate
+    )
     results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
@@ -267,6 +269,12 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     bench.add_argument(
         "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
+    )
+    bench.add_argument(
+        "--rate",
+        type=_rate,
+        metavar="KEYS_PER_S",
+        help="pipeline: keys/s the clients offer together (default 200000; 0: full speed)",
     )
     bench.add_argument(
         "--servers",
@@ -451,6 +459,16 @@ def _seconds(raw: str) -> float:
         value = -1.0
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def _rate(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of keys/s >= 0, got {raw!r}")
     return value
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -71,6 +72,59 @@ def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
     if row is None:
         raise KeydispenserError(f"postgres: {operation} returned no row")
     return row
+
+
+def unpack_keys(packed: str | None, count: int) -> list[str]:
+    """The keys of a batch as TAKE_BATCH returns them (newline-joined, NULL for none)."""
+    keys = packed.split("\n") if packed else []
+    if len(keys) != count:
+        raise KeydispenserError(f"postgres: a batch of {count} keys came back as {len(keys)}")
+    return keys
+
+
+async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[None]]) -> None:
+    """Finish a take's transaction and give its connection back, whatever happens."""
+    try:
+        async with translated("take_batch"):
+            await finish()
+    finally:
+        await pool.release(conn)
+
+
+async def _roll_back(pool: asyncpg.Pool, conn: Any, transaction: Any) -> None:
+    """Errors are swallowed: a connection that broke rolls its transaction back too."""
+    with contextlib.suppress(StoreUnavailable):
+        await _end(pool, conn, transaction.rollback)
+
+
+@dataclass
+class OpenTake:
+    """Keys deleted in a transaction still open: taken only once ``commit`` returns.
+
+    Until then the transaction holds the sync clock's row lock (sql.py, GUARD_TAKE):
+    other takes, leases and the fence wait for it. Finish it with ``commit`` or
+    ``rollback`` (a rollback after either does nothing). A ``commit`` that fails may or
+    may not have committed: the keys must then be treated as lost, never pushed.
+    """
+
+    keys: list[str]
+    stamp: Stamp
+    _pool: Any = field(repr=False)
+    _conn: Any = field(repr=False)
+    _transaction: Any = field(repr=False)
+    _finished: bool = field(default=False, repr=False)
+
+    async def commit(self) -> None:
+        if self._finished:
+            raise KeydispenserError("take_batch: this batch's transaction already ended")
+        self._finished = True
+        await _end(self._pool, self._conn, self._transaction.commit)
+
+    async def rollback(self) -> None:
+        """Give the keys back."""
+        if not self._finished:
+            self._finished = True
+            await _roll_back(self._pool, self._conn, self._transaction)
 
 
 # Every statement's deadline. A server that dies mid-COPY can leave the client waiting
@@ -156,20 +210,37 @@ class ColdStore:
                 sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
             )
 
+    async def begin_take(
+        self, name: str, size: int, record: Record, *, in_order: bool = False
+    ) -> OpenTake:
+        """Remove up to ``size`` keys behind the guard (``in_order``: the lowest, sorted),
+        leaving the transaction open: nothing is taken until ``OpenTake.commit``.
+        PostgresBehind when this server's history does not cover ``record``."""
+        statement = sql.for_type(sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH, name)
+        async with translated("take_batch"):
+            conn = await self._pool.acquire()
+        transaction = conn.transaction()
+        try:
+            async with translated("take_batch"):
+                await transaction.start()
+                guard = await conn.fetchrow(sql.GUARD_TAKE, *record.guard_args())
+                if guard is None:
+                    raise PostgresBehind(f"batch of '{name}' refused by the guard")
+                row = one_row(await conn.fetchrow(statement, size), "take_batch")
+            keys = unpack_keys(row["keys"], int(row["taken"]))
+        except BaseException:
+            await _roll_back(self._pool, conn, transaction)
+            raise
+        stamp = Stamp(int(guard["timeline"]), int(guard["fork"]), int(guard["clock"]))
+        return OpenTake(keys, stamp, self._pool, conn, transaction)
+
     async def take_batch(
         self, name: str, size: int, record: Record, *, in_order: bool = False
     ) -> tuple[list[str], Stamp]:
-        """Remove and return up to ``size`` keys behind the guard (``in_order``: the
-        lowest, sorted); committed when this returns. PostgresBehind when this server's
-        history does not cover ``record``."""
-        statement = sql.for_type(sql.TAKE_BATCH_IN_ORDER if in_order else sql.TAKE_BATCH, name)
-        async with translated("take_batch"):
-            row = one_row(
-                await self._pool.fetchrow(statement, *record.guard_args(), size), "take_batch"
-            )
-        if row["clock"] is None:
-            raise PostgresBehind(f"batch of '{name}' refused by the guard")
-        return list(row["keys"]), Stamp(int(row["timeline"]), int(row["fork"]), int(row["clock"]))
+        """``begin_take`` and commit: the keys are taken when this returns."""
+        taken = await self.begin_take(name, size, record, in_order=in_order)
+        await taken.commit()
+        return taken.keys, taken.stamp
 
     async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""

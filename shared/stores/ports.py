@@ -15,10 +15,24 @@ from shared.stores.hot_store import Depth, Pushed
 from shared.stores.sync_record import Stamp
 
 
+class OpenBatch(Protocol):
+    """Keys deleted in a transaction still open (``cold_store.OpenTake``)."""
+
+    @property
+    def keys(self) -> list[str]: ...
+
+    @property
+    def stamp(self) -> Stamp: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
 class ColdInventory(Protocol):
     """keysync's view of the cold tier."""
 
-    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]: ...
+    async def begin_take(self, name: str, size: int) -> OpenBatch: ...
 
     async def sequence_state(self, id_type: IdType) -> SequenceState: ...
 

@@ -12,6 +12,7 @@ touched. docs/reliability.md explains the design.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -21,7 +22,14 @@ from typing import Any
 from shared.domain.errors import FenceHalted, PostgresBehind
 from shared.domain.idtypes import IdType
 from shared.stores import sql
-from shared.stores.cold_store import ColdStore, LeasedRange, SequenceState, one_row, translated
+from shared.stores.cold_store import (
+    ColdStore,
+    LeasedRange,
+    OpenTake,
+    SequenceState,
+    one_row,
+    translated,
+)
 from shared.stores.sync_record import NO_STAMP, UNGUARDED, Record, Stamp, SyncRecord
 
 log = logging.getLogger(__name__)
@@ -213,19 +221,22 @@ class GuardedCold:
             self._on_fence(report)
         return report
 
-    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
-        """A batch and its stamp (NO_STAMP with the guard off: nothing is recorded)."""
+    async def begin_take(self, name: str, size: int) -> OpenTake:
+        """A batch taken in a transaction left open (``OpenTake``), with its stamp
+        (NO_STAMP with the guard off: nothing is recorded)."""
         in_order = name in self._types and self._types[name].sequential
         try:
-            keys, stamp = await self.cold.take_batch(
-                name, size, await self.record(), in_order=in_order
-            )
+            taken = await self.cold.begin_take(name, size, await self.record(), in_order=in_order)
         except PostgresBehind:
             await self.fence()
-            keys, stamp = await self.cold.take_batch(
-                name, size, await self.record(), in_order=in_order
-            )
-        return keys, stamp if self._sync is not None else NO_STAMP
+            taken = await self.cold.begin_take(name, size, await self.record(), in_order=in_order)
+        return taken if self._sync is not None else dataclasses.replace(taken, stamp=NO_STAMP)
+
+    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
+        """``begin_take`` and commit: the keys are taken when this returns."""
+        taken = await self.begin_take(name, size)
+        await taken.commit()
+        return taken.keys, taken.stamp
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         """Lease behind the guard and record the lease before any key of it is made."""

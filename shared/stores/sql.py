@@ -225,41 +225,39 @@ SET candidates = coalesce(candidates, 0) + $3,
 WHERE id_type = $1 AND range_start = $2
 """
 
-# $1-$3: the guard's. $4: batch size. Claims and removes up to $4 keys (concurrent
-# callers skip each other's rows); one row: the stamp (NULL when the guard refused and
-# nothing was taken) and the keys.
-TAKE_BATCH: Final = (
-    _GUARD
-    + """,
-taken AS (
+# A batch is taken in one transaction of two statements (``ColdStore.begin_take``):
+# GUARD_TAKE, then TAKE_BATCH or TAKE_BATCH_IN_ORDER. The guard's UPDATE locks the
+# clock row until the transaction ends, and every statement that deletes cold keys (the
+# other keysyncs' takes, the fence's discard) runs behind that lock, so takes never
+# overlap and each DELETE's snapshot, taken after the lock, sees every earlier take
+# committed: its rows need no row locks (``FOR UPDATE SKIP LOCKED`` would write a lock
+# record per row for nothing). A row is still deleted, and returned, at most once: that
+# is the DELETE's own guarantee.
+# $1-$3: the guard's. One row: the stamp; no row when the guard refused (roll back).
+GUARD_TAKE: Final = _GUARD + "\nSELECT timeline, fork, clock FROM stamp"
+
+# $1: batch size. After GUARD_TAKE. Removes up to $1 keys; one row: how many, and the
+# keys joined by newlines (NULL when none; keys never hold a newline). One text value
+# costs the server and the driver less than an array of thousands.
+TAKE_BATCH: Final = """
+WITH taken AS (
     DELETE FROM {cold}
-    WHERE EXISTS (SELECT 1 FROM stamp)
-      AND ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $4 FOR UPDATE SKIP LOCKED))
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1))
     RETURNING key
 )
-SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
-       (SELECT clock FROM stamp) AS clock, ARRAY(SELECT key FROM taken) AS keys
+SELECT count(*) AS taken, string_agg(key, E'\\n') AS keys FROM taken
 """
-)
 
 # TAKE_BATCH for sequential types: the lowest keys first, returned in order (keys of a
 # sequential type are zero-padded, so byte order is counter order).
-TAKE_BATCH_IN_ORDER: Final = (
-    _GUARD
-    + """,
-taken AS (
+TAKE_BATCH_IN_ORDER: Final = """
+WITH taken AS (
     DELETE FROM {cold}
-    WHERE EXISTS (SELECT 1 FROM stamp)
-      AND ctid = ANY (ARRAY(
-          SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $4 FOR UPDATE SKIP LOCKED
-      ))
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $1))
     RETURNING key
 )
-SELECT (SELECT timeline FROM stamp) AS timeline, (SELECT fork FROM stamp) AS fork,
-       (SELECT clock FROM stamp) AS clock,
-       ARRAY(SELECT key FROM taken ORDER BY key COLLATE "C") AS keys
+SELECT count(*) AS taken, string_agg(key, E'\\n' ORDER BY key COLLATE "C") AS keys FROM taken
 """
-)
 
 # $1: cap. Cold inventory, counted up to $1 rows so the cost stays bounded.
 COUNT_COLD_UP_TO: Final = "SELECT count(*) FROM (SELECT 1 FROM {cold} LIMIT $1) AS capped"

@@ -79,5 +79,8 @@ def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
     assert report["keys_dispensed"] > 0 and report["other_errors"] == 0
     assert report["keys_dispensed"] % report["batch"] == 0 or report["hot_ran_dry"]
     assert isinstance(report["hot_ran_dry"], bool)  # reported; depends on speed
-    for rate in ("keys_per_s", "keygen_keys_per_s", "keysync_keys_per_s"):
+    for rate in ("keys_per_s", "offered_keys_per_s", "keygen_keys_per_s", "keysync_keys_per_s"):
         assert report[rate] >= 0
+    assert report["rate_keys_per_s"] == 200_000  # the default offered load
+    assert report["requests"] <= 0.2 * 200_000 / report["batch"]  # paced, not full speed
+    assert report["hot_depth_samples"] > 0

@@ -136,6 +136,17 @@ def test_fill_refuses_an_unknown_type(settings: Settings, tmp_path: Path) -> Non
     assert bad_count.returncode == 2 and "--count" in bad_count.stderr
 
 
+@pytest.mark.parametrize("rate", ["fast", "-1", "nan", "inf"])
+def test_bench_refuses_a_bad_rate_naming_the_option(
+    settings: Settings, tmp_path: Path, rate: str
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    result = run_cli("bench", "pipeline", "--rate", rate, "--seconds", "0.1", env=env)
+    assert result.returncode == 2
+    assert "--rate" in result.stderr and "keys/s >= 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_path: Path) -> None:
     import yaml
 

@@ -8,6 +8,7 @@ tiers right after the "crash" and then run a fresh keysync over what is left.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import asyncpg
 import pytest
@@ -20,9 +21,9 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
+from shared.stores.hot_store import HotStore, Pushed
 from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
 from tests.conftest import NS
 from tests.integration.test_pipeline import cold_keys
 
@@ -68,6 +69,47 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
         assert not set(pushed) & lost
         assert not set(pushed) & remaining
         assert len(before) == len(remaining) + len(pushed) + len(lost)  # nothing twice
+    finally:
+        await cold.close()
+        await hot.close()
+
+
+class DiesInFirstPush(HotStore):
+    """Dies (as SIGKILL would) during its first push, after the next batch was taken."""
+
+    async def push(
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = NO_STAMP,
+    ) -> Pushed:
+        await asyncio.sleep(0.2)  # long enough for the next batch's DELETE to have run
+        raise Killed("keysync.pushing")
+
+
+async def test_killed_while_pushing_loses_only_the_batch_being_pushed(
+    settings: Settings, redis_client: aioredis.Redis, sync: SyncRecord
+) -> None:
+    """The next batch is deleted during the push, but commits only after it succeeded."""
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    hot = DiesInFirstPush.from_settings(settings)
+    types = build_id_types(settings)
+    config = settings.pooled("farmer")
+    assert config.hot.high >= 2 * config.sync_batch  # a second batch is taken meanwhile
+    try:
+        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        while await keygen.step():
+            pass
+        before = set(await cold_keys(settings.postgres_dsn, "farmer"))
+        with pytest.raises(Killed):
+            await Keysync(settings, GuardedCold(cold, sync, types), hot).refill(types["farmer"])
+        after_crash = set(await cold_keys(settings.postgres_dsn, "farmer"))
+        assert len(before - after_crash) == config.sync_batch  # the second was rolled back
+        assert await redis_client.llen(redis_keys.hot_list_key(NS, "farmer")) == 0
+        async with cold.connection() as conn:  # and nothing of it is left open
+            await conn.fetchval("SELECT clock FROM kd_sync_clock WHERE id = 1 FOR UPDATE NOWAIT")
     finally:
         await cold.close()
         await hot.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
 
@@ -10,10 +11,11 @@ import pytest
 from keysync.main import Keysync
 from shared import runtime
 from shared.domain.errors import StoreUnavailable
-from shared.domain.idtypes import IdType
+from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.stores.cold_store import SequenceState
 from shared.stores.hot_store import Depth, Pushed
+from shared.stores.ports import OpenBatch
 from shared.stores.sync_record import NO_STAMP, Stamp
 
 
@@ -58,7 +60,7 @@ class ServerEpochs:
 class NoCold:
     """push() never reads the cold tier."""
 
-    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
+    async def begin_take(self, name: str, size: int) -> OpenBatch:
         raise AssertionError("not expected")
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
@@ -146,3 +148,77 @@ def test_fault_points_are_inert_unless_named(monkeypatch: pytest.MonkeyPatch) ->
     assert exits == []
     hook("keysync.committed")
     assert exits == [137]
+
+
+class Batch:
+    """A batch whose transaction is open until commit or rollback."""
+
+    def __init__(self, keys: list[str], log: list[str]) -> None:
+        self.keys, self.stamp, self._log = keys, NO_STAMP, log
+
+    async def commit(self) -> None:
+        self._log.append(f"commit {self.keys[0]}")
+
+    async def rollback(self) -> None:
+        self._log.append(f"rollback {self.keys[0]}")
+
+
+class Cold(NoCold):
+    """Hands out batches of ``size`` keys named by a counter, logging each step."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.taken = 0
+
+    async def begin_take(self, name: str, size: int) -> OpenBatch:
+        self.taken += 1
+        self.log.append(f"take b{self.taken}")
+        return Batch([f"b{self.taken}-{n}" for n in range(size)], self.log)
+
+
+class SlowPushes(ServerEpochs):
+    def __init__(self, delay_s: float, log: list[str]) -> None:
+        super().__init__()
+        self.delay_s, self.log = delay_s, log
+
+    async def push(
+        self, name: str, keys: Sequence[str], batch_id: str, pin: str = "", stamp: Stamp = NO_STAMP
+    ) -> Pushed:
+        await asyncio.sleep(self.delay_s)
+        pushed = await super().push(name, keys, batch_id, pin, stamp)
+        self.log.append(f"pushed {keys[0]}")
+        return pushed
+
+
+def pipelined(servers: ServerEpochs, cold: Cold) -> tuple[Keysync, IdType]:
+    config = {"kind": "numeric", "length": 10, "sync_batch": 2, "hot": {"low": 5, "high": 6}}
+    settings = Settings.model_validate({"id_types": {"t": config}})
+    return Keysync(settings, cold, servers), build_id_types(settings, generating=False)["t"]
+
+
+async def test_each_batch_commits_only_after_the_one_before_was_pushed() -> None:
+    cold = Cold()
+    servers = SlowPushes(0.0, cold.log)
+    sync, id_type = pipelined(servers, cold)
+    assert await sync.refill(id_type) == 6
+    assert cold.log == [
+        "take b1", "commit b1-0",
+        "take b2", "pushed b1-0", "commit b2-0",  # b2 deleted during b1's push
+        "take b3", "pushed b2-0", "commit b3-0",
+        "pushed b3-0",
+    ]  # fmt: skip
+    assert servers.lists["A"] == [f"b{b}-{n}" for b in (1, 2, 3) for n in (0, 1)]
+
+
+async def test_a_push_slower_than_the_hold_rolls_the_next_batch_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The open transaction holds the sync clock's row: it never waits long on Redis."""
+    monkeypatch.setattr("keysync.main.NEXT_BATCH_HOLD_S", 0.01)
+    cold = Cold()
+    servers = SlowPushes(0.05, cold.log)
+    sync, id_type = pipelined(servers, cold)
+    assert await sync.refill(id_type) == 6
+    assert cold.log[:5] == ["take b1", "commit b1-0", "take b2", "rollback b2-0", "pushed b1-0"]
+    assert "commit b2-0" not in cold.log
+    assert len(servers.lists["A"]) == 6 and len(set(servers.lists["A"])) == 6

@@ -25,6 +25,7 @@ class Options:
     sync_batch: int = 0  # keysync: keys per batch (0: the product default)
     keysyncs: int = 1  # pipeline: keysync processes
     servers: tuple[str, ...] = ("uvicorn", "granian")  # dispense: HTTP servers measured
+    rate: float | None = None  # pipeline: keys/s offered (0: full speed; None: its default)
 
 
 async def run(target: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
@@ -48,7 +49,8 @@ async def run(target: str, settings: Settings, seconds: float, options: Options)
     if target == "pipeline":
         from shared.ops.bench import pipeline
 
-        return await pipeline.run(settings, seconds, options.keysyncs)
+        rate = pipeline.DEFAULT_RATE if options.rate is None else options.rate
+        return await pipeline.run(settings, seconds, options.keysyncs, rate)
     if target == "client":
         from shared.ops.bench import client
 

@@ -6,15 +6,20 @@ database and the Redis database at ``redis_url`` (a scratch one: the bench refus
 holding keydispenser state). keygen first fills the cold inventory alone to
 ``PREFILL_KEYS_PER_S x --seconds`` keys (what the target rate needs for the whole run),
 then keysync fills the hot list (low 100,000, high 400,000; less for runs under 4 s);
-then batch clients take ``POST /v1/keys/{type}?count=5000`` at full speed for
-``--seconds`` while keysync refills and keygen, idle at first, generates again once
-the cold inventory falls below half the prefill (its low watermark), as in production.
+then batch clients take ``POST /v1/keys/{type}?count=5000`` for ``--seconds`` while
+keysync refills and keygen, idle at first, generates again once the cold inventory
+falls below half the prefill (its low watermark), as in production.
 
-Reported: keys/s dispensed; ``hot_ran_dry`` (any 503 IDG-001, after which that client
-waits the Retry-After as every client must, or any batch answered short: the pop
-emptied the list); the smallest hot depth sampled; and each tier's rate
-over the same window: keygen's committed keys, keysync's moved keys (dispensed plus
-the hot list's growth).
+The clients offer a fixed aggregate load, ``--rate`` keys/s (default 200,000, the
+target): request k is due ``k x 5000 / rate`` seconds after the start, by the
+monotonic clock, so waits never drift; a client that is late sends at once. ``--rate
+0`` takes at full speed instead (each client asks again as soon as it is answered).
+
+Reported: keys/s dispensed next to the keys/s offered; ``hot_ran_dry`` (any 503
+IDG-001, after which that client waits the Retry-After as every client must, any batch
+answered short: the pop emptied the list, or a sampled hot depth of 0); the smallest
+hot depth sampled (LLEN every 50 ms); and each tier's rate over the same window:
+keygen's committed keys, keysync's moved keys (dispensed plus the hot list's growth).
 """
 
 from __future__ import annotations
@@ -50,7 +55,11 @@ PREFILL_KEYS_PER_S = 200_000  # the target rate: the prefill covers the run at i
 RANGE_SIZE = 1 << 20
 HOT_HIGH = 400_000  # the hot list's high watermark (low: a quarter), for runs of 4 s or more
 MIN_PREFILL = 40_000  # short runs (tests) scale the prefill and the hot list down
+# keysync's batch: fewer, larger takes keep up with 200,000 keys/s on a shared machine
+# (a crash loses at most one batch: 20,000 keys wasted, never reissued).
+SYNC_BATCH = 20_000
 SAMPLE_S = 0.05
+DEFAULT_RATE = 200_000  # keys/s the clients offer together (0: full speed)
 START_DEADLINE_S = 60.0
 TARGETS = {"keys_per_s": 200_000, "hot_ran_dry": False}
 
@@ -73,7 +82,7 @@ def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> di
                 "range_size": RANGE_SIZE,
                 "cold": {"low": prefill // 2, "high": prefill},
                 "hot": hot_marks(prefill),
-                "sync_batch": 5_000,
+                "sync_batch": SYNC_BATCH,
             }
         },
         "dispenser": {"port": port, "max_batch": BATCH, "idempotency_ttl_s": 60},
@@ -93,8 +102,42 @@ class Drain:
     depths: list[int] = field(default_factory=list)
 
 
-async def _client(session: aiohttp.ClientSession, url: str, deadline: float, drain: Drain) -> None:
-    while time.monotonic() < deadline:
+@dataclass
+class Schedule:
+    """When each request is due: the k-th at ``start + k x interval`` (monotonic clock;
+    interval 0: full speed, every request due at once until ``deadline``)."""
+
+    start: float
+    deadline: float
+    interval: float
+    offered: int = 0  # requests claimed so far
+    max_lag: float = 0.0  # the latest a request was sent after it was due
+
+    @classmethod
+    def at_rate(cls, start: float, seconds: float, rate: float) -> Schedule:
+        return cls(start, start + seconds, BATCH / rate if rate else 0.0)
+
+    def claim(self) -> float | None:
+        """The due time of the next request; None when the schedule is over."""
+        due = self.start + self.offered * self.interval if self.interval else time.monotonic()
+        if due >= self.deadline:
+            return None
+        self.offered += 1
+        return due
+
+    def sent_late(self, lag: float) -> None:
+        self.max_lag = max(self.max_lag, lag)
+
+
+async def _client(
+    session: aiohttp.ClientSession, url: str, schedule: Schedule, drain: Drain
+) -> None:
+    while (due := schedule.claim()) is not None:
+        wait = due - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif schedule.interval:
+            schedule.sent_late(-wait)
         async with session.post(url) as reply:
             body = await reply.read()
         drain.requests += 1
@@ -105,8 +148,8 @@ async def _client(session: aiohttp.ClientSession, url: str, deadline: float, dra
         elif reply.status == 503 and b"IDG-001" in body:
             drain.pool_empty += 1
             # As every client must: wait the Retry-After (spinning would starve keysync).
-            wait = float(reply.headers.get("Retry-After", "1"))
-            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+            retry = float(reply.headers.get("Retry-After", "1"))
+            await asyncio.sleep(max(0.0, min(retry, schedule.deadline - time.monotonic())))
         else:
             drain.other_errors += 1
 
@@ -128,9 +171,11 @@ async def _wait_for(what: str, check: Any, deadline_s: float, logs: Callable[[],
 
 
 class Pipeline:
-    def __init__(self, settings: Settings, seconds: float, work: Path, keysyncs: int) -> None:
+    def __init__(
+        self, settings: Settings, seconds: float, work: Path, keysyncs: int, rate: float
+    ) -> None:
         self.settings, self.seconds, self.work = settings, seconds, work
-        self.keysyncs = keysyncs
+        self.keysyncs, self.rate = keysyncs, rate
         # The key the scratch database is migrated with, and the processes run with.
         secret = settings.permutation_key
         self.permutation_key = secret.get_secret_value() if secret else BENCH_PERMUTATION_KEY
@@ -194,12 +239,13 @@ class Pipeline:
             raise KeydispenserError("bench pipeline: the dispenser did not start")
         accepted_before = (await cold.range_stats(PIPE_TYPE))["accepted"]
         hot_before = int(await redis_client.llen(hot_key))
-        drain, elapsed = await self._drain(redis_client)
+        drain, schedule, elapsed = await self._drain(redis_client)
         self._alive()
         accepted_after = (await cold.range_stats(PIPE_TYPE))["accepted"]
         hot_after = int(await redis_client.llen(hot_key))
         return self._report(
             drain,
+            schedule,
             elapsed,
             prefill_s,
             accepted_after - accepted_before,
@@ -209,19 +255,22 @@ class Pipeline:
     def _hot_key(self) -> str:
         return redis_keys.hot_list_key(self.settings.redis_namespace, PIPE_TYPE)
 
-    async def _drain(self, redis_client: aioredis.Redis) -> tuple[Drain, float]:
+    async def _drain(self, redis_client: aioredis.Redis) -> tuple[Drain, Schedule, float]:
         drain = Drain()
         url = f"http://127.0.0.1:{self.port}/v1/keys/{PIPE_TYPE}?count={BATCH}"
         connector = aiohttp.TCPConnector(limit=CLIENTS)
         async with aiohttp.ClientSession(connector=connector) as session:
             started = time.monotonic()
-            deadline = started + self.seconds
-            await asyncio.gather(
-                _sample(redis_client, self._hot_key(), deadline, drain),
-                *(_client(session, url, deadline, drain) for _ in range(CLIENTS)),
+            schedule = Schedule.at_rate(started, self.seconds, self.rate)
+            sampler = asyncio.ensure_future(
+                _sample(redis_client, self._hot_key(), schedule.deadline, drain)
             )
+            await asyncio.gather(*(_client(session, url, schedule, drain) for _ in range(CLIENTS)))
+            # The window: from the first request to the last answer (not the sampler's
+            # last sleep).
             elapsed = time.monotonic() - started
-        return drain, elapsed
+            await sampler
+        return drain, schedule, elapsed
 
     def _logs(self) -> str:
         return "\n".join(
@@ -238,9 +287,16 @@ class Pipeline:
                 )
 
     def _report(
-        self, drain: Drain, elapsed: float, prefill_s: float, generated: int, moved: int
+        self,
+        drain: Drain,
+        schedule: Schedule,
+        elapsed: float,
+        prefill_s: float,
+        generated: int,
+        moved: int,
     ) -> dict[str, Any]:
-        dry = drain.pool_empty > 0 or drain.short_batches > 0
+        zero_depths = drain.depths.count(0)
+        dry = drain.pool_empty > 0 or drain.short_batches > 0 or zero_depths > 0
         keys_per_s = round(drain.keys / elapsed)
         return {
             "benchmark": "pipeline",
@@ -250,6 +306,11 @@ class Pipeline:
             "keys_dispensed": drain.keys,
             "hot_ran_dry": dry,
             "hot_min_depth": min(drain.depths, default=0),
+            "hot_depth_samples": len(drain.depths),
+            "hot_zero_depth_samples": zero_depths,
+            "rate_keys_per_s": self.rate,
+            "offered_keys_per_s": round(schedule.offered * BATCH / elapsed),
+            "max_send_lag_ms": round(schedule.max_lag * 1000, 1),
             "idg001_answers": drain.pool_empty,
             "short_batches": drain.short_batches,
             "other_errors": drain.other_errors,
@@ -259,6 +320,7 @@ class Pipeline:
             "cold_prefill_keys": self.prefill,
             "prefill_seconds": round(prefill_s, 1),
             "batch": BATCH,
+            "sync_batch": SYNC_BATCH,
             "clients": CLIENTS,
             "keysync_processes": self.keysyncs,
             "targets": TARGETS,
@@ -266,6 +328,9 @@ class Pipeline:
         }
 
 
-async def run(settings: Settings, seconds: float, keysyncs: int = 1) -> dict[str, Any]:
+async def run(
+    settings: Settings, seconds: float, keysyncs: int = 1, rate: float = DEFAULT_RATE
+) -> dict[str, Any]:
+    """``rate``: keys/s the clients offer together (0: full speed)."""
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
-        return await Pipeline(settings, seconds, Path(work), keysyncs).run()
+        return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()
