@@ -82,6 +82,13 @@ MUTANTS: Final = (
         ("tests/integration/test_fault_points.py", "tests/unit/test_keysync_push.py"),
     ),
     Mutant(
+        "an_open_take_may_hold_the_clock_lock_forever",
+        "shared/stores/cold_store.py",
+        "await conn.execute(sql.LIMIT_IDLE_TAKE, str(idle_limit_ms))",
+        "await conn.execute(sql.LIMIT_IDLE_TAKE, '0')",
+        ("tests/integration/test_postgres_fence.py",),
+    ),
+    Mutant(
         "keysync_take_batch_never_deletes",
         "shared/stores/sql.py",
         "    DELETE FROM {cold}\n"

@@ -127,6 +127,10 @@ class OpenTake:
             await _roll_back(self._pool, self._conn, self._transaction)
 
 
+# How long a take's open transaction may sit idle (sql.LIMIT_IDLE_TAKE): well past
+# keysync's NEXT_BATCH_HOLD_S (1 s), the longest a healthy keysync leaves it open.
+OPEN_TAKE_IDLE_LIMIT_S = 10.0
+
 # Every statement's deadline. A server that dies mid-COPY can leave the client waiting
 # to write forever; the deadline turns that into an outage the caller rides out.
 COMMAND_TIMEOUT_S = 30.0
@@ -136,6 +140,8 @@ class ColdStore:
     def __init__(self, pool: asyncpg.Pool, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
+        # How long a take's transaction may stay open and idle (0: no limit).
+        self.open_take_idle_limit_s = OPEN_TAKE_IDLE_LIMIT_S
 
     @classmethod
     async def connect(
@@ -223,6 +229,8 @@ class ColdStore:
         try:
             async with translated("take_batch"):
                 await transaction.start()
+                idle_limit_ms = round(self.open_take_idle_limit_s * 1000)
+                await conn.execute(sql.LIMIT_IDLE_TAKE, str(idle_limit_ms))
                 guard = await conn.fetchrow(sql.GUARD_TAKE, *record.guard_args())
                 if guard is None:
                     raise PostgresBehind(f"batch of '{name}' refused by the guard")

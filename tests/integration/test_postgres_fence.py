@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.domain.errors import FenceHalted
+from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.stores import redis_keys, sql
@@ -188,3 +188,35 @@ async def test_a_fence_never_lowers_the_record_on_its_own_timeline(sync: SyncRec
     await sync.reset(Stamp(4, 50, 51))  # a newer timeline restarts the record
     record = await sync.read()
     assert (record.timeline, record.clock) == (4, 51)
+
+
+async def test_a_take_left_open_cannot_hold_every_other_take_for_long(
+    settings: Settings, sync: SyncRecord
+) -> None:
+    """A keysync paused (or cut off) between its DELETE and its commit holds the clock's
+    row lock; the server ends its session after the idle limit, rolling the take back,
+    and every other take and lease goes on."""
+    types = build_id_types(settings)
+    await generate(settings, sync, types["farmer"])
+    async with cold_at(settings.postgres_dsn) as paused, cold_at(settings.postgres_dsn) as other:
+        guarded_other = GuardedCold(other, sync, types)
+        before = await other.depth("farmer", 10**9)
+        paused.open_take_idle_limit_s = 0  # no limit: the hazard
+        stuck = await GuardedCold(paused, sync, types).begin_take("farmer", 10)
+        waiting = asyncio.ensure_future(guarded_other.take_batch("farmer", 10))
+        done, _ = await asyncio.wait([waiting], timeout=2)
+        assert not done  # every other take waits for as long as the paused one stays open
+        await stuck.rollback()
+        await waiting
+
+        paused.open_take_idle_limit_s = 1.0
+        stuck = await GuardedCold(paused, sync, types).begin_take("farmer", 10)
+        try:
+            keys, _ = await asyncio.wait_for(guarded_other.take_batch("farmer", 10), timeout=10)
+        except TimeoutError:
+            await stuck.rollback()  # frees the connection, so the stores can close
+            raise
+        assert len(keys) == 10  # went on once the paused session was ended
+        with pytest.raises(StoreUnavailable):
+            await stuck.commit()  # its take was rolled back: never pushed
+        assert await other.depth("farmer", 10**9) == before - 20  # the two completed takes
