@@ -448,6 +448,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        fast_path.serve(None)
         store = hot or HotStore.from_settings(settings)
         source = leases or redis_leases(store.endpoint, store.namespace, lease_metrics)
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
@@ -457,11 +458,13 @@ def create_app(
         app.state.openapi = document(settings, metadata.version("keydispenser"))
         app.state.build = openg2p.build_info(os.environ)
         dispenser.announce_exposure()
+        fast_path.serve(dispenser)
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
         log.info("dispenser_started", extra={"pid": os.getpid()})
         try:
             yield
         finally:
+            fast_path.serve(None)
             await dispenser.close()
             await store.close()
             log.info("dispenser_stopped", extra={"pid": os.getpid()})
@@ -472,4 +475,5 @@ def create_app(
         middleware=[Middleware(Guard), Middleware(Timing, metrics=metrics)],
         exception_handlers={KeydispenserError: on_domain_error, HTTPException: on_http_error},
     )
-    return FastPath(app)
+    fast_path = FastPath(app)
+    return fast_path

@@ -102,6 +102,16 @@ class FastPath:
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self._lifespan = Lifespan(app)
+        self._dispenser: Dispenser | None = None
+        # Paths answered here, each with its service and type name: a path's route is
+        # worked out once. Only configured types' paths get in, so it stays small.
+        self._routes: dict[str, tuple[Dispenser, str]] = {}
+
+    def serve(self, dispenser: Dispenser | None) -> None:
+        """Answer with ``dispenser`` from now on (None: hand every request to the app,
+        whose routes answer while no service is up)."""
+        self._dispenser = dispenser
+        self._routes = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         served = self._served(scope)
@@ -134,14 +144,18 @@ class FastPath:
         return self._route(scope["path"])
 
     def _route(self, path: str) -> tuple[Dispenser, str] | None:
+        served = self._routes.get(path)
+        if served is not None:
+            return served
+        dispenser = self._dispenser
         match = ALLOCATE_ONE_PATH.fullmatch(path)
-        dispenser: Dispenser | None = getattr(self.app.state, "dispenser", None)
         if match is None or dispenser is None:
             return None
         name = dispenser.segments.get(match["name"])
         if name is None:
             return None  # the route gives the envelope for a malformed or unknown type
-        return dispenser, name
+        served = self._routes[path] = (dispenser, name)
+        return served
 
 
 async def _allocate_one(

@@ -20,6 +20,7 @@ from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics
 from dispenser.rsgi import HTTPProtocol, asgi_scope, serve_asgi
 from dispenser.rsgi import Scope as RsgiScope
+from dispenser.service import Dispenser
 from shared.domain.errors import PoolEmpty
 from shared.domain.settings import AuthConfig
 
@@ -210,11 +211,11 @@ class StubDispenser:
 
 
 async def allocate_one(outcome: str | Exception, path: str = "/v1/idgenerator/farmer/id") -> Any:
-    app = Starlette()
-    app.state.dispenser = StubDispenser(outcome)
+    fast_path = FastPath(Starlette())
+    fast_path.serve(cast(Dispenser, StubDispenser(outcome)))
     protocol = FakeProtocol()
     scope = FakeScope(path=path, headers=FakeHeaders([("x-request-id", "req-1")]))
-    await FastPath(app).__rsgi__(cast(RsgiScope, scope), cast(HTTPProtocol, protocol))
+    await fast_path.__rsgi__(cast(RsgiScope, scope), cast(HTTPProtocol, protocol))
     [(kind, status, headers, body)] = protocol.answers
     assert kind == "bytes"  # answered whole, once
     return status, dict(headers), json.loads(body) if body else None
