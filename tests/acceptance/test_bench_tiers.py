@@ -84,3 +84,31 @@ def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
     assert report["rate_keys_per_s"] == 200_000  # the default offered load
     assert report["requests"] <= 0.2 * 200_000 / report["batch"]  # paced, not full speed
     assert report["hot_depth_samples"] > 0
+
+
+def test_bench_fastpath_answers_every_request_in_process(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "fastpath.json"
+    result = run_cli(
+        "bench", "fastpath", "--seconds", "1", "--json", str(out), env=env, timeout_s=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["requests"] > 0 and report["non_200"] == 0  # the single-ID route, answered
+    assert report["requests_per_pop"] >= 1  # each request served by a coalesced pop
+    assert report["cpu_us_per_request"] > 0 and report["wall_us_per_request"] > 0
+    # It removes the list it filled.
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        assert not client.exists(redis_keys.hot_list_key(NS, "kd_bench"))
+    finally:
+        client.close()
+
+
+def test_bench_fastpath_refuses_less_than_a_second(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    refused = run_cli("bench", "fastpath", "--seconds", "0.5", env=env, timeout_s=120)
+    assert refused.returncode == 2
+    assert "--seconds" in refused.stderr

@@ -11,7 +11,16 @@ from typing import Any
 
 from shared.domain.settings import Settings
 
-TARGETS = ("keygen", "fence", "dispense", "snowflake", "keysync", "pipeline", "client")
+TARGETS = (
+    "keygen",
+    "fence",
+    "dispense",
+    "fastpath",
+    "snowflake",
+    "keysync",
+    "pipeline",
+    "client",
+)
 # Benchmarks generate into scratch databases: any permutation key will do there.
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
@@ -42,6 +51,10 @@ async def run(target: str, settings: Settings, seconds: float, options: Options)
         from shared.ops.bench import dispense
 
         return await dispense.run(settings, seconds, options.load, options.servers)
+    if target == "fastpath":
+        from shared.ops.bench import fastpath
+
+        return await fastpath.run(settings, seconds)
     if target == "keysync":
         from shared.ops.bench import keysync
 

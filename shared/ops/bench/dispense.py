@@ -185,6 +185,30 @@ def parse_wrk(out: str) -> dict[str, float]:
     }
 
 
+async def fill(settings: Settings, client: aioredis.Redis, count: int) -> int:
+    """The bench type's hot list, refilled with ``count`` keys; its length after."""
+    hot = redis_keys.hot_list_key(settings.redis_namespace, DISPENSE_TYPE)
+    await client.delete(hot)
+    # The fence takes ownership first: on a server it has not seen, it would
+    # discard every registered hot list, the one filled here included.
+    store = HotStore(RedisEndpoint(settings.redis_url), settings.redis_namespace)
+    try:
+        await store.observe(DISPENSE_TYPE)
+    finally:
+        await store.close()
+    step = 500_000
+    for start in range(0, count, step):
+        await client.eval(
+            FILL_SCRIPT,
+            2,
+            hot,
+            redis_keys.hot_registry_key(settings.redis_namespace),
+            start,
+            min(start + step, count) - 1,
+        )
+    return int(await client.llen(hot))
+
+
 class BenchServer:
     """One HTTP server in a child process, stopped on exit."""
 
@@ -297,26 +321,7 @@ class Bench:
         )
 
     async def fill(self, client: aioredis.Redis, count: int) -> int:
-        hot = redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE)
-        await client.delete(hot)
-        # The fence takes ownership first: on a server it has not seen, it would
-        # discard every registered hot list, the one filled here included.
-        store = HotStore(RedisEndpoint(self.settings.redis_url), self.settings.redis_namespace)
-        try:
-            await store.observe(DISPENSE_TYPE)
-        finally:
-            await store.close()
-        step = 500_000
-        for start in range(0, count, step):
-            await client.eval(
-                FILL_SCRIPT,
-                2,
-                hot,
-                redis_keys.hot_registry_key(self.settings.redis_namespace),
-                start,
-                min(start + step, count) - 1,
-            )
-        return int(await client.llen(hot))
+        return await fill(self.settings, client, count)
 
     async def dispenser(
         self, client: aioredis.Redis, workers: int, path: str, keys: int, server: str = "uvicorn"

@@ -1,0 +1,135 @@
+"""``keydispenser bench fastpath``: the dispenser's own CPU per single-ID request.
+
+The single-ID route (``dispenser.fastpath`` over RSGI, as granian calls it) is called
+in this process by CALLERS concurrent callers against the Redis at ``redis_url``, with
+no HTTP server and no network in between: what is measured is the dispenser's own
+Python (routing, the coalescer, the fenced pop, the envelope, the metrics) and the
+Redis client, on uvloop as the servers run it. HTTP figures on a small machine shared
+by the load generator, the server and Redis move by a third from run to run; this one
+moves by a few percent, so it is the one to compare two builds with.
+
+Results: ``requests`` answered in ``--seconds`` after a warm-up, ``cpu_us_per_request``
+(this process's CPU time, Redis's not included), ``wall_us_per_request``,
+``requests_per_pop`` (requests served by one coalesced Redis call) and ``non_200``
+(answers other than 200: must be 0, or the figures are not the single-ID route's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import uvloop
+
+from dispenser.app import create_app
+from dispenser.fastpath import FastPath
+from dispenser.rsgi import HTTPProtocol
+from dispenser.rsgi import Scope as RsgiScope
+from shared.domain.errors import ConfigError
+from shared.domain.settings import Settings
+from shared.ops.bench import dispense
+from shared.stores import redis_keys
+
+NAME = dispense.DISPENSE_TYPE  # the type, its keys and its hot list: the dispense bench's
+CALLERS = 32  # as the HTTP benches' connections
+WARM_UP = 2_000  # requests before the measure starts
+# Keys filled per second measured: well over what one process answers in-process.
+KEYS_PER_S = 150_000
+
+
+@dataclass
+class _Request:
+    """The RSGI scope of ``POST /v1/idgenerator/{type}/id`` (the attributes read)."""
+
+    path: str
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _Answers:
+    """An RSGI protocol that only counts the answers."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.other = 0
+
+    def response_bytes(self, status: int, headers: Any, body: bytes) -> None:
+        if status == 200:
+            self.ok += 1
+        else:
+            self.other += 1
+
+
+async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]:
+    starlette = app.app
+    request = _Request(f"/v1/idgenerator/{NAME}/id")
+    scope, answers = request, _Answers()
+
+    async def one() -> None:
+        await app.__rsgi__(_as_scope(scope), _as_protocol(answers))
+
+    async with starlette.router.lifespan_context(starlette):
+        for _ in range(WARM_UP // CALLERS):
+            await asyncio.gather(*(one() for _ in range(CALLERS)))
+        coalescer = starlette.state.dispenser.coalescer
+        pops_before, served_before = coalescer.pops, coalescer.served
+        answered_before = answers.ok + answers.other
+        per_caller = max(1, (budget - WARM_UP) // CALLERS)
+        deadline = time.monotonic() + seconds
+
+        async def caller() -> None:
+            for _ in range(per_caller):  # bounded in count and in time
+                if time.monotonic() >= deadline:
+                    return
+                await one()
+
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        requests = answers.ok + answers.other - answered_before
+        pops = coalescer.pops - pops_before
+        served = coalescer.served - served_before
+    return {
+        "requests": requests,
+        "seconds": round(wall, 3),
+        "cpu_us_per_request": round(cpu / max(requests, 1) * 1e6, 2),
+        "wall_us_per_request": round(wall / max(requests, 1) * 1e6, 2),
+        "requests_per_pop": round(served / max(pops, 1), 2),
+        "non_200": answers.other,
+        "callers": CALLERS,
+    }
+
+
+def _as_scope(request: _Request) -> RsgiScope:
+    scope: Any = request
+    return scope  # type: ignore[no-any-return]
+
+
+def _as_protocol(answers: _Answers) -> HTTPProtocol:
+    protocol: Any = answers
+    return protocol  # type: ignore[no-any-return]
+
+
+async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+    if seconds < 1:
+        raise ConfigError("bench fastpath --seconds: at least 1")
+    if settings.redis_sentinel is not None:
+        raise ConfigError("redis_sentinel: bench fastpath needs redis_url (a scratch database)")
+    bench_settings = Settings.model_validate(
+        settings.model_dump()
+        | {"log_level": "WARNING", "id_types": {NAME: dispense.DISPENSE_TYPE_CONFIG}}
+    )
+    client = aioredis.from_url(settings.redis_url)
+    try:
+        budget = WARM_UP + round(seconds * KEYS_PER_S)
+        await dispense.fill(settings, client, budget)
+        app = create_app(bench_settings)
+        # Its own uvloop, as the servers run the app on; this thread's loop only waits.
+        result = await asyncio.to_thread(uvloop.run, _measure(app, seconds, budget))
+    finally:
+        await client.delete(redis_keys.hot_list_key(settings.redis_namespace, NAME))
+        await client.aclose()
+    return {"bench": "fastpath", **result}
