@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
@@ -59,19 +60,28 @@ class TokenBucket:
 class Client:
     config: ApiKeyConfig
     bucket: TokenBucket | None
+    # The type names this client may use ("*": all), aliases resolved to their type.
+    id_types: frozenset[str]
 
     def may_use(self, name: str) -> bool:
-        return "*" in self.config.id_types or name in self.config.id_types
+        return "*" in self.id_types or name in self.id_types
 
 
 class Gate:
     """Answers "who is this, and may it do this now" for a request."""
 
-    def __init__(self, config: AuthConfig) -> None:
+    def __init__(self, config: AuthConfig, segments: Mapping[str, str] | None = None) -> None:
+        """``segments``: each type name and alias -> the type's name (an API key may
+        name a type by either; requests are checked against the type's name)."""
         self.enabled = bool(config.api_keys)
         self.protect_observability = config.protect_observability
+        names = segments or {}
         self._clients = {
-            c.sha256: Client(c, _bucket(c) if c.rate_per_s is not None else None)
+            c.sha256: Client(
+                c,
+                _bucket(c) if c.rate_per_s is not None else None,
+                frozenset(names.get(t, t) for t in c.id_types),
+            )
             for c in config.api_keys
         }
         self._by_name = {c.config.name: c for c in self._clients.values()}

@@ -68,10 +68,10 @@ class Dispenser:
         self.wake = WakeChannel(hot.endpoint, hot.namespace)
         self.ledger_stream = LedgerStream(hot.endpoint, hot.namespace)
         self.metrics = metrics
-        self.gate = Gate(settings.dispenser.auth)
         self.id_types = build_id_types(settings, generating=False)
         # Each path segment that names a type (its name and its aliases) -> its name.
         self.segments = path_segments(settings.id_types)
+        self.gate = Gate(settings.dispenser.auth, self.segments)
         # Snowflake types are minted here, from a machine-ID lease: no hot list, no pop.
         self.snowflakes = snowflakes or Snowflakes({}, no_leases, metrics)
         self.minters: dict[str, Minter] = self.snowflakes.minters

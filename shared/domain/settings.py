@@ -439,7 +439,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"id_types.{name}: reserved name (a Redis key of its own)")
         _aliases_unique(self.id_types)
         for client in self.dispenser.auth.api_keys:
-            unknown = set(client.id_types) - {"*", *self.id_types}
+            unknown = set(client.id_types) - {"*", *path_segments(self.id_types)}
             if unknown:
                 raise ValueError(
                     f"dispenser.auth.api_keys.{client.name}.id_types: unknown {sorted(unknown)}"

@@ -158,6 +158,31 @@ async def test_a_key_limited_to_some_types_gets_403_for_the_others(
 
 
 @both_servers
+async def test_a_key_scoped_by_a_types_alias_uses_it_under_either_name(
+    servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis, server: str
+) -> None:
+    from shared.domain.apikeys import digest
+
+    key, _ = new_api_key()
+    types = small_types()
+    types["farmer"]["aliases"] = ["beneficiary"]
+    client = {"name": "welfare", "sha256": digest(key), "id_types": ["beneficiary"]}
+    settings = make_settings(
+        servers, database, id_types=types, dispenser={"auth": {"api_keys": [client]}}
+    )
+    await fill(hot, "farmer", 10)
+    await fill(hot, "shortlink", 10, prefix="s")
+    headers = {"X-API-Key": key}
+    async with dispenser_over_http(settings, server) as http:
+        for path in ("/v1/idgenerator/beneficiary/id", "/v1/idgenerator/farmer/id"):
+            assert (await http.post(path, headers=headers)).status_code == 200, path
+        assert (await http.post("/v1/keys/beneficiary", headers=headers)).status_code == 200
+        refused = await http.post("/v1/keys/shortlink", headers=headers)
+        assert refused.status_code == 403
+        assert refused.json()["errors"][0]["errorCode"] == "IDG-009"
+
+
+@both_servers
 async def test_over_its_rate_a_client_gets_429_with_retry_after_and_loses_nothing(
     secured: httpx.AsyncClient, keys: dict[str, str], hot: HotStore
 ) -> None:

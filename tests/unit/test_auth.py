@@ -51,6 +51,34 @@ def test_a_key_may_use_only_its_types() -> None:
     assert g.admit(headers) == "reg"  # routes of no type need only a valid key
 
 
+def test_a_key_may_name_its_types_by_alias() -> None:
+    key, hashed = new_api_key()
+    config = AuthConfig.model_validate(
+        {"api_keys": [{"name": "reg", "sha256": hashed, "id_types": ["beneficiary"]}]}
+    )
+    segments = {"farmer": "farmer", "beneficiary": "farmer", "shortlink": "shortlink"}
+    g = Gate(config, segments)
+    headers = Headers({"x-api-key": key})
+    assert g.admit(headers, "farmer") == "reg"  # requests are checked by the type's name
+    with pytest.raises(Forbidden):
+        g.admit(headers, "shortlink")
+
+
+def test_the_settings_accept_an_alias_in_a_keys_types() -> None:
+    from shared.domain.settings import load_settings
+    from tests.conftest import EMPTY_CONFIG
+
+    _, hashed = new_api_key()
+    settings = load_settings(
+        EMPTY_CONFIG,
+        id_types={"farmer": {"kind": "numeric", "length": 10, "aliases": ["beneficiary"]}},
+        dispenser={
+            "auth": {"api_keys": [{"name": "reg", "sha256": hashed, "id_types": ["beneficiary"]}]}
+        },
+    )
+    assert settings.dispenser.auth.api_keys[0].id_types == ("beneficiary",)
+
+
 def test_the_rate_limit_allows_the_burst_then_refuses_with_a_retry_after() -> None:
     g, key = gate(rate_per_s=0.5, burst=3)
     headers = Headers({"x-api-key": key})
