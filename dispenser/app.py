@@ -157,7 +157,7 @@ async def validate(request: Request) -> Response:
 async def decode(request: Request) -> Response:
     """Time, machine ID and sequence of a snowflake ID (any well-formed one)."""
     dispenser = _dispenser(request)
-    name = request.path_params["id_type"]
+    name = dispenser.canonical(request.path_params["id_type"])
     dispenser.gate.admit(request.headers, name)
     id_type = dispenser.any_type(name)
     if not isinstance(id_type, SnowflakeType):

@@ -39,6 +39,7 @@ EVENTS_CONFIG: dict[str, Any] = {
     "lease_ttl_s": 2.0,
     "lease_renew_s": 0.5,
     "machine_ids": {"min": 0, "max": 63},
+    "aliases": ["evt"],
 }
 DEADLINE_S = 10.0
 
@@ -115,6 +116,8 @@ async def test_single_batch_validate_and_decode(
     assert decoded["response"]["machine"] == ready["machine_id"]
     assert before <= decoded["response"]["time_ms"] <= wall_clock_ms()
     assert decoded["response"]["time"].endswith("Z")
+    by_alias = await client.get(f"/v1/idgenerator/evt/id/{first}/decode")
+    assert by_alias.status_code == 200 and by_alias.json()["response"] == decoded["response"]
     valid = await client.get(f"/v1/idgenerator/{EVENTS}/id/validate/{keys[-1]}")
     assert valid.json()["response"] == {"id": keys[-1], "valid": True}
     leading_zero = await client.get(f"/v1/idgenerator/{EVENTS}/id/validate/0{keys[-1]}")
