@@ -3,6 +3,7 @@ and the middleware that times requests into them."""
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -116,6 +117,8 @@ class RouteLatency(Collector):
     """
 
     def __init__(self, registry: CollectorRegistry, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        if list(buckets) != sorted(set(buckets)) or not all(0 < b < math.inf for b in buckets):
+            raise ValueError(f"bucket bounds must be finite, positive and ascending: {buckets}")
         self._bounds = buckets
         # As prometheus_client's own Histogram writes its "le" labels (an untyped helper).
         self._labels = [floatToGoString(b) for b in buckets] + ["+Inf"]  # type: ignore[no-untyped-call]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.domain.settings import Settings
+from shared.domain.apikeys import new_api_key
+from shared.domain.settings import ApiKeyConfig, AuthConfig, Settings
 from shared.ops.processes import run_cli
 from shared.stores import redis_keys
 from tests.acceptance.harness import process_env, write_config
@@ -89,6 +90,12 @@ def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
 def test_bench_fastpath_answers_every_request_in_process(
     settings: Settings, tmp_path: Path
 ) -> None:
+    # The configuration's API keys do not apply to the bench's own calls.
+    _, hashed = new_api_key()
+    auth = AuthConfig(api_keys=(ApiKeyConfig(name="registry", sha256=hashed),))
+    settings = settings.model_copy(
+        update={"dispenser": settings.dispenser.model_copy(update={"auth": auth})}
+    )
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
     out = tmp_path / "fastpath.json"
     result = run_cli(
@@ -99,16 +106,21 @@ def test_bench_fastpath_answers_every_request_in_process(
     assert report["requests"] > 0 and report["non_200"] == 0  # the single-ID route, answered
     assert report["requests_per_pop"] >= 1  # each request served by a coalesced pop
     assert report["cpu_us_per_request"] > 0 and report["wall_us_per_request"] > 0
-    # It removes the list it filled.
+    # It removes the list it filled, and the list's entry in the fence's registry.
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        assert not client.exists(redis_keys.hot_list_key(NS, "kd_bench"))
+        hot_list = redis_keys.hot_list_key(NS, "kd_bench")
+        assert not client.exists(hot_list)
+        assert not client.sismember(redis_keys.hot_registry_key(NS), hot_list)
     finally:
         client.close()
 
 
-def test_bench_fastpath_refuses_less_than_a_second(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("seconds", ["0.5", "61"])
+def test_bench_fastpath_refuses_a_duration_out_of_bounds(
+    settings: Settings, tmp_path: Path, seconds: str
+) -> None:
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
-    refused = run_cli("bench", "fastpath", "--seconds", "0.5", env=env, timeout_s=120)
+    refused = run_cli("bench", "fastpath", "--seconds", seconds, env=env, timeout_s=120)
     assert refused.returncode == 2
     assert "--seconds" in refused.stderr

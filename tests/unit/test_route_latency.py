@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -53,6 +55,12 @@ def test_a_value_on_a_bound_is_counted_in_that_bound() -> None:
     assert 'kd_request_seconds_bucket{le="0.0005",route="/r"} 0.0' in text
     assert 'kd_request_seconds_bucket{le="0.001",route="/r"} 1.0' in text
     assert 'kd_request_seconds_count{route="/r"} 1.0' in text
+
+
+@pytest.mark.parametrize("buckets", [(0.5, 0.1), (0.1, 0.1), (0.1, math.inf), (0.0, 0.1)])
+def test_bounds_out_of_order_or_infinite_are_refused(buckets: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="ascending"):
+        RouteLatency(CollectorRegistry(), buckets)
 
 
 def test_each_single_id_envelope_carries_the_millisecond_it_was_written() -> None:
