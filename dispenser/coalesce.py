@@ -35,8 +35,9 @@ class Coalescer:
         self.pops = 0  # Redis calls made
         self.served = 0  # requests answered through them
 
-    async def take(self, name: str, client: str) -> Answer:
-        """One key (None when the pool had none left for this request) and the pop result."""
+    def take(self, name: str, client: str) -> asyncio.Future[Answer]:
+        """Await it for one key (None when the pool had none left for this request) and
+        the pop result. A future, not a coroutine: one frame less per request."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
         queue = self._queues.get(name)
@@ -48,7 +49,7 @@ class Coalescer:
             task = loop.create_task(self._drain(name))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await future
+        return future
 
     async def _drain(self, name: str) -> None:
         try:
