@@ -237,11 +237,16 @@ WHERE id_type = $1 AND range_start = $2
 GUARD_TAKE: Final = _GUARD + "\nSELECT timeline, fork, clock FROM stamp"
 
 # $1: milliseconds, as text ("0": no limit). First in a take's transaction: how long it
-# may sit idle while open (a next batch waiting for the push). Past it the server ends
-# the session and rolls the take back, so a keysync paused or cut off between its
-# DELETE and its commit cannot hold the clock's row lock, and with it every other take
-# and lease, until TCP keepalive gives up on the connection (hours by default).
-LIMIT_IDLE_TAKE: Final = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
+# may sit idle while open (a next batch waiting for the push), and how long the server
+# may wait for the client to acknowledge what it sent (a batch's keys). Past either the
+# server ends the session and rolls the take back, so a keysync paused or cut off
+# between its DELETE and its commit cannot hold the clock's row lock, and with it every
+# other take and lease, until TCP gives up on the connection (15 minutes to hours).
+# Both settings are the transaction's own (set_config's third argument).
+LIMIT_IDLE_TAKE: Final = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
+    " set_config('tcp_user_timeout', $1, true)"
+)
 
 # $1: batch size. After GUARD_TAKE. Removes up to $1 keys; one row: how many, and the
 # keys joined by newlines (NULL when none; keys never hold a newline). One text value

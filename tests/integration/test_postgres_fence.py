@@ -211,6 +211,10 @@ async def test_a_take_left_open_cannot_hold_every_other_take_for_long(
 
         paused.open_take_idle_limit_s = 1.0
         stuck = await GuardedCold(paused, sync, types).begin_take("farmer", 10)
+        # A client cut off while the server sends it the keys is bounded the same way
+        # (over TCP: on a Unix socket the server keeps no such setting).
+        if await stuck._conn.fetchval("SELECT inet_server_addr() IS NOT NULL"):
+            assert await stuck._conn.fetchval("SHOW tcp_user_timeout") == "1000"
         try:
             keys, _ = await asyncio.wait_for(guarded_other.take_batch("farmer", 10), timeout=10)
         except TimeoutError:
