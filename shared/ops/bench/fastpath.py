@@ -6,7 +6,7 @@ no HTTP server and no network in between: what is measured is the dispenser's ow
 Python (routing, the coalescer, the fenced pop, the envelope, the metrics) and the
 Redis client, on uvloop as the servers run it. HTTP figures on a small machine shared
 by the load generator, the server and Redis move by a third from run to run; this one
-moves by a few percent, so it is the one to compare two builds with.
+moves by about a tenth, so it is the one to compare two builds with (alternating them).
 
 Results: ``requests`` answered in ``--seconds`` after a warm-up, ``cpu_us_per_request``
 (this process's CPU time, Redis's not included), ``wall_us_per_request``,
