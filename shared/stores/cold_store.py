@@ -36,6 +36,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InternalClientError,
     # Reached a server that is (now) a standby: the primary moved.
     asyncpg.ReadOnlySQLTransactionError,
+    # The server ended a session left idle in a transaction (a take's own limit), as
+    # the answer to a statement sent just then; otherwise the next call sees it closed.
+    asyncpg.IdleInTransactionSessionTimeoutError,
     TimeoutError,
 )
 
@@ -83,12 +86,22 @@ def unpack_keys(packed: str | None, count: int) -> list[str]:
 
 
 async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[None]]) -> None:
-    """Finish a take's transaction and give its connection back, whatever happens."""
+    """Finish a take's transaction and give its connection back, whatever happens.
+
+    Only ``finish`` decides the outcome. Giving the connection back resets it, and a
+    reset can fail when the server went away just after the commit: the pool then
+    closes that connection (and opens another when needed), and the commit stands. Were
+    that failure raised, a committed batch would be taken for lost, or an error of no
+    kind the callers ride out would end the process.
+    """
     try:
         async with translated("take_batch"):
             await finish()
     finally:
-        await pool.release(conn)
+        try:
+            await pool.release(conn)
+        except Exception as exc:  # the pool has closed the connection
+            log.warning("connection_release_failed", extra={"error": str(exc)})
 
 
 async def _roll_back(pool: asyncpg.Pool, conn: Any, transaction: Any) -> None:
