@@ -23,7 +23,7 @@ FACTORY = "dispenser.main:app_from_environment"
 
 def app_from_environment() -> ASGIApp:
     settings = load_settings()
-    logs.configure("dispenser", settings.log_level)
+    logs.configure("dispenser", settings.log_level, settings.log_levels)
     return create_app(settings)
 
 

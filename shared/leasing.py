@@ -258,7 +258,9 @@ async def _renew_once(
     if status == "renewed":
         # Logged first: a holder killed right after still has its deadline on record.
         deadline = sent_at + lease.ttl_s - lease.margin_s
-        log.info("lease_renewed", extra=lease.fields() | {"deadline_at": wall_of(deadline)})
+        # DEBUG: one line per renewal per holder (every second by default). The drill,
+        # and an operator auditing who held an ID when, set log_levels for this logger.
+        log.debug("lease_renewed", extra=lease.fields() | {"deadline_at": wall_of(deadline)})
         lease.extended(sent_at, ceiling)
     else:
         _lost(lease, status, metrics)

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
@@ -33,7 +34,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-def configure(process: str, level: str = "INFO") -> None:
+def configure(process: str, level: str = "INFO", levels: Mapping[str, str] | None = None) -> None:
+    """JSON lines on stderr at ``level``; ``levels``: loggers (and the loggers below
+    them) at levels of their own, set last."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process))
     root = logging.getLogger()
@@ -44,3 +47,5 @@ def configure(process: str, level: str = "INFO") -> None:
     # While PostgreSQL is down the pool logs a traceback per reconnection attempt; the
     # stores already log one store_unavailable line per outage.
     logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
+    for name, own in (levels or {}).items():
+        logging.getLogger(name).setLevel(own)

@@ -421,6 +421,11 @@ class Settings(BaseSettings):
     # each set their own and never see each other's hot lists, fence or ledger.
     redis_namespace: str = Field(default=DEFAULT_NAMESPACE, pattern=REDIS_NAMESPACE.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Per logger (and the loggers below it), overriding log_level: {"shared.leasing":
+    # "DEBUG"} logs every machine-ID lease renewal, for an audit of who held an ID when.
+    log_levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = Field(
+        default_factory=dict
+    )
     # The PostgreSQL fence (docs/reliability.md). Switch it off only to show the hazard
     # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
     # replica then dispenses keys twice.

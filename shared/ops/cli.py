@@ -133,6 +133,11 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(f"keydispenser lease holders exited unexpectedly: {exits}")
     if report["lease_overlaps"]:
         raise KeydispenserError(f"{report['lease_overlaps']} lease intervals overlapped")
+    if report["lease_intervals"] and not report["lease_renewals"]:
+        raise KeydispenserError(
+            "no lease renewal was logged (log_levels: shared.leasing DEBUG): the lease "
+            "intervals of killed holders could not be checked"
+        )
     if report["snowflake_duplicates"]:
         raise KeydispenserError(
             f"{report['snowflake_duplicates']} snowflake IDs were received twice"
@@ -380,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = load_settings(args.config)
         if args.config:  # worker processes (dispenser.workers > 1) read the same file
             os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
-        logs.configure(args.command, settings.log_level)
+        logs.configure(args.command, settings.log_level, settings.log_levels)
         args.func(settings, args)
     except ConfigError as exc:
         print(f"keydispenser: configuration error: {exc}", file=sys.stderr)

@@ -71,6 +71,7 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     # Machine-ID leases: no two holders of one ID overlapped, no snowflake ID came twice,
     # and IDs came from both workers of both dispensers.
     assert report["lease_overlaps"] == 0, report["lease_overlap_pairs"]
+    assert report["lease_renewals"] > report["lease_intervals"]  # each holder's deadlines
     assert report["snowflake_duplicates"] == 0 and report["snowflake_ids"] > 0
     assert report["lease_faults_not_observed"] == []
     # The `keydispenser lease -- sleep` holders ended only with a lost lease (exit 143).

@@ -43,6 +43,7 @@ def test_an_interval_runs_from_grant_to_stop_or_to_the_last_deadline(tmp_path: P
     assert (by_owner["h-10#a"].start, by_owner["h-10#a"].end) == (100.0, 3_100.0)
     assert by_owner["h-10#a"].stopped and by_owner["h-10#a"].pid == 10
     assert (by_owner["h-11#b"].end, by_owner["h-11#b"].stopped) == (3_400.0, False)
+    assert [by_owner[o].renewals for o in ("h-10#a", "h-11#b")] == [1, 1]
 
 
 def test_a_grant_before_the_previous_holders_deadline_is_an_overlap() -> None:

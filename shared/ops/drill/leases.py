@@ -71,6 +71,7 @@ class Interval:
     start: float
     end: float  # when it stopped, else its last deadline (a killed holder)
     stopped: bool = False
+    renewals: int = 0  # lease_renewed lines read (each may move ``end`` later)
 
     @property
     def pid(self) -> int:
@@ -115,6 +116,7 @@ def _apply(intervals: dict[str, Interval], entry: dict[str, Any], dispenser: str
         held = intervals[owner]
         if event == "lease_renewed":
             held.end = max(held.end, float(entry["deadline_at"]))
+            held.renewals += 1
         elif event == "lease_stopped":
             held.end, held.stopped = float(entry["stopped_at"]), True
 
@@ -306,6 +308,9 @@ class LeaseFaults:
         found = overlaps(intervals)
         return {
             "lease_intervals": len(intervals),
+            # Without renewal lines a killed holder's interval would end at its first
+            # deadline, shorter than it was, and the overlap check would be weaker.
+            "lease_renewals": sum(held.renewals for held in intervals),
             "lease_overlaps": len(found),
             "lease_overlap_pairs": found[:20],
             "lease_holder_exits": {str(k): v for k, v in sorted(self.holder_exits.items())},

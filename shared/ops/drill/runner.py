@@ -423,8 +423,17 @@ def _fleet(
     config = base / "drill.yaml"
     keysync = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
     types = {DRILL_TYPE: DRILL_TYPE_CONFIG, leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG}
+    # Every lease renewal is logged: the interval checks read each holder's deadlines.
+    log_levels = {"shared.leasing": "DEBUG"}
     config.write_text(
-        json.dumps({"id_types": types, "keysync": keysync, "redis_namespace": DRILL_NAMESPACE})
+        json.dumps(
+            {
+                "id_types": types,
+                "keysync": keysync,
+                "redis_namespace": DRILL_NAMESPACE,
+                "log_levels": log_levels,
+            }
+        )
     )
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
