@@ -448,7 +448,6 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        fast_path.serve(None)
         store = hot or HotStore.from_settings(settings)
         source = leases or redis_leases(store.endpoint, store.namespace, lease_metrics)
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)

@@ -185,7 +185,7 @@ async def _allocate_one_rsgi(
         client = ANONYMOUS
         if dispenser.gate.enabled:
             client = dispenser.gate.admit(Headers(raw=asgi_headers(scope)), name)
-        body = envelope.ok_id(await dispenser.take_one(name, client))  # one_id, inlined
+        body = await one_id(dispenser, name, client)
     except KeydispenserError as exc:
         _respond(protocol, refusal(exc, asgi_scope(scope, state), dispenser.metrics))
     except Exception:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import uvloop
@@ -66,11 +66,12 @@ class _Answers:
 
 async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]:
     starlette = app.app
-    request = _Request(f"/v1/idgenerator/{NAME}/id")
-    scope, answers = request, _Answers()
+    answers = _Answers()
+    scope = cast(RsgiScope, _Request(f"/v1/idgenerator/{NAME}/id"))
+    protocol = cast(HTTPProtocol, answers)
 
     async def one() -> None:
-        await app.__rsgi__(_as_scope(scope), _as_protocol(answers))
+        await app.__rsgi__(scope, protocol)
 
     async with starlette.router.lifespan_context(starlette):
         for _ in range(WARM_UP // CALLERS):
@@ -102,16 +103,6 @@ async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]
         "non_200": answers.other - other_before,
         "callers": CALLERS,
     }
-
-
-def _as_scope(request: _Request) -> RsgiScope:
-    scope: Any = request
-    return scope  # type: ignore[no-any-return]
-
-
-def _as_protocol(answers: _Answers) -> HTTPProtocol:
-    protocol: Any = answers
-    return protocol  # type: ignore[no-any-return]
 
 
 async def run(settings: Settings, seconds: float) -> dict[str, Any]:
