@@ -89,6 +89,41 @@ MUTANTS: Final = (
         ("tests/integration/test_postgres_fence.py",),
     ),
     Mutant(
+        "a_take_may_wait_on_a_gone_client_as_long_as_tcp_does",
+        "shared/stores/sql.py",
+        "set_config('tcp_user_timeout', $1, true)",
+        "set_config('application_name', $1, true)",
+        ("tests/integration/test_postgres_fence.py",),
+    ),
+    Mutant(
+        "a_failed_connection_release_fails_a_committed_take",
+        "shared/stores/cold_store.py",
+        "        except Exception as exc:  # the pool has closed the connection",
+        "        except ZeroDivisionError as exc:  # the pool has closed the connection",
+        ("tests/unit/test_open_take.py",),
+    ),
+    Mutant(
+        "the_drill_reads_no_lease_renewals",
+        "shared/ops/drill/runner.py",
+        '    log_levels = {"shared.leasing": "DEBUG"}',
+        '    log_levels = {"shared.leasing": "INFO"}',
+        ("tests/acceptance/test_drill.py",),
+    ),
+    Mutant(
+        "request_latency_counts_a_bound_in_the_next_bucket",
+        "dispenser/metrics.py",
+        "counts[bisect_left(self._bounds, seconds)] += 1",
+        'counts[__import__("bisect").bisect_right(self._bounds, seconds)] += 1',
+        ("tests/unit/test_route_latency.py",),
+    ),
+    Mutant(
+        "an_api_key_scoped_by_alias_reaches_nothing",
+        "dispenser/auth.py",
+        "frozenset(names.get(t, t) for t in c.id_types)",
+        "frozenset(c.id_types)",
+        ("tests/unit/test_auth.py",),
+    ),
+    Mutant(
         "keysync_take_batch_never_deletes",
         "shared/stores/sql.py",
         "    DELETE FROM {cold}\n"
