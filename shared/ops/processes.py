@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -131,10 +131,12 @@ def serving(url: str, timeout_s: float) -> bool:
     return False
 
 
-def types_not_serving(readyz_url: str, timeout_s: float) -> list[str]:
+def types_not_serving(
+    readyz_url: str, timeout_s: float, stopping: Callable[[], bool] = lambda: False
+) -> list[str]:
     """Poll a dispenser's ``/readyz`` until every type has keys (returns []) or
-    ``timeout_s`` passes (returns the types still without, or ["dispenser"] when it
-    never answered ready). One look when ``timeout_s`` is 0."""
+    ``timeout_s`` passes or ``stopping()`` (returns the types still without, or
+    ["dispenser"] when it never answered ready). One look when ``timeout_s`` is 0."""
     deadline = time.monotonic() + timeout_s
     while True:
         waiting = ["dispenser"]
@@ -144,6 +146,6 @@ def types_not_serving(readyz_url: str, timeout_s: float) -> list[str]:
         ):
             types = json.loads(reply.read())["types"]
             waiting = sorted(name for name, row in types.items() if row["state"] != "serving")
-        if not waiting or time.monotonic() >= deadline:
+        if not waiting or time.monotonic() >= deadline or stopping():
             return waiting
         time.sleep(0.2)

@@ -165,7 +165,13 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         waiting = types_not_serving(f"{base}/readyz", 0)
         if waiting:
             print(f"keydispenser: generating the first keys of {', '.join(waiting)}...", flush=True)
-            waiting = types_not_serving(f"{base}/readyz", FIRST_KEYS_TIMEOUT_S)
+            # Ctrl-C while waiting stops at once (the children got it too), not after
+            # the timeout.
+            waiting = types_not_serving(
+                f"{base}/readyz", FIRST_KEYS_TIMEOUT_S, lambda: stack.stopping
+            )
+        if stack.stopping:
+            return
         if waiting:
             raise KeydispenserError(
                 f"no keys of {', '.join(waiting)} after {FIRST_KEYS_TIMEOUT_S:.0f} s; "

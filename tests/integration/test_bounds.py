@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,10 @@ async def test_up_waits_for_every_type_through_readyz(
     async with dispenser_over_http(settings) as client:
         url = str(client.base_url.join("/readyz"))
         assert await asyncio.to_thread(types_not_serving, url, 0) == ["farmer", "shortlink"]
+        # Told to stop (Ctrl-C while `up` waits for the first keys), it stops waiting.
+        started = time.monotonic()
+        stopped = await asyncio.to_thread(types_not_serving, url, 300, lambda: True)
+        assert stopped == ["farmer", "shortlink"] and time.monotonic() - started < 60
         await hot.push("farmer", ["3029384756"], uuid.uuid4().hex)
         assert await asyncio.to_thread(types_not_serving, url, 0) == ["shortlink"]
         await hot.push("shortlink", ["aZ09xYq"], uuid.uuid4().hex)
