@@ -402,6 +402,28 @@ MUTANTS: Final = (
         "return not self.lost.is_set()",
         ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
+    Mutant(
+        "the_pop_line_keeps_a_connection_whose_reply_was_not_read",
+        "shared/stores/script_line.py",
+        "            return await connection.read_response()\n"
+        "    except ResponseError:\n"
+        "        raise  # an error reply, read whole: the connection is still in step\n"
+        "    except BaseException as exc:\n"
+        "        # redis-py closes it too on every such error; this line does not rely on that.\n"
+        "        await connection.disconnect(nowait=True)\n",
+        "            return await connection.read_response(disconnect_on_error=False)\n"
+        "    except ResponseError:\n"
+        "        raise\n"
+        "    except BaseException as exc:\n",
+        ("tests/integration/test_script_line.py",),
+    ),
+    Mutant(
+        "the_pop_line_stays_on_the_old_client",
+        "shared/stores/script_line.py",
+        "if client is not self._client or self._connection is None:",
+        "if self._connection is None:",
+        ("tests/integration/test_script_line.py",),
+    ),
 )
 
 

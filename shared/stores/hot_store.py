@@ -94,6 +94,7 @@ class HotStore(RedisPort):
     def __init__(self, endpoint: RedisEndpoint, namespace: str) -> None:
         super().__init__(endpoint, namespace)
         self.discarded = 0  # keys discarded by fences, seen by this process
+        self._pop_keys: dict[str, list[str]] = {}  # per type: built once, popped often
 
     async def forget(self, name: str) -> int:
         """Remove every trace of a retired type: its hot list (the keys in it are
@@ -102,6 +103,8 @@ class HotStore(RedisPort):
         dropped. Idempotency records expire on their own; the type's ledger stream
         entries are skipped by keysync (the type is no longer configured)."""
         ns, hot = self.namespace, redis_keys.hot_list_key(self.namespace, name)
+        await self._close_line(name)
+        self._pop_keys.pop(name, None)
         async with self._guard("forget"):
             client = await self._endpoint.client()
             async with client.pipeline(transaction=True) as pipe:
@@ -152,8 +155,13 @@ class HotStore(RedisPort):
         """
         args = [count, name if ledger else "", *(clients or (ANONYMOUS,))]
         async with self._guard("pop"):
-            taken, remaining, exhausted, discarded, refill = await self._run(
-                "pop", pop_keys(self.namespace, name), args
+            keys = self._pop_keys.get(name)
+            if keys is None:
+                keys = self._pop_keys[name] = pop_keys(self.namespace, name)
+            # A line per type: a type's pops wait for each other (one is in flight at a
+            # time when coalesced anyway), other types' pops do not wait for them.
+            taken, remaining, exhausted, discarded, refill = await self._run_on_line(
+                name, "pop", keys, args
             )
         return Popped(
             list(taken),

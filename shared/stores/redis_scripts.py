@@ -18,12 +18,14 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from shared.domain.errors import StoreUnavailable
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
+from shared.stores.script_line import ScriptLine
 
 UNFENCED = frozenset({"nudge"})
 # Helpers some scripts need besides the fence's, prepended after them.
@@ -123,12 +125,15 @@ class RedisPort:
         self._endpoint = endpoint
         self.namespace = namespace
         self._scripts: dict[str, AsyncScript] = {}
+        self._lines: dict[str, ScriptLine] = {}
 
     @property
     def endpoint(self) -> RedisEndpoint:
         return self._endpoint
 
     async def close(self) -> None:
+        for line in self._lines.values():
+            await line.close()
         await self._endpoint.close()
 
     @asynccontextmanager
@@ -143,9 +148,30 @@ class RedisPort:
 
     async def _run(self, script: str, keys: list[str], args: Sequence[Any]) -> Any:
         client = await self._endpoint.client()
+        registered = self._registered(script, client)
+        # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
+        return await registered(keys=keys, args=list(args), client=client)
+
+    async def _run_on_line(
+        self, line: str, script: str, keys: list[str], args: Sequence[Any]
+    ) -> Any:
+        """``_run`` on a connection of this port's own (``ScriptLine``), one per ``line``
+        name: for the script called per batch of requests, where the pooled call's
+        overhead shows. Calls on one line wait for each other; lines do not."""
+        client = await self._endpoint.client()
+        each = self._lines.get(line)
+        if each is None:
+            each = self._lines[line] = ScriptLine()
+        return await each.run(client, self._registered(script, client), keys, args)
+
+    async def _close_line(self, line: str) -> None:
+        each = self._lines.pop(line, None)
+        if each is not None:
+            await each.close()
+
+    def _registered(self, script: str, client: aioredis.Redis) -> AsyncScript:
         registered = self._scripts.get(script)
         if registered is None:
             body = load_script(script) if script in UNFENCED else fenced_script(script)
             registered = self._scripts[script] = client.register_script(body)
-        # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
-        return await registered(keys=keys, args=list(args), client=client)
+        return registered
