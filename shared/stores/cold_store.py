@@ -98,10 +98,16 @@ async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[Non
         async with translated("take_batch"):
             await finish()
     finally:
-        try:
-            await pool.release(conn)
-        except Exception as exc:  # the pool has closed the connection
-            log.warning("connection_release_failed", extra={"error": str(exc)})
+        await _release(pool, conn)
+
+
+async def _release(pool: asyncpg.Pool, conn: Any) -> None:
+    """Give a connection back after its transaction ended; a failed reset is logged, not
+    raised: the pool has closed that connection, and the transaction's end stands."""
+    try:
+        await pool.release(conn)
+    except Exception as exc:
+        log.warning("connection_release_failed", extra={"error": str(exc)})
 
 
 async def _roll_back(pool: asyncpg.Pool, conn: Any, transaction: Any) -> None:
@@ -217,17 +223,26 @@ class ColdStore:
         ``before_commit`` runs after the COPY, before the accounting and the commit
         (keygen's ``keygen.copied`` fault point).
         """
-        async with translated("insert_keys"), self._pool.acquire() as conn, conn.transaction():
-            copy = conn.copy_records_to_table(
-                sql.cold_table_name(id_type.name), records=[(k,) for k in keys], columns=["key"]
-            )
-            # The driver's own timeout does not cover a COPY whose server died: a deadline
-            # of ours does (the connection is then discarded).
-            await asyncio.wait_for(copy, self._timeout_s)
-            before_commit()
-            await conn.execute(
-                sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
-            )
+        async with translated("insert_keys"):
+            conn = await self._pool.acquire()
+        try:
+            async with translated("insert_keys"), conn.transaction():
+                copy = conn.copy_records_to_table(
+                    sql.cold_table_name(id_type.name),
+                    records=[(k,) for k in keys],
+                    columns=["key"],
+                )
+                # The driver's own timeout does not cover a COPY whose server died: a
+                # deadline of ours does (the connection is then discarded).
+                await asyncio.wait_for(copy, self._timeout_s)
+                before_commit()
+                await conn.execute(
+                    sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
+                )
+        finally:
+            # The transaction alone decides the outcome, as for a take (``_end``): a
+            # committed slice reported as an outage would make keygen abandon its range.
+            await _release(self._pool, conn)
 
     async def begin_take(
         self, name: str, size: int, record: Record, *, in_order: bool = False
