@@ -31,6 +31,12 @@ class DispenserMetrics:
         self.hot_depth = Gauge(
             "kd_hot_depth", "Hot list length seen by the last pop", TYPE, registry=registry
         )
+        self.hot_low = Gauge(
+            "kd_hot_low_watermark",
+            "The type's hot.low: keysync refills its hot list below it",
+            TYPE,
+            registry=registry,
+        )
         self.discarded = Counter(
             "kd_hot_keys_discarded",
             "Inherited hot keys a fence discarded (never reissued)",

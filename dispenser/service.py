@@ -69,6 +69,8 @@ class Dispenser:
         self.ledger_stream = LedgerStream(hot.endpoint, hot.namespace)
         self.metrics = metrics
         self.id_types = build_id_types(settings, generating=False)
+        for name, id_type in self.id_types.items():  # what KdHotDepthLow compares with
+            metrics.hot_low.labels(name).set(id_type.config.hot.low)
         # Each path segment that names a type (its name and its aliases) -> its name.
         self.segments = path_segments(settings.id_types)
         self.gate = Gate(settings.dispenser.auth, self.segments)

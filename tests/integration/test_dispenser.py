@@ -188,5 +188,6 @@ async def test_metrics_count_what_happened(client: httpx.AsyncClient, hot: HotSt
     assert 'kd_request_errors_total{code="IDG-001"} 1.0' in text
     assert 'kd_request_errors_total{code="IDG-003"} 1.0' in text
     assert 'kd_hot_depth{id_type="farmer"} 0.0' in text
+    assert 'kd_hot_low_watermark{id_type="farmer"} 200.0' in text
     assert 'kd_keysync_nudges_total{id_type="farmer"}' in text
     assert 'kd_request_seconds_count{route="/v1/idgenerator/{id_type}/id"} 3.0' in text
