@@ -171,7 +171,8 @@ class Dispenser:
 
     async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
         id_type = self.id_types[name]
-        popped = await self.hot.pop(name, count, clients, id_type.config.ledger)
+        # One pop of a type in flight at a time (the coalescer's): the type's own line.
+        popped = await self.hot.pop(name, count, clients, id_type.config.ledger, on_line=True)
         self.metrics.pop_requests.observe(count)
         self._after_pop(id_type, popped)
         return popped

@@ -418,6 +418,19 @@ MUTANTS: Final = (
         ("tests/integration/test_script_line.py",),
     ),
     Mutant(
+        "the_pop_line_asks_for_the_client_before_it_has_the_line",
+        "shared/stores/script_line.py",
+        "        async with self._lock:\n"
+        "            if self._closed:\n"
+        '                raise RedisConnectionError("this script line is closed")\n'
+        "            client = await client_of()\n",
+        "        client = await client_of()\n"
+        "        async with self._lock:\n"
+        "            if self._closed:\n"
+        '                raise RedisConnectionError("this script line is closed")\n',
+        ("tests/integration/test_script_line.py",),
+    ),
+    Mutant(
         "the_pop_line_stays_on_the_old_client",
         "shared/stores/script_line.py",
         "if client is not self._client or self._connection is None:",

@@ -146,23 +146,32 @@ class HotStore(RedisPort):
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 
     async def pop(
-        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+        self,
+        name: str,
+        count: int,
+        clients: Sequence[str] = (),
+        ledger: bool = False,
+        *,
+        on_line: bool = False,
     ) -> Popped:
         """Take up to ``count`` keys from the type's hot list. Never retried.
 
         With ``ledger``, the same script records the issue in the ledger stream, with
         ``clients`` naming the API client of each key (or one name for all).
+        ``on_line``: over the type's own connection (``ScriptLine``), for a caller with
+        one pop of the type in flight at a time (the coalescer); others' pops would
+        queue there, so they go through the client's pool.
         """
         args = [count, name if ledger else "", *(clients or (ANONYMOUS,))]
+        keys = self._pop_keys.get(name)
+        if keys is None:
+            keys = self._pop_keys[name] = pop_keys(self.namespace, name)
         async with self._guard("pop"):
-            keys = self._pop_keys.get(name)
-            if keys is None:
-                keys = self._pop_keys[name] = pop_keys(self.namespace, name)
-            # A line per type: a type's pops wait for each other (one is in flight at a
-            # time when coalesced anyway), other types' pops do not wait for them.
-            taken, remaining, exhausted, discarded, refill = await self._run_on_line(
-                name, "pop", keys, args
-            )
+            if on_line:
+                reply = await self._run_on_line(name, "pop", keys, args)
+            else:
+                reply = await self._run("pop", keys, args)
+        taken, remaining, exhausted, discarded, refill = reply
         return Popped(
             list(taken),
             int(remaining),

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from shared.domain.errors import StoreUnavailable
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
-from shared.stores.script_line import ScriptLine
+from shared.stores.script_line import LineScript, ScriptLine
 
 UNFENCED = frozenset({"nudge"})
 # Helpers some scripts need besides the fence's, prepended after them.
@@ -113,6 +113,10 @@ def nudge_keys(ns: str) -> list[str]:
     return [redis_keys.keysync_wake_key(ns)]
 
 
+def _body(script: str) -> str:
+    return load_script(script) if script in UNFENCED else fenced_script(script)
+
+
 class RedisPort:
     """A connection to the Redis primary: runs scripts by SHA, translates driver errors.
 
@@ -126,13 +130,16 @@ class RedisPort:
         self.namespace = namespace
         self._scripts: dict[str, AsyncScript] = {}
         self._lines: dict[str, ScriptLine] = {}
+        self._line_scripts: dict[str, LineScript] = {}
 
     @property
     def endpoint(self) -> RedisEndpoint:
         return self._endpoint
 
     async def close(self) -> None:
-        for line in self._lines.values():
+        lines = list(self._lines.values())
+        self._lines.clear()
+        for line in lines:
             await line.close()
         await self._endpoint.close()
 
@@ -158,11 +165,10 @@ class RedisPort:
         """``_run`` on a connection of this port's own (``ScriptLine``), one per ``line``
         name: for the script called per batch of requests, where the pooled call's
         overhead shows. Calls on one line wait for each other; lines do not."""
-        client = await self._endpoint.client()
         each = self._lines.get(line)
         if each is None:
             each = self._lines[line] = ScriptLine()
-        return await each.run(client, self._registered(script, client), keys, args)
+        return await each.run(self._endpoint.client, self._line_script(script), keys, args)
 
     async def _close_line(self, line: str) -> None:
         each = self._lines.pop(line, None)
@@ -172,6 +178,11 @@ class RedisPort:
     def _registered(self, script: str, client: aioredis.Redis) -> AsyncScript:
         registered = self._scripts.get(script)
         if registered is None:
-            body = load_script(script) if script in UNFENCED else fenced_script(script)
-            registered = self._scripts[script] = client.register_script(body)
+            registered = self._scripts[script] = client.register_script(_body(script))
         return registered
+
+    def _line_script(self, script: str) -> LineScript:
+        found = self._line_scripts.get(script)
+        if found is None:
+            found = self._line_scripts[script] = LineScript(_body(script))
+        return found

@@ -9,8 +9,10 @@ retry wrapper, and packing every argument, the key names included, on every call
 part of a command (the SHA, the key count and the key names) once per key list: only
 the arguments are packed per call. See docs/benchmarks.md for the figures.
 
-What the pooled call guaranteed still holds:
-- one command at a time on the connection (a lock), and a command whose reply was
+A line is for a caller that has one call in flight at a time (the dispenser's coalescer
+pops a type once at a time); a lock keeps it so for any other. What the pooled call
+guaranteed still holds:
+- one command at a time on the connection, and a command whose reply was
   not read whole (cancelled, timed out, the connection lost) leaves the connection
   closed, so no later call can read a reply that was not its own;
 - the line follows the endpoint: when ``RedisEndpoint.client()`` hands out a new
@@ -23,12 +25,14 @@ What the pooled call guaranteed still holds:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
-from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -41,25 +45,46 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
+@dataclass(frozen=True)
+class LineScript:
+    """A script's text and its SHA1 (what ``EVALSHA`` names it by)."""
+
+    body: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.body.encode()).hexdigest())
+
+
 class ScriptLine:
     def __init__(self) -> None:
         self._client: aioredis.Redis | None = None
         self._connection: AbstractConnection | None = None
         self._timeout: float | None = None  # the client's socket_timeout, for a whole call
         self._lock = asyncio.Lock()
+        self._closed = False
         self._heads: dict[tuple[str, tuple[str, ...]], bytes] = {}
 
     async def run(
-        self, client: aioredis.Redis, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]
+        self,
+        client_of: Callable[[], Awaitable[aioredis.Redis]],
+        script: LineScript,
+        keys: Sequence[str],
+        args: Sequence[Any],
     ) -> Any:
-        """``EVALSHA`` of ``script`` on the server ``client`` points at."""
+        """``EVALSHA`` of ``script`` on the server the client ``client_of()`` gives
+        points at, asked once this call has the line (an earlier call may have waited
+        there while the endpoint moved to another primary)."""
         async with self._lock:
+            if self._closed:
+                raise RedisConnectionError("this script line is closed")
+            client = await client_of()
             connection = await self._follow(client)
             command = self.command(connection, script.sha, keys, args)
             try:
                 return await _call(connection, command, self._timeout)
             except NoScriptError:
-                await client.script_load(script.script)
+                await client.script_load(script.body)
                 return await _call(connection, command, self._timeout)
 
     def command(
@@ -79,6 +104,8 @@ class ScriptLine:
         return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), head, *tail))
 
     async def close(self) -> None:
+        """Closes the connection; a call waiting for the line, or any later, fails."""
+        self._closed = True
         async with self._lock:
             await self._drop()
 
