@@ -204,23 +204,27 @@ async def test_a_take_left_open_cannot_hold_every_other_take_for_long(
         paused.open_take_idle_limit_s = 0  # no limit: the hazard
         stuck = await GuardedCold(paused, sync, types).begin_take("farmer", 10)
         waiting = asyncio.ensure_future(guarded_other.take_batch("farmer", 10))
-        done, _ = await asyncio.wait([waiting], timeout=2)
-        assert not done  # every other take waits for as long as the paused one stays open
-        await stuck.rollback()
+        try:
+            done, _ = await asyncio.wait([waiting], timeout=2)
+            assert not done  # every other take waits for as long as the paused one is open
+        finally:
+            # Frees the connection whatever failed, so the stores can close (closing a
+            # pool waits for every connection it lent).
+            await stuck.rollback()
         await waiting
 
         paused.open_take_idle_limit_s = 1.0
         stuck = await GuardedCold(paused, sync, types).begin_take("farmer", 10)
-        # A client cut off while the server sends it the keys is bounded the same way
-        # (over TCP: on a Unix socket the server keeps no such setting).
-        if await stuck._conn.fetchval("SELECT inet_server_addr() IS NOT NULL"):
-            assert await stuck._conn.fetchval("SHOW tcp_user_timeout") == "1000"
         try:
-            keys, _ = await asyncio.wait_for(guarded_other.take_batch("farmer", 10), timeout=10)
-        except TimeoutError:
-            await stuck.rollback()  # frees the connection, so the stores can close
-            raise
-        assert len(keys) == 10  # went on once the paused session was ended
-        with pytest.raises(StoreUnavailable):
-            await stuck.commit()  # its take was rolled back: never pushed
+            # A client cut off while the server sends it the keys is bounded the same way
+            # (over TCP: on a Unix socket the server keeps no such setting).
+            if await stuck._conn.fetchval("SELECT inet_server_addr() IS NOT NULL"):
+                assert await stuck._conn.fetchval("SHOW tcp_user_timeout") == "1000"
+            take = guarded_other.take_batch("farmer", 10)
+            keys, _ = await asyncio.wait_for(take, timeout=10)
+            assert len(keys) == 10  # went on once the paused session was ended
+            with pytest.raises(StoreUnavailable):
+                await stuck.commit()  # its take was rolled back: never pushed
+        finally:
+            await stuck.rollback()  # as above; nothing once the commit was tried
         assert await other.depth("farmer", 10**9) == before - 20  # the two completed takes
