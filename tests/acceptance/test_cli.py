@@ -206,6 +206,7 @@ def test_bench_dispense_measures_all_four_on_both_servers_and_writes_json(
             assert "granian_single_vs_uvicorn_bare" in run["targets_met"]
         assert run["single_keys_served"] > 0
         assert isinstance(run["pool_ran_dry"], bool)  # reported; depends on speed
+        assert isinstance(run["batch_pool_ran_dry"], bool)
     # auto picks wrk when installed, else the bundled client, and says which it used.
     wrk = load == "auto" and shutil.which("wrk") is not None
     assert report["load_generator"] == ("wrk" if wrk else "bundled-asyncio-client")
