@@ -39,7 +39,8 @@ CLIENT_TYPE = "kd_bench_client"
 # Four requests in flight: the caller outruns one fetcher, which waits on the
 # dispenser's answer for most of each round trip (docs/benchmarks.md).
 BUFFERING = Buffering(batch=5_000, low=50_000, high=100_000, fetchers=4)
-KEYS_PER_SECOND_SIZING = 3_000_000  # hot keys per second of --seconds, per variant
+# Hot keys per second of --seconds, filled before each variant (12 bytes a key in Redis).
+KEYS_PER_SECOND_SIZING = 5_000_000
 CHECK_EVERY = 10_000  # takes between two looks at the clock
 # Takes between two yields of the async caller to the event loop (where the fetcher
 # runs): a caller that does some I/O per thousand keys.
@@ -48,7 +49,8 @@ START_DEADLINE_S = 60.0
 TARGETS = {"keys_per_s": 1_000_000}
 
 
-async def _fill(settings: Settings, client: aioredis.Redis, count: int) -> None:
+async def _fill(settings: Settings, client: aioredis.Redis, first: int, count: int) -> None:
+    """The hot list, emptied, then holding keys ``first`` .. ``first + count - 1``."""
     store = HotStore(RedisEndpoint(settings.redis_url), settings.redis_namespace)
     try:
         await store.observe(CLIENT_TYPE)  # the fence takes ownership before the fill
@@ -56,8 +58,9 @@ async def _fill(settings: Settings, client: aioredis.Redis, count: int) -> None:
         await store.close()
     ns = settings.redis_namespace
     hot, step = redis_keys.hot_list_key(ns, CLIENT_TYPE), 500_000
-    for start in range(0, count, step):
-        end = min(start + step, count) - 1
+    await client.delete(hot)  # what a previous variant left
+    for start in range(first, first + count, step):
+        end = min(start + step, first + count) - 1
         await client.eval(FILL_SCRIPT, 2, hot, redis_keys.hot_registry_key(ns), start, end)
 
 
@@ -118,7 +121,8 @@ async def run(settings: Settings, seconds: float) -> dict[str, Any]:
     process = None
     try:
         await refuse_unless_scratch(redis_client, settings.redis_namespace, "client")
-        await _fill(settings, redis_client, round(KEYS_PER_SECOND_SIZING * seconds * 2) + 300_000)
+        per_variant = round(KEYS_PER_SECOND_SIZING * seconds) + 300_000
+        await _fill(settings, redis_client, 0, per_variant)
         with tempfile.TemporaryDirectory(prefix="kd-bench-client-") as work:
             env = scrubbed_env(
                 KD_CONFIG=str(_config(settings, Path(work), port)),
@@ -129,6 +133,8 @@ async def run(settings: Settings, seconds: float) -> dict[str, Any]:
             if not serving(f"{url}/healthz", START_DEADLINE_S):
                 raise KeydispenserError("bench client: the dispenser did not start")
             sync = await asyncio.to_thread(take_sync, url, seconds)
+            # Keys the sync variant never had, as many again: neither runs dry.
+            await _fill(settings, redis_client, per_variant, per_variant)
             aio = await take_async(url, seconds)
     finally:
         stop_process(process)
