@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 
 from shared.ops.bench import dispense
-from shared.ops.bench.dispense import parse_wrk
+from shared.ops.bench.dispense import LoadGenerator, parse_wrk
 
 WRK = """Running 3s test @ http://127.0.0.1:18080/v1/idgenerator/kd_bench/id
   1 threads and 32 connections
@@ -50,3 +51,12 @@ def test_auto_says_when_it_falls_back_to_the_bundled_client(
         load = dispense.LoadGenerator(1.0, "auto")
     assert load.name == "bundled-asyncio-client"
     assert [r.getMessage() for r in caplog.records] == ["bench_load_generator_fallback"]
+
+
+def test_a_run_lasts_what_the_load_generator_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rates are divided by the time the load ran: wrk runs whole seconds, at least one."""
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert LoadGenerator(1.4, "wrk").duration == 1.0
+    assert LoadGenerator(0.3, "wrk").duration == 1.0
+    assert LoadGenerator(2.6, "wrk").duration == 3.0
+    assert LoadGenerator(0.3, "bundled").duration == 0.3

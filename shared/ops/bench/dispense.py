@@ -92,6 +92,8 @@ class LoadGenerator:
     def __init__(self, seconds: float, choice: str = "auto") -> None:
         self.seconds = seconds
         self.wrk = shutil.which("wrk") if choice != "bundled" else None
+        # How long each run lasts: wrk takes whole seconds, at least one.
+        self.duration = float(max(1, round(seconds))) if self.wrk else seconds
         if choice == "wrk" and self.wrk is None:
             raise ConfigError("bench --load wrk: wrk is not installed (apt-get install wrk)")
         self.name = "wrk" if self.wrk else "bundled-asyncio-client"
@@ -117,7 +119,7 @@ class LoadGenerator:
                     str(self.wrk),
                     "-t1",
                     f"-c{CONNECTIONS}",
-                    f"-d{max(1, round(self.seconds))}s",
+                    f"-d{round(self.duration)}s",
                     "--latency",
                     "--timeout",
                     "5s",
@@ -401,8 +403,7 @@ class Bench:
         single_path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
         bare = await self.bare("uvicorn", workers)
         single = await self.single(client, "uvicorn", workers)
-        # wrk runs whole seconds, at least one.
-        batch_keys = BATCH_KEYS_PER_S * max(1, round(self.batch_seconds)) + 1_000_000
+        batch_keys = round(BATCH_KEYS_PER_S * self.batch_load.duration) + 1_000_000
         batch = await self.dispenser(
             client,
             workers,
@@ -423,7 +424,7 @@ class Bench:
             "single_p50_ms": round(single["p50_ms"], 3),
             "single_p99_ms": round(single["p99_ms"], 3),
             "batch_rps": round(batch["rps"]),
-            "batch_keys_per_s": round(batch["keys_served"] / self.batch_seconds),
+            "batch_keys_per_s": round(batch["keys_served"] / self.batch_load.duration),
             "batch_p99_ms": round(batch["p99_ms"], 3),
             "pg_baseline_rps": round(baseline["rps"]),
             "pg_baseline_p99_ms": round(baseline["p99_ms"], 3),

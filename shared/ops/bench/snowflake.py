@@ -116,7 +116,7 @@ class SnowflakeBench:
             "bare_rps": round(bare["rps"]),
             "single_rps": round(single["rps"]),
             "single_p99_ms": round(single["p99_ms"], 3),
-            "batch_ids_per_s": round(answered * BATCH / self.seconds),
+            "batch_ids_per_s": round(answered * BATCH / self.load.duration),
             "batch_p99_ms": round(batch["p99_ms"], 3),
             "non_2xx": {
                 "bare": bare["non_2xx"],
