@@ -97,15 +97,18 @@ class LoadGenerator:
         if choice == "wrk" and self.wrk is None:
             raise ConfigError("bench --load wrk: wrk is not installed (apt-get install wrk)")
         self.name = "wrk" if self.wrk else "bundled-asyncio-client"
-        if choice == "auto" and self.wrk is None:
-            # Said out loud: the bundled client saturates a core of its own and measures
-            # a lower ceiling than wrk; the report's load_generator names it too.
+        # Said out loud at the first run (not before: a bench that cannot reach its
+        # servers fails in one line): the bundled client saturates a core of its own and
+        # measures a lower ceiling than wrk; the report's load_generator names it too.
+        self._warn_fallback = choice == "auto" and self.wrk is None
+
+    async def run(self, url: str) -> dict[str, float]:
+        if self._warn_fallback:
+            self._warn_fallback = False
             log.warning(
                 "bench_load_generator_fallback",
                 extra={"load_generator": self.name, "hint": "apt-get install wrk"},
             )
-
-    async def run(self, url: str) -> dict[str, float]:
         if self.wrk:
             return await asyncio.to_thread(self._wrk, url)
         return await self._bundled(url)
