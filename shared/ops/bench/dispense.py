@@ -102,13 +102,17 @@ class LoadGenerator:
         # measures a lower ceiling than wrk; the report's load_generator names it too.
         self._warn_fallback = choice == "auto" and self.wrk is None
 
-    async def run(self, url: str) -> dict[str, float]:
+    def announce(self) -> None:
+        """Say once that the bundled client stands in for wrk."""
         if self._warn_fallback:
             self._warn_fallback = False
             log.warning(
                 "bench_load_generator_fallback",
                 extra={"load_generator": self.name, "hint": "apt-get install wrk"},
             )
+
+    async def run(self, url: str) -> dict[str, float]:
+        self.announce()
         if self.wrk:
             return await asyncio.to_thread(self._wrk, url)
         return await self._bundled(url)
