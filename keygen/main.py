@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from keygen.generation import Generator
 from keygen.headroom import Headroom, HeadroomWatch
 from keygen.metrics import KeygenMetrics
-from shared.domain.errors import FenceHalted, KeyspaceExhausted, PostgresBehind, StoreUnavailable
+from shared.domain.errors import KeyspaceExhausted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
-from shared.metrics import Heartbeat
+from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     FaultPoint,
@@ -28,7 +28,9 @@ from shared.runtime import (
     sleep_or_stop,
     stop_on_signals,
 )
-from shared.stores.cold_store import CONNECTION_ERRORS, ColdStore, LeasedRange
+from shared.stores.binding import bind
+from shared.stores.cold_store import DRIVER_ERRORS, ColdStore, LeasedRange
+from shared.stores.pg_connect import connect_each_host
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
 from shared.stores.sql import KEYGEN_CHANNEL
@@ -82,16 +84,17 @@ class Keygen:
                 worked = await self.step()
                 outage.succeeded()
                 fenced.succeeded()
-                self.metrics.fence.halted.set(0)
+                self.metrics.fence.refusing(None)
                 self.heartbeat.beat()
             except StoreUnavailable as exc:
                 self.heartbeat.beat(ok=False)
                 await sleep_or_stop(self._stop, outage.failed(exc))
                 continue
-            except (PostgresBehind, FenceHalted) as exc:
-                # Behind: the fence runs at the next lease. Halted: an operator must act;
-                # keep trying (and saying so) rather than exit.
-                self.metrics.fence.halted.set(1 if isinstance(exc, FenceHalted) else 0)
+            except FENCE_REFUSALS as exc:
+                # Behind: the fence runs at the next lease. Superseded: this server is an
+                # old primary. Halted: an operator must act. A range leased before a
+                # fence is abandoned. Keep trying (and saying so) rather than exit.
+                self.metrics.fence.refusing(exc)
                 self.heartbeat.beat(ok=False)
                 await sleep_or_stop(
                     self._stop, fenced.failed(StoreUnavailable("postgres", str(exc)))
@@ -225,19 +228,21 @@ class Keygen:
         return accepted
 
 
-async def listen_for_wakes(dsn: str, keygen: Keygen, stop: asyncio.Event) -> None:
+async def listen_for_wakes(settings: Settings, keygen: Keygen, stop: asyncio.Event) -> None:
     """LISTEN for keysync's wake-ups on a dedicated connection, re-established after
     PostgreSQL restarts (until then keygen still polls)."""
     outage = Outage("postgres-listen")
     while not stop.is_set():
         try:
-            conn = await asyncpg.connect(dsn)
-        except CONNECTION_ERRORS as exc:
+            conn = await connect_each_host(
+                settings.postgres_dsn, host_timeout_s=settings.postgres_connect_timeout_s
+            )
+        except DRIVER_ERRORS as exc:
             await sleep_or_stop(stop, outage.failed(StoreUnavailable("postgres", str(exc))))
             continue
         try:
             await _listen_until_closed(conn, keygen, stop, outage)
-        except CONNECTION_ERRORS:
+        except DRIVER_ERRORS:
             continue
         finally:
             if not conn.is_closed():
@@ -261,7 +266,11 @@ async def _listen_until_closed(
 async def serve(settings: Settings) -> None:
     stop = stop_on_signals()
     cold = await connect_with_retry(
-        lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
+        lambda: ColdStore.connect(
+            settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s
+        ),
+        "postgres",
+        stop,
     )
     if cold is None:
         return
@@ -270,6 +279,11 @@ async def serve(settings: Settings) -> None:
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))
+        bound = await connect_with_retry(
+            lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
+        )
+        if bound is None:
+            return  # stopped while the stores were away
         generator = Generator(settings.keygen.threads)
         metrics = KeygenMetrics(CollectorRegistry())
         heartbeat = Heartbeat(metrics.registry)
@@ -278,7 +292,7 @@ async def serve(settings: Settings) -> None:
         keygen = Keygen(
             settings, cold, sync, stop, generator, metrics, heartbeat, fault_points_from_environ()
         )
-        listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
+        listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(build_id_types(settings))})
         try:
             await keygen.run()

@@ -12,14 +12,15 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
 from keysync.metrics import KeysyncMetrics
-from shared.domain.errors import FenceHalted, PostgresBehind, StoreUnavailable
+from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import IdTypeConfig, Settings
-from shared.metrics import Heartbeat
+from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     FaultPoint,
@@ -31,6 +32,7 @@ from shared.runtime import (
     sleep_or_stop,
     stop_on_signals,
 )
+from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
@@ -42,11 +44,32 @@ from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
-PUSH_RETRY_S = 10.0  # how long an ambiguous push is retried (on the pinned server only)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
 LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
 # How long the next batch's open transaction waits for the push before it is rolled back.
 NEXT_BATCH_HOLD_S = 1.0
+
+
+# Why a batch refused by push.lua is lost (the ``batch_lost`` log line's reason).
+LOST_BECAUSE = {
+    "refused": "primary_changed",  # after an attempt that may have landed elsewhere
+    "expired": "push_deadline_passed",
+    "stale": "postgres_lost_commits",
+    "foreign": "namespace_bound_to_another_database",
+    "halted": "postgres_fence_halted",
+}
+
+
+class Backoff:
+    """Sleeps between push attempts: 50 ms, doubling up to 1 s."""
+
+    def __init__(self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self._sleep = sleep
+        self._delay = 0.05
+
+    async def sleep(self) -> None:
+        await self._sleep(self._delay)
+        self._delay = min(self._delay * 2, 1.0)
 
 
 def _want(config: IdTypeConfig, depth: int) -> int:
@@ -85,9 +108,12 @@ class Keysync:
         self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
         self._fault = fault  # test-only fault points (KD_FAULT_POINT)
+        # How a push retry tells time and waits (a unit test freezes the process here).
+        self.clock: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
-    def fence_halted(self, halted: bool) -> None:
-        self._metrics.fence.halted.set(1 if halted else 0)
+    def fence_refusing(self, exc: BaseException | None) -> None:
+        self._metrics.fence.refusing(exc)
 
     async def refill_all(self) -> None:
         for id_type in self._types.values():
@@ -179,32 +205,46 @@ class Keysync:
         refusal is definitive (nothing was pushed), so it may re-pin; after an
         ambiguous failure the batch may already sit on the pinned server, so
         retries stay pinned there and the batch marker makes them idempotent.
-        The push records ``stamp`` (the PostgreSQL fence); a stale stamp means the
-        batch came from a PostgreSQL that lost commits: it is lost, never pushed.
+        Attempts end at a deadline on the Redis server's own clock (``push_retry_s``
+        after the first), which the marker outlives: a keysync paused past it (SIGSTOP,
+        a VM pause) gets 'expired', never a second copy. The push records ``stamp``
+        (the PostgreSQL fence): a batch from a PostgreSQL that lost commits, from
+        another history or another database is lost, never pushed; a record Redis lost
+        is rebuilt first (vouch), then the push is tried again.
         """
+        config = self._settings.keysync
         batch, pin, ambiguous = uuid.uuid4().hex, self._token, False
-        deadline = time.monotonic() + PUSH_RETRY_S
-        delay = 0.05
+        deadline = self.clock() + config.push_retry_s
+        not_after: int | None = None  # the deadline on the server's clock (ms)
+        backoff = Backoff(self.sleep)
         while True:
+            if self.clock() > deadline:  # checked again after every sleep
+                return self._lost(name, keys, "unreachable")
             try:
-                pushed = await self._hot.push(name, keys, batch, pin, stamp)
+                if not_after is None:
+                    not_after = await self._hot.server_time_ms() + round(config.push_retry_s * 1000)
             except StoreUnavailable:
-                ambiguous = True
-                if time.monotonic() > deadline:
-                    return self._lost(name, keys, "unreachable")
+                await backoff.sleep()  # nothing was sent: not ambiguous
+                continue
+            try:
+                pushed = await self._hot.push(
+                    name, keys, batch, pin, stamp, not_after, config.batch_marker_ttl_s
+                )
+            except StoreUnavailable:
+                ambiguous = True  # it may have landed on the pinned server
                 self._fault("keysync.push_retry")  # an ambiguous attempt, before the next
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await backoff.sleep()
                 continue
+            if pushed.status in ("pushed", "duplicate"):
+                self._token = pushed.token
+                return pushed.length
             if pushed.status == "refused" and not ambiguous:
-                pin = pushed.token  # the primary changed before anything was pushed
+                pin, not_after = pushed.token, None  # the primary changed; nothing pushed
                 continue
-            if pushed.status == "refused":
-                return self._lost(name, keys, "primary_changed")
-            if pushed.status == "stale":
-                return self._lost(name, keys, "postgres_lost_commits")
-            self._token = pushed.token
-            return pushed.length
+            if pushed.status == "untrusted":
+                await self._cold.vouch()  # Redis lost the record: rebuild it, try again
+                continue
+            return self._lost(name, keys, LOST_BECAUSE.get(pushed.status, pushed.status))
 
     def _lost(self, name: str, keys: list[str], reason: str) -> int:
         # Already deleted from the cold table and committed: wasted, never reissued.
@@ -233,17 +273,18 @@ async def run(
             pg_outage.succeeded()
             redis_outage.succeeded()
             fence_outage.succeeded()
-            keysync.fence_halted(False)
+            keysync.fence_refusing(None)
             beat(True)
             await wake.wait(settings.keysync.poll_interval_s)
         except StoreUnavailable as exc:
             beat(False)
             outage = redis_outage if exc.store == "redis" else pg_outage
             await sleep_or_stop(stop, outage.failed(exc))
-        except (PostgresBehind, FenceHalted) as exc:
-            # Behind: the fence runs before the next batch. Halted: an operator must
-            # act; keep trying (and saying so) rather than exit.
-            keysync.fence_halted(isinstance(exc, FenceHalted))
+        except FENCE_REFUSALS as exc:
+            # Behind: the fence runs before the next batch. Superseded: this server is
+            # an old primary. Halted: an operator must act. Keep trying (and saying so)
+            # rather than exit.
+            keysync.fence_refusing(exc)
             beat(False)
             await sleep_or_stop(stop, fence_outage.failed(StoreUnavailable("postgres", str(exc))))
 
@@ -284,7 +325,11 @@ async def serve(settings: Settings) -> None:
     host, port = settings.keysync.metrics_host, settings.keysync.metrics_port
     serve_metrics(metrics.registry, host, port, heartbeat)
     cold = await connect_with_retry(
-        lambda: ColdStore.connect(settings.postgres_dsn), "postgres", stop
+        lambda: ColdStore.connect(
+            settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s
+        ),
+        "postgres",
+        stop,
     )
     if cold is None:
         return
@@ -307,6 +352,11 @@ async def serve(settings: Settings) -> None:
             await check(conn, types, keyspace=False)
         with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
             await hot.refuse_eviction()
+        bound = await connect_with_retry(
+            lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
+        )
+        if bound is None:
+            return  # stopped while the stores were away
         log.info("keysync_started", extra={"id_types": sorted(types)})
         guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
         keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())

@@ -21,7 +21,23 @@ from prometheus_client import (
     generate_latest,
 )
 
+from shared.domain.errors import (
+    FenceHalted,
+    PostgresBehind,
+    PostgresSuperseded,
+    RangeFenced,
+)
 from shared.stores.postgres_fence import FenceReport
+
+# What the PostgreSQL fence refuses with: keygen and keysync keep retrying (with
+# back-off, saying why) rather than exit; each resumes by itself, or after the one
+# documented operator command (`fence-postgres`) for a halt.
+FENCE_REFUSALS: tuple[type[BaseException], ...] = (
+    PostgresBehind,
+    PostgresSuperseded,
+    FenceHalted,
+    RangeFenced,
+)
 
 TYPE = ["id_type"]
 STALL_AFTER_S = 120.0  # a loop that has not beaten for this long is not alive
@@ -48,6 +64,17 @@ class FenceMetrics:
             "1 while leases/syncs are halted until an operator runs fence-postgres",
             registry=registry,
         )
+        self.superseded = Gauge(
+            "kd_postgres_superseded",
+            "1 while the PostgreSQL reached is an old primary a newer one superseded "
+            "(leases/syncs through it refused until the DSN leads to the new primary)",
+            registry=registry,
+        )
+
+    def refusing(self, exc: BaseException | None) -> None:
+        """The gauges for why the last iteration was refused (None: it was not)."""
+        self.halted.set(1 if isinstance(exc, FenceHalted) else 0)
+        self.superseded.set(1 if isinstance(exc, PostgresSuperseded) else 0)
 
     def observe(self, report: FenceReport) -> None:
         self.fences.labels(report.reason).inc()

@@ -46,6 +46,7 @@ SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
 CLIENT_TESTS = ("tests/integration/test_client.py", "tests/unit/test_client_protocol.py")
 LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
+SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 
 MUTANTS: Final = (
     Mutant(
@@ -192,30 +193,114 @@ MUTANTS: Final = (
     Mutant(
         "postgres_guard_passes_a_server_behind_on_the_same_timeline",
         "shared/stores/sql.py",
-        "WHEN here.tl = $1 THEN c.clock >= $2::bigint",
-        "WHEN here.tl = $1 THEN true",
+        "WHEN here.tl = $1::bigint THEN c.clock >= $2::bigint",
+        "WHEN here.tl = $1::bigint THEN true",
         POSTGRES_FENCE_TESTS,
     ),
     Mutant(
         "postgres_guard_given_a_permissive_record",
         "shared/stores/sync_record.py",
-        "return [self.timeline, self.clock, self.untrusted]",
-        "return [0, self.clock, False]",
+        "return [self.timeline, self.clock, self.fork, self.needs_vouch]",
+        "return [-1, 0, 0, False]",
         POSTGRES_FENCE_TESTS,
     ),
     Mutant(
         "push_ignores_a_stale_stamp",
         "shared/stores/lua/push.lua",
-        "if timeline > 0 and record_stamp(timeline, fork, clock) ~= 'ok' then",
-        "if timeline > 0 and record_stamp(timeline, fork, clock) == 'never' then",
+        "  if status ~= 'ok' then",
+        "  if false then",
         (*POSTGRES_FENCE_TESTS, "tests/integration/test_push_stamp.py"),
     ),
     Mutant(
-        "fence_reset_lowers_the_record",
+        "fence_claims_the_record_over_a_lease_recorded_meanwhile",
         "shared/stores/lua/reset_record.lua",
-        "if tonumber(rec[1]) == timeline and (tonumber(rec[2]) or 0) > clock then",
+        "and tonumber(fields[i + 1]) > (floors[fields[i]] or 0) then",
+        "and false then",
+        ("tests/integration/test_push_stamp.py", SPLIT_BRAIN_TESTS),
+    ),
+    Mutant(
+        "fence_claims_the_record_for_an_older_timeline",
+        "shared/stores/lua/reset_record.lua",
+        "if (tonumber(rec[2]) or 0) > timeline then",
         "if false then",
-        POSTGRES_FENCE_TESTS,
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "record_moves_back_to_an_older_timeline",
+        "shared/stores/lua/sync_record.lua",
+        "  if timeline > tl then",
+        "  if timeline ~= tl then",
+        ("tests/integration/test_push_stamp.py", SPLIT_BRAIN_TESTS),
+    ),
+    Mutant(
+        "record_judges_by_a_record_redis_lost",
+        "shared/stores/lua/sync_record.lua",
+        "  if rec[4] == '1' or tl == 0 then",
+        "  if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "record_takes_another_history_on_its_timeline",
+        "shared/stores/lua/sync_record.lua",
+        "    if fork ~= rfork then",
+        "    if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "record_takes_another_databases_stamp",
+        "shared/stores/lua/sync_record.lua",
+        "  if rec[6] and rec[6] ~= database then",
+        "  if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "vouch_takes_an_older_timeline",
+        "shared/stores/lua/vouch_record.lua",
+        "if tl > timeline then",
+        "if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "vouch_trusts_what_redis_kept_of_the_leases",
+        "shared/stores/lua/vouch_record.lua",
+        "raise_leased(FIRST_HIGH)",
+        "-- raise_leased(FIRST_HIGH)",
+        ("tests/integration/test_both_tiers.py",),
+    ),
+    Mutant(
+        "an_old_primary_fences_the_record_back",
+        "shared/stores/postgres_fence.py",
+        '    return "superseded"\n\n\n@dataclass(frozen=True)\nclass FenceReport:',
+        '    return "behind"\n\n\n@dataclass(frozen=True)\nclass FenceReport:',
+        ("tests/unit/test_postgres_fence_verdict.py",),
+    ),
+    Mutant(
+        "a_range_leased_before_a_fence_is_copied_after_it",
+        "shared/stores/cold_store.py",
+        "if int(await conn.fetchval(sql.LOCK_FENCES)) != leased.fences:",
+        "if False:",
+        (SPLIT_BRAIN_TESTS,),
+    ),
+    Mutant(
+        "push_ignores_its_deadline",
+        "shared/stores/lua/push.lua",
+        "if not_after > 0 and now > not_after then",
+        "if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "a_pushed_batchs_marker_dies_before_its_deadline",
+        "shared/stores/lua/push.lua",
+        "'PX', math.max(marker_ttl, not_after - now + 1000))",
+        "'PX', marker_ttl)",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        "keysync_retries_a_push_past_its_deadline_after_a_sleep",
+        "keysync/main.py",
+        "            if self.clock() > deadline:  # checked again after every sleep",
+        "            if False:",
+        ("tests/unit/test_keysync_push.py",),
     ),
     Mutant(
         "push_ignores_its_pin",

@@ -88,6 +88,29 @@ class PostgresBehind(KeydispenserError):
         super().__init__(f"postgres lost committed work: {detail}")
 
 
+class PostgresSuperseded(KeydispenserError):
+    """This PostgreSQL server is on an older timeline than the one the sync clock's record
+    follows: a newer primary took over while this one still takes writes (a partition,
+    a split brain). It must take none from keydispenser: leases and syncs through it
+    stop until the processes reach the new primary (its multi-host DSN) or it is demoted."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"postgres superseded by a newer primary: {detail}")
+
+
+class RangeFenced(KeydispenserError):
+    """A PostgreSQL fence ran after this range was leased: the fence discarded the cold
+    inventory, and no key of the range may land after it (the range is abandoned)."""
+
+    def __init__(self, name: str, start: int) -> None:
+        super().__init__(f"range {start} of '{name}' was leased before a fence: abandoned")
+
+
+class NamespaceBound(ConfigError):
+    """One Redis namespace, one PostgreSQL database: this process brings a pairing other
+    than the one bound on first use."""
+
+
 class FenceHalted(KeydispenserError):
     """Redis and PostgreSQL both lost state in the same window: no automatic fence can be
     proven safe, so leases and syncs stop until an operator runs the fence by hand."""

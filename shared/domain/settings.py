@@ -354,6 +354,12 @@ class DispenserConfig(_Strict):
 
 class KeysyncConfig(_Strict):
     poll_interval_s: float = Field(default=0.5, gt=0)
+    # How long a batch whose push got no answer is retried (on the same server only),
+    # judged by that server's clock: a keysync paused longer never pushes it again.
+    push_retry_s: float = Field(default=10.0, gt=0, le=3_600)
+    # How long a pushed batch's marker (which makes a retried push add nothing) lives
+    # at least; always past the batch's push deadline. Redis memory, one small key each.
+    batch_marker_ttl_s: float = Field(default=3_600.0, ge=1, le=7 * 86_400)
     # Ledger events moved from Redis to PostgreSQL per transaction.
     ledger_batch: int = Field(default=1_000, ge=1, le=100_000)
     # Ledger entries another keysync read but never acknowledged (it died) are taken
@@ -430,6 +436,9 @@ class Settings(BaseSettings):
     # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
     # replica then dispenses keys twice.
     postgres_fence: bool = True
+    # Seconds each host of postgres_dsn may take to accept a connection: a frozen host
+    # listed first in a multi-host DSN costs this long, then the next is tried.
+    postgres_connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
     id_types: dict[str, AnyIdTypeConfig] = Field(default_factory=dict)
     dispenser: DispenserConfig = DispenserConfig()
     keysync: KeysyncConfig = KeysyncConfig()

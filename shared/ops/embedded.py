@@ -192,6 +192,11 @@ class EmbeddedPostgres:
         self._run(
             "pg_basebackup", *source, "-D", str(self.pgdata), "-R", "-X", "stream", "-c", "fast"
         )
+        # The sockets live in the data directory, and pg_basebackup copies their lock
+        # files: the source's, and any it inherited the same way. One naming this
+        # server's port (a dead primary rebuilt on its own port) would stop it starting.
+        for copied in self.pgdata.glob(".s.PGSQL.*"):
+            copied.unlink(missing_ok=True)
         self.start()
 
     def kill(self) -> None:

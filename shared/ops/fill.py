@@ -18,6 +18,7 @@ from shared.domain.errors import ConfigError, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.runtime import stop_on_signals
+from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check
 from shared.stores.sync_record import SyncRecord
@@ -39,6 +40,7 @@ async def fill(settings: Settings, name: str, count: int) -> int:
     try:
         async with cold.connection() as conn:
             await check(conn, types)
+        await bind(cold, sync, settings.redis_namespace)
         keygen = Keygen(settings, cold, sync, stop, generator)
         with tqdm(total=count, unit="keys", unit_scale=True, desc=name) as bar:
             while added < count and not stop.is_set():

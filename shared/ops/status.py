@@ -8,9 +8,10 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores import sql
+from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import ensure_fenced
+from shared.stores.postgres_fence import settle
 from shared.stores.sync_record import SyncRecord
 
 _STATUS_CAP = 10_000_000
@@ -98,7 +99,8 @@ async def fence_postgres(settings: Settings, skip_ranges: int) -> dict[str, Any]
     cold = await ColdStore.connect(settings.postgres_dsn)
     sync = SyncRecord.from_settings(settings)
     try:
-        report = await ensure_fenced(cold, sync, id_types, skip_ranges=skip_ranges)
+        await bind(cold, sync, settings.redis_namespace)
+        report = await settle(cold, sync, id_types, skip_ranges=skip_ranges)
     finally:
         await cold.close()
         await sync.close()

@@ -13,13 +13,17 @@ from typing import Any
 import asyncpg
 
 from shared.domain.errors import (
+    ConfigError,
     KeydispenserError,
     KeyspaceExhausted,
     PostgresBehind,
+    RangeFenced,
+    SchemaError,
     StoreUnavailable,
 )
 from shared.domain.idtypes import IdType
 from shared.stores import sql
+from shared.stores.pg_connect import CONNECT_TIMEOUT_S, connect_each_host, where
 from shared.stores.sync_record import Record, Stamp
 
 log = logging.getLogger(__name__)
@@ -27,26 +31,42 @@ log = logging.getLogger(__name__)
 # Driver errors that mean "the database is not reachable right now".
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
     asyncpg.InterfaceError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
     # A connection broken mid-operation by a failover ("cannot switch to state 15").
     asyncpg.InternalClientError,
-    # Reached a server that is (now) a standby: the primary moved.
-    asyncpg.ReadOnlySQLTransactionError,
-    # The server ended a session left idle in a transaction (a take's own limit), as
-    # the answer to a statement sent just then; otherwise the next call sees it closed.
-    asyncpg.IdleInTransactionSessionTimeoutError,
     TimeoutError,
 )
+# SQLSTATE classes that describe this deployment, not the server's state: a wrong
+# password, a missing database, a missing table or privilege. They end a process with
+# their message; every other error a server sends (too many connections, a cancelled
+# statement, an admin shutdown, a read-only transaction after a failover, a full disk,
+# serialization failures, a unique violation from a split brain...) is an outage that
+# passes, ridden out with back-off (docs/reliability.md, "Outages").
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
+CONFIGURATION_SQLSTATE_CLASSES = frozenset({"28", "3D", "3F", "42"})
+UNDEFINED_TABLE = "42P01"
+UNDEFINED_DATABASE = "3D000"
+NO_DATABASE = "run `keydispenser migrate` (it creates the database)"
+
+
+def store_error(operation: str, exc: BaseException) -> KeydispenserError:
+    """The domain error a driver error means (see CONFIGURATION_SQLSTATE_CLASSES)."""
+    state = str(getattr(exc, "sqlstate", "") or "")
+    if state == UNDEFINED_TABLE:
+        return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
+    if state == UNDEFINED_DATABASE:
+        return SchemaError(f"postgres: {exc}: {NO_DATABASE}")
+    if state[:2] in CONFIGURATION_SQLSTATE_CLASSES:
+        return ConfigError(f"postgres: {operation}: {exc} (SQLSTATE {state})")
+    detail = f"{operation} failed: {exc}" + (f" (SQLSTATE {state})" if state else "")
+    return StoreUnavailable("postgres", detail)
 
 
 @dataclass(frozen=True)
 class LeasedRange:
     start: int
     stop: int
+    fences: int = 0  # the fences the lease was made under (sql.LOCK_FENCES)
 
 
 @dataclass(frozen=True)
@@ -63,11 +83,13 @@ class SequenceState:
 
 @asynccontextmanager
 async def translated(operation: str) -> AsyncIterator[None]:
-    """Turn driver connection errors into StoreUnavailable."""
+    """Driver errors -> StoreUnavailable (an outage), or ConfigError/SchemaError."""
     try:
         yield
-    except CONNECTION_ERRORS as exc:
-        raise StoreUnavailable("postgres", f"{operation} failed: {exc}") from exc
+    except asyncpg.SequenceGeneratorLimitExceededError:
+        raise  # a used-up keyspace: the caller says which (KeyspaceExhausted)
+    except DRIVER_ERRORS as exc:
+        raise store_error(operation, exc) from exc
 
 
 def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
@@ -170,11 +192,25 @@ class ColdStore:
         min_size: int = 1,
         max_size: int = 4,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> ColdStore:
-        async with translated("connect"):
-            pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s
-            )
+        """A pool on ``dsn``; each host of a multi-host DSN gets ``connect_timeout_s``
+        (pg_connect.py): a frozen host listed first costs one connect timeout."""
+
+        async def connect(*args: Any, **options: Any) -> asyncpg.Connection:
+            return await connect_each_host(*args, host_timeout_s=connect_timeout_s, **options)
+
+        try:
+            async with translated("connect"):
+                pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    command_timeout=command_timeout_s,
+                    connect=connect,
+                )
+        except SchemaError as exc:
+            raise SchemaError(f"postgres {where(dsn)}: {exc.__cause__}: {NO_DATABASE}") from exc
         return cls(pool, command_timeout_s)
 
     async def close(self) -> None:
@@ -204,8 +240,8 @@ class ColdStore:
             raise KeyspaceExhausted(id_type.name) from exc
         if row is None:
             raise PostgresBehind(f"lease of '{id_type.name}' refused by the guard")
-        stamp = Stamp(int(row["timeline"]), int(row["fork"]), int(row["clock"]))
-        return LeasedRange(int(row["range_start"]), int(row["range_end"])), stamp
+        stamp = Stamp.of(row)
+        return LeasedRange(int(row["range_start"]), int(row["range_end"]), stamp.fences), stamp
 
     async def insert_keys(
         self,
@@ -221,12 +257,15 @@ class ColdStore:
 
         ``final`` marks the range filled: every key of it is now in the cold table.
         ``before_commit`` runs after the COPY, before the accounting and the commit
-        (keygen's ``keygen.copied`` fault point).
+        (keygen's ``keygen.copied`` fault point). RangeFenced when a PostgreSQL fence ran
+        since the range was leased (nothing is copied: the range is abandoned).
         """
         async with translated("insert_keys"):
             conn = await self._pool.acquire()
         try:
             async with translated("insert_keys"), conn.transaction():
+                if int(await conn.fetchval(sql.LOCK_FENCES)) != leased.fences:
+                    raise RangeFenced(id_type.name, leased.start)
                 copy = conn.copy_records_to_table(
                     sql.cold_table_name(id_type.name),
                     records=[(k,) for k in keys],
@@ -267,8 +306,7 @@ class ColdStore:
         except BaseException:
             await _roll_back(self._pool, conn, transaction)
             raise
-        stamp = Stamp(int(guard["timeline"]), int(guard["fork"]), int(guard["clock"]))
-        return OpenTake(keys, stamp, self._pool, conn, transaction)
+        return OpenTake(keys, Stamp.of(guard), self._pool, conn, transaction)
 
     async def take_batch(
         self, name: str, size: int, record: Record, *, in_order: bool = False

@@ -26,7 +26,7 @@ from shared.stores.redis_scripts import (
 from shared.stores.sync_record import LEASED, NO_STAMP, Stamp
 
 log = logging.getLogger(__name__)
-BATCH_MARKER_TTL_S = 3_600
+BATCH_MARKER_TTL_S = 3_600  # how long a pushed batch's marker lives at least
 # The only maxmemory-policy under which Redis never drops a key keydispenser relies on.
 SAFE_MEMORY_POLICY = "noeviction"
 
@@ -77,7 +77,9 @@ def request_fingerprint(client: str, name: str, count: int) -> str:
 class Pushed:
     length: int
     token: str  # identity of the server that answered: run_id:master_replid
-    status: str  # pushed | duplicate | refused
+    # pushed | duplicate | refused | expired, or the stamp's refusal: stale | untrusted |
+    # foreign | halted (push.lua)
+    status: str
     discarded: int = 0
 
 
@@ -135,15 +137,30 @@ class HotStore(RedisPort):
         batch_id: str,
         pin: str = "",
         stamp: Stamp = NO_STAMP,
+        not_after_ms: int = 0,
+        marker_ttl_s: float = BATCH_MARKER_TTL_S,
     ) -> Pushed:
         """Append a batch once (``batch_id``), only on the server ``pin`` names if set,
-        recording its PostgreSQL ``stamp`` (status 'stale': not pushed)."""
-        args = [pin, BATCH_MARKER_TTL_S, *stamp.args(), pack_keys(keys)]
+        and not after ``not_after_ms`` of that server's clock (0: no deadline),
+        recording its PostgreSQL ``stamp`` (refused: not pushed)."""
+        args = [
+            pin,
+            round(marker_ttl_s * 1000),
+            not_after_ms,
+            *stamp.args(),
+            pack_keys(keys),
+        ]
         async with self._guard("push"):
             length, discarded, token, status = await self._run(
                 "push", push_keys(self.namespace, name, batch_id), args
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
+
+    async def server_time_ms(self) -> int:
+        """The Redis server's clock (TIME), in milliseconds."""
+        async with self._guard("time"):
+            seconds, micros = await (await self._endpoint.client()).time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     async def pop(
         self,

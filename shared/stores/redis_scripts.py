@@ -64,7 +64,8 @@ def push_keys(ns: str, name: str, batch_id: str) -> list[str]:
 
 
 def record_keys(ns: str) -> list[str]:
-    """read_record, record_lease, reset_record, halt_record: the fence's slots only."""
+    """read_record, record_lease, reset_record, vouch_record, bind_record, halt_record:
+    the fence's slots only."""
     return fence_slots(ns)
 
 

@@ -172,16 +172,34 @@ SELECT_LEDGER_KEY: Final = (
 # No parameters. State of a type's sequence: last value handed out and whether any was.
 SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"
 
+# Which database this is, across failovers: the cluster's system identifier (kept by
+# every physical replica) and the database's name. A Redis namespace is bound to one.
+DATABASE_IDENTITY: Final = (
+    "(SELECT system_identifier FROM pg_control_system())::text || '/' || current_database()"
+)
+# The server's current timeline (pg_control_checkpoint() lags behind a fast promotion).
+_TIMELINE: Final = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
+
+# No parameters. This database's identity (DATABASE_IDENTITY).
+SELECT_DATABASE_IDENTITY: Final = "SELECT " + DATABASE_IDENTITY
+
 # The PostgreSQL fence's guard (docs/reliability.md, "PostgreSQL failover"), the first
 # step of every statement that leases a range or takes a batch. It advances the sync
 # clock and yields its stamp only when this server's history covers the record kept in
-# Redis; otherwise it yields no row and the statement does nothing.
-# $1: record timeline (0: no record), $2: record clock, $3: record untrusted (Redis lost
-# state: only a server that has not forked since its last guarded write passes).
-_GUARD: Final = """
-WITH here AS (
-    SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint AS tl
-),
+# Redis; otherwise it yields no row and the statement does nothing. The record names a
+# history by (timeline, fork): on the record's own timeline a server passes only with
+# the record's fork (a second server promoted to the same timeline number, or one
+# restored from before a fence, has another) and a clock at least the record's; on a
+# newer timeline only when it forked at or after the record's clock; on an older
+# timeline never (a superseded primary that still takes writes).
+# $1: record timeline, $2: record clock, $3: record fork, $4: the record needs a vouch
+# (Redis lost it, or has none yet): nothing passes until the fence rebuilds it (VOUCH
+# below, postgres_fence.py).
+_GUARD: Final = (
+    """
+WITH here AS (SELECT """
+    + _TIMELINE
+    + """ AS tl),
 stamp AS (
     UPDATE kd_sync_clock AS c
     SET fork = CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END,
@@ -189,31 +207,42 @@ stamp AS (
         clock = c.clock + 1
     FROM here
     WHERE c.id = 1 AND CASE
-        WHEN $3::boolean THEN c.timeline IN (0, here.tl)
-        WHEN $1::bigint = 0 THEN true
-        WHEN here.tl = $1 THEN c.clock >= $2::bigint
-        WHEN here.tl > $1 THEN
+        WHEN $4::boolean THEN false
+        WHEN here.tl = $1::bigint THEN c.clock >= $2::bigint
+            AND (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) = $3::bigint
+        WHEN here.tl > $1::bigint THEN
             (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) >= $2::bigint
         ELSE false
     END
-    RETURNING c.timeline, c.fork, c.clock
+    RETURNING c.timeline, c.fork, c.clock, c.fences, """
+    + DATABASE_IDENTITY
+    + """ AS database
 )"""
+)
 
-# $1-$3: the guard's. $4: id type, $5: range size, $6: domain size, $7: lessee.
-# Leases one range; no row when the guard refused (nothing leased).
+# $1-$4: the guard's. $5: id type, $6: range size, $7: domain size, $8: lessee.
+# Leases one range; no row when the guard refused (nothing leased). ``fences`` is the
+# fence count the lease was made under (LOCK_FENCES).
 LEASE_RANGE: Final = (
     _GUARD
     + """,
 lease AS (
     INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
-    SELECT $4, v, LEAST(v + $5, $6), $7
+    SELECT $5, v, LEAST(v + $6, $7), $8
     FROM (SELECT nextval('{seq}') AS v WHERE EXISTS (SELECT 1 FROM stamp)) AS next
     RETURNING range_start, range_end
 )
-SELECT lease.range_start, lease.range_end, stamp.timeline, stamp.fork, stamp.clock
+SELECT lease.range_start, lease.range_end,
+       stamp.timeline, stamp.fork, stamp.clock, stamp.fences, stamp.database
 FROM lease, stamp
 """
 )
+
+# No parameters. First in a COPY's transaction: the fence count, under a lock that
+# the fence's LOCK_SYNC_CLOCK (FOR UPDATE) waits for and that takes and leases (FOR NO
+# KEY UPDATE) do not: a fence waits for every COPY in flight, and a COPY that starts
+# after a fence sees its count. A range leased under another count is not copied.
+LOCK_FENCES: Final = "SELECT fences FROM kd_sync_clock WHERE id = 1 FOR KEY SHARE"
 
 # $1: id type, $2: range start, $3: candidates, $4: accepted (both added to the
 # range's totals), $5: true when this was the range's last slice (marks it filled).
@@ -233,8 +262,8 @@ WHERE id_type = $1 AND range_start = $2
 # committed: its rows need no row locks (``FOR UPDATE SKIP LOCKED`` would write a lock
 # record per row for nothing). A row is still deleted, and returned, at most once: that
 # is the DELETE's own guarantee.
-# $1-$3: the guard's. One row: the stamp; no row when the guard refused (roll back).
-GUARD_TAKE: Final = _GUARD + "\nSELECT timeline, fork, clock FROM stamp"
+# $1-$4: the guard's. One row: the stamp; no row when the guard refused (roll back).
+GUARD_TAKE: Final = _GUARD + "\nSELECT timeline, fork, clock, fences, database FROM stamp"
 
 # $1: milliseconds, as text ("0": no limit). First in a take's transaction: how long it
 # may sit idle while open (a next batch waiting for the push), and how long the server
@@ -287,13 +316,42 @@ FROM kd_ranges WHERE id_type = $1
 NOTIFY: Final = "SELECT pg_notify($1, $2)"
 KEYGEN_CHANNEL: Final = "kd_keygen_wake"
 
-# The fence itself (one transaction; the row lock makes concurrent fencers and guarded
-# statements wait for it).
-# No parameters. Locks the clock row; the server's timeline.
-LOCK_SYNC_CLOCK: Final = """
-SELECT c.timeline, c.fork, c.clock,
-       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint AS here
+# The fence itself, and the vouch (one transaction each; the row lock makes concurrent
+# fencers and guarded statements wait for it).
+# No parameters. Locks the clock row; the server's timeline and database identity.
+LOCK_SYNC_CLOCK: Final = (
+    """
+SELECT c.timeline, c.fork, c.clock, c.fences, """
+    + _TIMELINE
+    + " AS here, "
+    + DATABASE_IDENTITY
+    + """ AS database
 FROM kd_sync_clock AS c WHERE c.id = 1 FOR UPDATE
+"""
+)
+
+# No parameters. After LOCK_SYNC_CLOCK found that this server has not forked since its
+# last guarded write: a guarded write of its own, whose stamp the record is rebuilt from.
+VOUCH: Final = (
+    """
+UPDATE kd_sync_clock AS c
+SET fork = CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END,
+    timeline = here.tl,
+    clock = c.clock + 1
+FROM (SELECT """
+    + _TIMELINE
+    + """ AS tl) AS here
+WHERE c.id = 1
+RETURNING c.timeline, c.fork, c.clock, c.fences, """
+    + DATABASE_IDENTITY
+    + """ AS database
+"""
+)
+
+# No parameters. The highest counter leased per type, as this server's history has it
+# (a vouch rebuilds the record's leased:<type> from it).
+SELECT_LEASED_HIGHS: Final = """
+SELECT id_type, max(range_end) AS highest FROM kd_ranges GROUP BY id_type
 """
 
 # No parameters. Discards a cold table's inventory (never reissued: the sequence moves
@@ -305,12 +363,19 @@ DISCARD_COLD: Final = "WITH gone AS (DELETE FROM {cold} RETURNING 1) SELECT coun
 SET_SEQUENCE: Final = "SELECT setval('{seq}', $1::bigint, true)"
 
 # $1: timeline, $2: the fork point and clock floor. After a fence, this server's history
-# is declared to cover the record (its inventory is gone, its sequences moved past it).
-RESET_SYNC_CLOCK: Final = """
-UPDATE kd_sync_clock SET timeline = $1, fork = GREATEST(clock, $2), clock = GREATEST(clock, $2) + 1
+# is declared to cover the record (its inventory is gone, its sequences moved past it),
+# as a new history (a new fork: stamps taken before the fence no longer match it).
+RESET_SYNC_CLOCK: Final = (
+    """
+UPDATE kd_sync_clock
+SET timeline = $1, fork = GREATEST(clock, $2), clock = GREATEST(clock, $2) + 1,
+    fences = fences + 1
 WHERE id = 1
-RETURNING timeline, fork, clock
+RETURNING timeline, fork, clock, fences, """
+    + DATABASE_IDENTITY
+    + """ AS database
 """
+)
 
 # $1: reason, $2: keys discarded, $3: detail (json).
 INSERT_FENCE_EVENT: Final = """
@@ -326,4 +391,17 @@ SELECT fenced_at, reason, keys_discarded FROM kd_fence_events ORDER BY id DESC L
 SUM_FENCE_DISCARDED: Final = "SELECT coalesce(sum(keys_discarded), 0) FROM kd_fence_events"
 
 # No parameters. The sync clock, for status.
-SELECT_SYNC_CLOCK: Final = "SELECT timeline, fork, clock FROM kd_sync_clock WHERE id = 1"
+SELECT_SYNC_CLOCK: Final = "SELECT timeline, fork, clock, fences FROM kd_sync_clock WHERE id = 1"
+
+# $1: Redis namespace. Binds this database to it on first use; returns the namespace it
+# is bound to (one namespace, one database).
+BIND_NAMESPACE: Final = """
+WITH bound AS (
+    INSERT INTO kd_binding (id, redis_namespace) VALUES (1, $1)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING redis_namespace
+)
+SELECT redis_namespace FROM bound
+UNION ALL SELECT redis_namespace FROM kd_binding WHERE id = 1
+LIMIT 1
+"""

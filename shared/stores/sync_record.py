@@ -8,6 +8,7 @@ anything it covers can be dispensed. ``lua/sync_record.lua`` holds the rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.domain.settings import Settings
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -18,14 +19,29 @@ LEASED = "leased:"
 
 @dataclass(frozen=True)
 class Stamp:
-    """The sync clock after a guarded statement: server timeline, fork point, value."""
+    """The sync clock after a guarded statement: the history it belongs to (database,
+    timeline, fork), its value, and the fences that history has seen."""
 
     timeline: int
     fork: int
     clock: int
+    database: str = ""  # DATABASE_IDENTITY in sql.py: system identifier / database name
+    fences: int = 0
 
-    def args(self) -> list[int]:
-        return [self.timeline, self.fork, self.clock]
+    def args(self) -> list[object]:
+        """What sync_record.lua's ``record_stamp`` takes (database first)."""
+        return [self.database, self.timeline, self.fork, self.clock]
+
+    @classmethod
+    def of(cls, row: Any) -> Stamp:
+        """From a row holding timeline, fork, clock, fences and database."""
+        return cls(
+            int(row["timeline"]),
+            int(row["fork"]),
+            int(row["clock"]),
+            str(row["database"]),
+            int(row["fences"]),
+        )
 
 
 NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)
@@ -43,10 +59,17 @@ class Record:
     halted: bool = False  # both tiers lost state: an operator must fence
     halt_reason: str = ""
     leased: dict[str, int] = field(default_factory=dict)  # type -> highest counter leased
+    database: str = ""  # the database this namespace is bound to ("": not yet)
+
+    @property
+    def needs_vouch(self) -> bool:
+        """No trusted record (Redis lost it, or never had one): nothing it says may
+        judge PostgreSQL until a server that has not forked rebuilds it (VOUCH)."""
+        return self.untrusted or self.timeline == 0
 
     def guard_args(self) -> list[object]:
-        """$1..$3 of the guarded statements in sql.py."""
-        return [self.timeline, self.clock, self.untrusted]
+        """$1..$4 of the guarded statements in sql.py."""
+        return [self.timeline, self.clock, self.fork, self.needs_vouch]
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Record:
@@ -61,10 +84,16 @@ class Record:
             leased={
                 k.removeprefix(LEASED): int(v) for k, v in fields.items() if k.startswith(LEASED)
             },
+            database=fields.get("database", ""),
         )
 
 
-UNGUARDED = Record()  # what the guard is given when it is switched off: always passes
+UNGUARDED = Record(timeline=-1)  # given to the guard when it is switched off: always passes
+
+
+def _pairs(values: dict[str, int]) -> list[object]:
+    """leased:<type>, value, ... as the record scripts take them."""
+    return [item for name, value in sorted(values.items()) for item in (LEASED + name, value)]
 
 
 class SyncRecord(RedisPort):
@@ -78,20 +107,42 @@ class SyncRecord(RedisPort):
         pairs = [str(item) for item in raw[1:]]
         return Record.parse(dict(zip(pairs[::2], pairs[1::2], strict=True)))
 
-    async def record_lease(self, name: str, range_end: int, stamp: Stamp) -> bool:
-        """Record a committed lease; False when its stamp is stale (the range is wasted)."""
+    async def record_lease(self, name: str, range_end: int, stamp: Stamp) -> str:
+        """Record a committed lease: 'ok', or why the range must not be used
+        (``record_stamp`` in lua/sync_record.lua; the range is wasted)."""
         async with self._guard("record_lease"):
             status, _ = await self._run(
                 "record_lease",
                 record_keys(self.namespace),
                 [LEASED + name, range_end, *stamp.args()],
             )
-        return str(status) == "ok"
+        return str(status)
 
-    async def reset(self, stamp: Stamp) -> None:
-        """After a PostgreSQL fence: the record restarts from the fenced server's stamp."""
+    async def bind(self, database: str) -> str:
+        """Bind the namespace to ``database`` on first use; the database it is bound to."""
+        async with self._guard("bind_record"):
+            bound, _ = await self._run("bind_record", record_keys(self.namespace), [database])
+        return str(bound)
+
+    async def vouch(self, stamp: Stamp, leased: dict[str, int]) -> str:
+        """Rebuild a lost record from a server that has not forked (``stamp``) and the
+        highest counters its history leased: 'ok', 'trusted' (already rebuilt),
+        'foreign', 'superseded' or 'halted' (lua/vouch_record.lua)."""
+        async with self._guard("vouch_record"):
+            status, _ = await self._run(
+                "vouch_record", record_keys(self.namespace), [*stamp.args(), *_pairs(leased)]
+            )
+        return str(status)
+
+    async def reset(self, stamp: Stamp, floors: dict[str, int]) -> str:
+        """A fence claims the record for its server: 'ok', or 'foreign', 'superseded',
+        'moved' (a lease was recorded above ``floors`` since the fence read the record)
+        with nothing changed (lua/reset_record.lua)."""
         async with self._guard("reset_record"):
-            await self._run("reset_record", record_keys(self.namespace), stamp.args())
+            status, _ = await self._run(
+                "reset_record", record_keys(self.namespace), [*stamp.args(), *_pairs(floors)]
+            )
+        return str(status)
 
     async def halt(self, reason: str) -> None:
         async with self._guard("halt_record"):

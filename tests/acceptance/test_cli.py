@@ -264,7 +264,8 @@ def test_status_on_a_server_without_the_database_is_one_line(
     assert result.stderr.strip().splitlines() == [
         "keydispenser status: postgres "
         + missing.split("@")[-1]
-        + ': InvalidCatalogNameError: database "kd_no_such_database" does not exist (exit 1)'
+        + ': database "kd_no_such_database" does not exist: '
+        + "run `keydispenser migrate` (it creates the database) (exit 1)"
     ]
 
 

@@ -113,7 +113,7 @@ async def test_listen_is_re_established_after_a_crash(
     stop = asyncio.Event()
     generator = Generator(1)
     keygen = Keygen(own_settings, cold, None, stop, generator)
-    listening = asyncio.ensure_future(listen_for_wakes(own_settings.postgres_dsn, keygen, stop))
+    listening = asyncio.ensure_future(listen_for_wakes(own_settings, keygen, stop))
     try:
         await crash_and_restart(postgres, 0.5)
         woken = await wait_for_wake(keygen, own_settings.postgres_dsn)

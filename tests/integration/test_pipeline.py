@@ -218,7 +218,7 @@ async def test_keygen_listens_again_after_its_connection_dies(
     cold = await ColdStore.connect(settings.postgres_dsn)
     stop = asyncio.Event()
     keygen = Keygen(settings, cold, sync, stop, Generator(1))
-    listening = asyncio.ensure_future(listen_for_wakes(settings.postgres_dsn, keygen, stop))
+    listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
     admin = await asyncpg.connect(settings.postgres_dsn)
     try:
         for _ in range(2):  # the second round needs the connection re-established

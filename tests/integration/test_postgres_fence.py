@@ -2,8 +2,11 @@
 
 Lost commits are made real by cloning the test database (the "replica" that will be
 promoted), then committing more work on the original (the "old primary") and moving
-the processes to the clone: exactly what a promoted asynchronous replica looks like.
-Each hazard has its control case with the guard switched off.
+the processes to the clone, which takes the original's name (``promote``): exactly what
+a promoted asynchronous replica looks like, down to the database's identity (system
+identifier and name). Each hazard has its control case with the guard switched off.
+The same hazards on real streaming replicas, with the old primary left up (a split
+brain), are in tests/acceptance/test_postgres_split_brain.py.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from shared.domain.settings import Settings
 from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold, ensure_fenced
+from shared.stores.postgres_fence import GuardedCold, settle
 from shared.stores.sync_record import SyncRecord
 from tests.conftest import NS, Servers
 
@@ -48,6 +51,24 @@ async def clone(servers: Servers, source: str, name: str) -> str:
     finally:
         await admin.close()
     return servers.dsn_for(name)
+
+
+async def promote(servers: Servers, database: str, replica: str) -> str:
+    """The clone ``replica`` takes over ``database``'s name (the old primary's becomes
+    ``<database>_old``): processes that reach ``database`` now reach the replica, whose
+    identity is the old primary's. Returns the DSN, unchanged."""
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        for name in (database, replica):
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name
+            )
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}_old" WITH (FORCE)')
+        await admin.execute(f'ALTER DATABASE "{database}" RENAME TO "{database}_old"')
+        await admin.execute(f'ALTER DATABASE "{replica}" RENAME TO "{database}"')
+    finally:
+        await admin.close()
+    return servers.dsn_for(database)
 
 
 async def drop(servers: Servers, name: str) -> None:
@@ -88,12 +109,13 @@ async def failover_scenario(
 ) -> tuple[list[str], list[str], str]:
     farmer = build_id_types(settings)["farmer"]
     await generate(settings, sync, farmer)
-    replica = await clone(servers, database, f"{database}_replica")
+    await clone(servers, database, f"{database}_replica")
     # The old primary keeps committing: batches taken (and dispensed), another lease.
     before = await refill_and_dispense(settings, settings.postgres_dsn, sync, hot, farmer)
     await generate(settings, sync, farmer)
     # The replica, which never saw those commits, is promoted; the processes follow:
     # keysync first (it finds the replica's inventory), then keygen and keysync again.
+    replica = await promote(servers, database, f"{database}_replica")
     after = await refill_and_dispense(settings, replica, sync, hot, farmer)
     await generate(settings, sync, farmer, replica)
     after += await refill_and_dispense(settings, replica, sync, hot, farmer)
@@ -125,7 +147,7 @@ async def test_a_server_that_lost_commits_is_fenced_and_reissues_nothing(
         assert record.leased["farmer"] == 3 * size
         assert not record.untrusted and not record.fence_needed
     finally:
-        await drop(servers, f"{database}_replica")
+        await drop(servers, f"{database}_old")
 
 
 async def test_control_without_the_guard_the_same_failover_reissues_keys(
@@ -136,7 +158,7 @@ async def test_control_without_the_guard_the_same_failover_reissues_keys(
     try:
         assert set(before) & set(after)
     finally:
-        await drop(servers, f"{database}_replica")
+        await drop(servers, f"{database}_old")
 
 
 async def test_a_redis_failover_alone_needs_no_fence(
@@ -169,25 +191,12 @@ async def test_both_tiers_losing_state_halts_until_an_operator_fences(
         with pytest.raises(FenceHalted):  # and it stays halted
             await guarded.take_batch("farmer", 10)
         assert await cold.depth("farmer", 10**9) > 0  # nothing was taken
-        report = await ensure_fenced(cold, sync, types, skip_ranges=10)
+        report = await settle(cold, sync, types, skip_ranges=10)
         assert report is not None and report.reason == "operator"
         keys, _ = await guarded.take_batch("farmer", 10)
         assert keys == []  # the inventory was discarded; keygen makes new keys
         state = await cold.sequence_state(farmer)
         assert state.leased_counters >= 11 * farmer.config.range_size
-
-
-async def test_a_fence_never_lowers_the_record_on_its_own_timeline(sync: SyncRecord) -> None:
-    """A guarded write that lands while the fence commits keeps its higher clock."""
-    from shared.stores.sync_record import Stamp
-
-    assert await sync.record_lease("farmer", 10, Stamp(3, 5, 40))
-    await sync.reset(Stamp(3, 30, 31))
-    record = await sync.read()
-    assert (record.timeline, record.fork, record.clock) == (3, 30, 40)
-    await sync.reset(Stamp(4, 50, 51))  # a newer timeline restarts the record
-    record = await sync.read()
-    assert (record.timeline, record.clock) == (4, 51)
 
 
 async def test_a_take_left_open_cannot_hold_every_other_take_for_long(

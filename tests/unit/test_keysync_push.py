@@ -20,13 +20,20 @@ from shared.stores.sync_record import NO_STAMP, Stamp
 
 
 class ServerEpochs:
-    """Two server epochs; ``current`` answers. Can lose a reply after executing."""
+    """Two server epochs; ``current`` answers. Can lose a reply after executing, or
+    answer with a refusal of the batch's stamp."""
 
     def __init__(self) -> None:
         self.lists: dict[str, list[str]] = {"A": [], "B": []}
         self.markers: dict[str, set[str]] = {"A": set(), "B": set()}
         self.current = "A"
-        self.script: list[str] = []  # per call: ok | lose_reply | down | switch_to_B
+        # per call: ok | lose_reply | down | switch_to_B | a stamp refusal (untrusted...)
+        self.script: list[str] = []
+        self.now_ms = 1_000_000
+        self.deadlines: list[int] = []
+
+    async def server_time_ms(self) -> int:
+        return self.now_ms
 
     async def observe(self, name: str) -> Depth:
         return Depth(len(self.lists[self.current]), self.current)
@@ -38,9 +45,19 @@ class ServerEpochs:
         pass
 
     async def push(
-        self, name: str, keys: Sequence[str], batch_id: str, pin: str = "", stamp: Stamp = NO_STAMP
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = NO_STAMP,
+        not_after_ms: int = 0,
+        marker_ttl_s: float = 3600,
     ) -> Pushed:
+        self.deadlines.append(not_after_ms)
         step = self.script.pop(0) if self.script else "ok"
+        if step in ("untrusted", "stale", "expired", "foreign"):
+            return Pushed(len(self.lists[self.current]), self.current, step)
         if step == "down":
             raise StoreUnavailable("redis", "connection refused")
         if step == "switch_to_B":
@@ -58,7 +75,12 @@ class ServerEpochs:
 
 
 class NoCold:
-    """push() never reads the cold tier."""
+    """push() never reads the cold tier; it only asks it to vouch for a lost record."""
+
+    vouches = 0
+
+    async def vouch(self) -> None:
+        self.vouches += 1
 
     async def begin_take(self, name: str, size: int) -> OpenBatch:
         raise AssertionError("not expected")
@@ -70,8 +92,8 @@ class NoCold:
         raise AssertionError("not expected")
 
 
-def keysync(servers: ServerEpochs, token: str = "A") -> Keysync:
-    settings = Settings.model_validate({"id_types": {}})
+def keysync(servers: ServerEpochs, token: str = "A", push_retry_s: float = 10.0) -> Keysync:
+    settings = Settings.model_validate({"id_types": {}, "keysync": {"push_retry_s": push_retry_s}})
     sync = Keysync(settings, NoCold(), servers)
     sync._token = token
     return sync
@@ -105,15 +127,66 @@ async def test_lost_reply_then_failover_loses_the_batch_but_never_doubles_it() -
     assert servers.lists == {"A": ["k1"], "B": []}
 
 
-async def test_unreachable_until_the_deadline_loses_the_batch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("keysync.main.PUSH_RETRY_S", 0.2)
+async def test_unreachable_until_the_deadline_loses_the_batch() -> None:
     servers = ServerEpochs()
     servers.script = ["down"] * 100
     with pytest.raises(StoreUnavailable, match="unreachable"):
+        await keysync(servers, push_retry_s=0.2).push("t", ["k1"])
+    assert servers.lists == {"A": [], "B": []}
+
+
+async def test_every_attempt_carries_one_deadline_on_the_servers_clock() -> None:
+    """The deadline comes from the server's TIME before the first attempt, and stays."""
+    servers = ServerEpochs()
+    servers.script = ["lose_reply", "down", "ok"]
+    assert await keysync(servers, push_retry_s=2.5).push("t", ["k1"]) == 1
+    assert servers.deadlines == [servers.now_ms + 2_500] * 3
+
+
+async def test_a_push_past_its_deadline_is_lost_never_pushed() -> None:
+    servers = ServerEpochs()
+    servers.script = ["expired"]
+    with pytest.raises(StoreUnavailable, match="push_deadline_passed"):
         await keysync(servers).push("t", ["k1"])
     assert servers.lists == {"A": [], "B": []}
+
+
+async def test_a_record_redis_lost_is_rebuilt_then_the_batch_is_pushed() -> None:
+    servers = ServerEpochs()
+    servers.script = ["untrusted", "ok"]
+    sync = keysync(servers)
+    assert await sync.push("t", ["k1"]) == 1
+    assert sync._cold.vouches == 1  # type: ignore[attr-defined]
+    assert servers.lists["A"] == ["k1"]
+
+
+@pytest.mark.parametrize("refusal", ["stale", "foreign"])
+async def test_a_refused_stamp_loses_the_batch(refusal: str) -> None:
+    servers = ServerEpochs()
+    servers.script = [refusal]
+    with pytest.raises(StoreUnavailable, match="lost"):
+        await keysync(servers).push("t", ["k1"])
+    assert servers.lists == {"A": [], "B": []}
+
+
+async def test_a_keysync_frozen_during_its_back_off_never_retries_past_its_deadline() -> None:
+    """SIGSTOP (or a VM pause) between two attempts of an ambiguous push: once resumed,
+    its deadline has passed, and the marker that made a retry harmless may have
+    expired: the batch is lost, never pushed a second time."""
+    servers = ServerEpochs()
+    servers.script = ["lose_reply"]
+    sync = keysync(servers)
+    now = [100.0]
+    sync.clock = lambda: now[0]
+
+    async def frozen(seconds: float) -> None:
+        now[0] += 7_200  # two hours pass; the marker expires meanwhile
+        servers.markers["A"].clear()
+
+    sync.sleep = frozen
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        await sync.push("t", ["k1"])
+    assert servers.lists["A"] == ["k1"]
 
 
 class Killed(BaseException):
@@ -182,10 +255,17 @@ class SlowPushes(ServerEpochs):
         self.delay_s, self.log = delay_s, log
 
     async def push(
-        self, name: str, keys: Sequence[str], batch_id: str, pin: str = "", stamp: Stamp = NO_STAMP
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = NO_STAMP,
+        not_after_ms: int = 0,
+        marker_ttl_s: float = 3600,
     ) -> Pushed:
         await asyncio.sleep(self.delay_s)
-        pushed = await super().push(name, keys, batch_id, pin, stamp)
+        pushed = await super().push(name, keys, batch_id, pin, stamp, not_after_ms)
         self.log.append(f"pushed {keys[0]}")
         return pushed
 

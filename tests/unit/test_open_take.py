@@ -76,7 +76,8 @@ async def test_a_rollback_ends_quietly_when_the_connection_cannot_be_reset() -> 
 
 
 class InsertConnection:
-    """What insert_keys uses of a connection: a transaction, a COPY, one statement."""
+    """What insert_keys uses of a connection: a transaction, the fence count, a COPY,
+    one statement."""
 
     def __init__(self, commit_error: BaseException | None = None) -> None:
         self.commit_error = commit_error
@@ -95,6 +96,9 @@ class InsertConnection:
         if self.commit_error is not None:
             raise self.commit_error
         self.ended.append("commit")
+
+    async def fetchval(self, *_: object) -> int:
+        return 0  # the fences count the range was leased under (LeasedRange's default)
 
     async def copy_records_to_table(self, *_: object, **__: object) -> None:
         return None

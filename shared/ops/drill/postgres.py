@@ -52,6 +52,27 @@ class PostgresPair:
         finally:
             await replica.close()
 
+    async def promote_replica(self) -> None:
+        """Promote the replica and leave the old primary up and writable: two primaries
+        (a split brain), as when a failover manager promotes a replica it cannot reach
+        the old primary to stop. ``primary`` names the promoted one from then on;
+        ``heal`` rebuilds the old one as its replica."""
+        old, new = self.pair()
+        promoted = await asyncpg.connect(new.dsn())
+        try:
+            await promoted.execute("SELECT pg_promote(true, 60)")
+        finally:
+            await promoted.close()
+        self.primary, self.replica = new, old
+        self.failovers += 1
+
+    async def heal(self) -> None:
+        """After ``promote_replica``: the old primary, still running, is stopped and
+        rebuilt as a replica of the promoted one (its divergent writes are gone)."""
+        old = self.pair()[1]
+        await asyncio.to_thread(old.kill)
+        await asyncio.to_thread(old.start_replica_of, self.pair()[0])
+
     async def fail_over(self) -> None:
         """SIGKILL the primary, promote the replica, rebuild the dead one as its replica."""
         old, new = self.pair()

@@ -1,15 +1,22 @@
--- Append a keysync batch to a hot list, behind the fence; idempotent and pinned.
--- Returns {length, discarded, token, status}; status is 'pushed', 'duplicate' (the
--- batch was pushed before: nothing added), 'refused' (this server is not the pinned
--- one: nothing added) or 'stale' (the batch's sync-clock stamp shows PostgreSQL lost
--- commits, see sync_record.lua: nothing added).
+-- Append a keysync batch to a hot list, behind the fence; idempotent, pinned and
+-- bounded in time. Returns {length, discarded, token, status}; status is 'pushed',
+-- 'duplicate' (the batch was pushed before: nothing added), 'refused' (this server is
+-- not the pinned one: nothing added), 'expired' (past the batch's deadline: nothing
+-- added, see below) or why its PostgreSQL stamp was refused (sync_record.lua's
+-- record_stamp: 'stale', 'untrusted', 'foreign', 'halted'; nothing added).
 local hot_list = KEYS[5]
 local batch_marker = KEYS[6]      -- exists once this batch was pushed
 local pin = ARGV[1]               -- server token the push is pinned to ('' for none)
-local marker_ttl = tonumber(ARGV[2])
-local timeline = tonumber(ARGV[3])  -- the batch's stamp; timeline 0: not recorded
-local fork, clock = tonumber(ARGV[4]), tonumber(ARGV[5])
-local packed = ARGV[6]            -- the keys, in order, joined by newlines (one
+local marker_ttl = tonumber(ARGV[2])  -- ms the marker lives at least
+-- The batch's deadline on this server's clock (ms; 0: none): set by keysync from this
+-- server's TIME before its first attempt. The marker outlives it, so a retry either
+-- finds the marker or is refused here: a keysync paused past the marker's life (a
+-- SIGSTOP, a VM pause) can never push its batch a second time.
+local not_after = tonumber(ARGV[3])
+local database = ARGV[4]          -- the batch's stamp; timeline 0: not recorded
+local timeline = tonumber(ARGV[5])
+local fork, clock = tonumber(ARGV[6]), tonumber(ARGV[7])
+local packed = ARGV[8]            -- the keys, in order, joined by newlines (one
                                   -- argument: the client packs one string, not thousands)
 local CHUNK = 1000                -- unpack() fails near 8,000 arguments
 
@@ -20,10 +27,18 @@ end
 if redis.call('EXISTS', batch_marker) == 1 then
   return {redis.call('LLEN', hot_list), discarded, token, 'duplicate'}
 end
-if timeline > 0 and record_stamp(timeline, fork, clock) ~= 'ok' then
-  return {redis.call('LLEN', hot_list), discarded, token, 'stale'}
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if not_after > 0 and now > not_after then
+  return {redis.call('LLEN', hot_list), discarded, token, 'expired'}
 end
-redis.call('SET', batch_marker, '1', 'EX', marker_ttl)
+if timeline > 0 then
+  local status = record_stamp(database, timeline, fork, clock)
+  if status ~= 'ok' then
+    return {redis.call('LLEN', hot_list), discarded, token, status}
+  end
+end
+redis.call('SET', batch_marker, '1', 'PX', math.max(marker_ttl, not_after - now + 1000))
 redis.call('SADD', REGISTRY, hot_list)
 local length = redis.call('LLEN', hot_list)
 local chunk, n = {}, 0

@@ -1,0 +1,55 @@
+"""One Redis namespace, one PostgreSQL database (invariant one-namespace-one-database).
+
+An operator who points two environments at one Redis namespace (or one database at
+two namespaces) would have each environment's stamps judge the other's PostgreSQL: the
+fences would take turns discarding inventory, and two stacks sharing a permutation key
+would push the same keys. So the pairing is bound on first use, on both sides: the
+database records its namespace (``kd_binding``), the namespace's sync record its
+database (``database``: system identifier and database name, which every physical
+replica shares). Every process that writes either (keygen, keysync, fill, the
+operator's fence) checks both at start-up and refuses a second pairing, naming both;
+afterwards every stamp carries its database, and the record refuses another's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shared.domain.errors import NamespaceBound
+from shared.stores import sql
+from shared.stores.cold_store import ColdStore, translated
+from shared.stores.sync_record import SyncRecord
+
+log = logging.getLogger(__name__)
+
+
+async def bind(cold: ColdStore, sync: SyncRecord | None, namespace: str) -> str:
+    """Bind (first use) or check the pairing; returns this database's identity.
+
+    NamespaceBound (a configuration error: the process exits) when either side is
+    bound to something else. ``sync`` None (the PostgreSQL fence switched off, a
+    drill's control case) checks the database's side only.
+    """
+    async with cold.connection() as conn, translated("bind"):
+        database = str(await conn.fetchval(sql.SELECT_DATABASE_IDENTITY))
+        bound = await conn.fetchval(sql.BIND_NAMESPACE, namespace)
+        if bound is None:  # another process bound it concurrently: read it now
+            bound = await conn.fetchval(sql.BIND_NAMESPACE, namespace)
+    if bound != namespace:
+        raise NamespaceBound(
+            f"redis_namespace: database {database} is bound to redis_namespace '{bound}', "
+            f"and this process brings '{namespace}' (one namespace, one database: set "
+            f"redis_namespace to '{bound}', or point postgres_dsn at this environment's "
+            "own database)"
+        )
+    if sync is not None:
+        holder = await sync.bind(database)
+        if holder != database:
+            raise NamespaceBound(
+                f"redis_namespace: '{namespace}' is bound to database {holder}, and this "
+                f"process brings database {database} (one namespace, one database: point "
+                f"postgres_dsn at {holder}, or set another redis_namespace for this "
+                "environment)"
+            )
+    log.info("namespace_bound", extra={"redis_namespace": namespace, "database": database})
+    return database

@@ -1,0 +1,32 @@
+-- Rebuild a record Redis lost (a new server: untrusted; or none at all) from a
+-- PostgreSQL that has not forked since its last guarded write (postgres_fence.py
+-- checks that under the clock row's lock, and this runs before that lock is let go):
+-- its stamp, and every leased:<type> raised to the highest counter its history leased,
+-- before anything judges PostgreSQL by the record again.
+-- Returns {status, discarded}: 'ok' (rebuilt), 'trusted' (another process rebuilt it
+-- first: nothing changed), 'foreign', 'superseded' (the record follows a newer
+-- timeline), 'halted'.
+local database = ARGV[1]
+local timeline, fork, clock = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local FIRST_HIGH = 5              -- ARGV[5..]: leased:<type>, highest counter, ...
+
+local discarded = enforce_fence()
+local rec = redis.call('HMGET', SYNC_RECORD, 'timeline', 'untrusted', 'halted', 'database')
+if rec[3] == '1' then
+  return {'halted', discarded}
+end
+if rec[4] and rec[4] ~= database then
+  return {'foreign', discarded}
+end
+local tl = tonumber(rec[1]) or 0
+if rec[2] ~= '1' and tl ~= 0 then
+  return {'trusted', discarded}
+end
+if tl > timeline then
+  return {'superseded', discarded}
+end
+raise_leased(FIRST_HIGH)
+redis.call('HSET', SYNC_RECORD, 'database', database, 'timeline', timeline, 'fork', fork,
+           'clock', clock)
+redis.call('HDEL', SYNC_RECORD, 'untrusted')
+return {'ok', discarded}

@@ -1,0 +1,278 @@
+"""Two writable PostgreSQL primaries at once: a promoted replica, and the old primary
+left up and reached by some processes (a partition, a failover manager that could not
+stop it). Real servers: an embedded primary and its streaming replica on loopback.
+
+What must hold: the two never lease the same range, and never both get keys into
+Redis. Once the promoted server's fence claimed the record (bound to its history:
+timeline and fork), the old primary is superseded: every guarded statement there is
+refused, and it never fences the record back. Each mechanism has its control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from keygen.generation import Generator
+from keygen.main import Keygen
+from keysync.main import Keysync
+from shared.domain.errors import PostgresSuperseded, RangeFenced, StoreUnavailable
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.settings import Settings
+from shared.ops.databases import run_migrate, scratch_database
+from shared.ops.drill.postgres import PostgresPair
+from shared.stores import sql
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.postgres_fence import GuardedCold, settle
+from shared.stores.sync_record import Stamp, SyncRecord
+from tests.conftest import Servers, make_settings
+
+pytestmark = pytest.mark.acceptance
+DATABASE = "kd_split"
+CATCH_UP_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[PostgresPair]:
+    with tempfile.TemporaryDirectory(prefix="kd-split-") as tmp:
+        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
+        servers = PostgresPair(Path(tmp))
+        servers.start()
+        try:
+            yield servers
+        finally:
+            servers.stop()
+
+
+@dataclass
+class Side:
+    """One of the two servers, as the processes that reach it see it."""
+
+    settings: Settings
+    cold: ColdStore
+    guarded: GuardedCold
+    types: dict[str, IdType]
+
+    @property
+    def farmer(self) -> IdType:
+        return self.types["farmer"]
+
+
+@dataclass
+class Split:
+    old: Side  # the primary keydispenser started on, left up
+    new: Side  # its replica, promoted
+    hot: HotStore
+    sync: SyncRecord | None
+
+
+async def caught_up(primary_dsn: str, replica_dsn: str) -> None:
+    """Until the replica has replayed everything the primary has written."""
+    primary = await asyncpg.connect(primary_dsn)
+    replica = await asyncpg.connect(replica_dsn)
+    try:
+        target = await primary.fetchval("SELECT pg_current_wal_lsn()")
+        deadline = asyncio.get_running_loop().time() + CATCH_UP_S
+        while not await replica.fetchval("SELECT pg_last_wal_replay_lsn() >= $1", target):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("the replica did not catch up")
+            await asyncio.sleep(0.05)
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+@pytest.fixture
+async def split(
+    pair: PostgresPair,
+    servers: Servers,
+    redis_client: aioredis.Redis,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Split]:
+    """Both servers with one migrated database and one shared history, replication
+    then paused (the old primary's later commits never reach the replica)."""
+    guard = getattr(request, "param", True)
+    if pair.primary is None or not (pair.replica and pair.replica.pgdata.exists()):
+        raise RuntimeError("the pair did not start")
+    if pair.failovers:  # an earlier test promoted the replica: heal the pair first
+        await pair.heal()
+    primary, replica = pair.pair()
+    await scratch_database(primary.dsn(), DATABASE)
+    old_settings = make_settings(Servers(primary.dsn(), servers.redis_url), DATABASE)
+    new_settings = make_settings(Servers(replica.dsn(), servers.redis_url), DATABASE)
+    await run_migrate(old_settings)
+    await caught_up(primary.dsn(), replica.dsn())
+    sync = SyncRecord.from_settings(old_settings) if guard else None
+    sides = []
+    for settings in (old_settings, new_settings):
+        cold = await ColdStore.connect(settings.postgres_dsn, min_size=0)
+        types = build_id_types(settings)
+        sides.append(Side(settings, cold, GuardedCold(cold, sync, types), types))
+    hot = HotStore.from_settings(old_settings)
+    try:
+        yield Split(sides[0], sides[1], hot, sync)
+    finally:
+        for side in sides:
+            await side.cold.close()
+        await hot.close()
+        if sync is not None:
+            await sync.close()
+
+
+async def generate(side: Side, sync: SyncRecord | None) -> None:
+    generator = Generator(1)
+    try:
+        keygen = Keygen(side.settings, side.cold, sync, asyncio.Event(), generator)
+        await keygen.lease_and_generate(side.farmer)
+    finally:
+        generator.close()
+
+
+async def refill_and_dispense(side: Side, hot: HotStore) -> list[str]:
+    await Keysync(side.settings, side.guarded, hot).refill(side.farmer)
+    return (await hot.pop("farmer", 10_000)).keys
+
+
+async def ranges(dsn: str) -> set[int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["range_start"] for r in await conn.fetch("SELECT range_start FROM kd_ranges")}
+    finally:
+        await conn.close()
+
+
+async def test_two_primaries_never_lease_one_range_nor_both_reach_redis(
+    pair: PostgresPair, split: Split
+) -> None:
+    old, new, hot = split.old, split.new, split.hot
+    await generate(old, split.sync)
+    dispensed = await refill_and_dispense(old, hot)
+    shared_history = await ranges(old.settings.postgres_dsn)
+    await pair.pause_replication()
+    await generate(old, split.sync)  # a lease the replica never sees
+    dispensed += await refill_and_dispense(old, hot)
+    # A batch the old primary committed but had not pushed yet when the other took over.
+    straggler = await old.guarded.begin_take("farmer", 50)
+    await straggler.commit()
+    await pair.promote_replica()  # the old primary stays up and writable
+
+    # Processes that reach the promoted server: its first guarded statement fences it.
+    dispensed += await refill_and_dispense(new, hot)
+    await generate(new, split.sync)
+    dispensed += await refill_and_dispense(new, hot)
+
+    # Processes that still reach the old primary: refused, and it never fences back.
+    with pytest.raises(StoreUnavailable, match="lost"):
+        await Keysync(old.settings, old.guarded, hot).push(
+            "farmer", straggler.keys, straggler.stamp
+        )
+    with pytest.raises(PostgresSuperseded):
+        await refill_and_dispense(old, hot)
+    with pytest.raises(PostgresSuperseded):
+        await generate(old, split.sync)
+    assert split.sync is not None
+    record = await split.sync.read()
+    assert record.timeline >= 2 and not record.halted
+
+    dispensed += await refill_and_dispense(new, hot)
+    assert len(dispensed) == len(set(dispensed)), "a key was dispensed twice"
+    assert not set(straggler.keys) & set(dispensed)
+    after_old = await ranges(old.settings.postgres_dsn) - shared_history
+    after_new = await ranges(new.settings.postgres_dsn) - shared_history
+    assert after_old and after_new
+    assert not after_old & after_new, "both primaries leased one range"
+
+
+@pytest.mark.parametrize("split", [False], indirect=True)
+async def test_control_without_the_guard_both_primaries_hand_out_the_same_keys(
+    pair: PostgresPair, split: Split
+) -> None:
+    """The hazard: the promoted server leases again the range the old one leased after
+    the replica stopped replaying, and both push its keys."""
+    old, new, hot = split.old, split.new, split.hot
+    await generate(old, None)
+    await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
+    await pair.pause_replication()
+    await generate(old, None)
+    dispensed = await refill_and_dispense(old, hot)
+    await pair.promote_replica()
+    await generate(new, None)
+    await generate(new, None)
+    for _ in range(4):
+        dispensed += await refill_and_dispense(new, hot)
+        dispensed += await refill_and_dispense(old, hot)
+    assert len(dispensed) > len(set(dispensed))
+
+
+class LeasesDuringTheClaim(SyncRecord):
+    """The old primary leases a range (and records it) after the promoted server's
+    fence read the record, just before the fence claims it. Shares ``other``'s
+    endpoint (so it is not closed on its own)."""
+
+    def __init__(self, other: SyncRecord) -> None:
+        super().__init__(other.endpoint, other.namespace)
+        self.before_claim: list[object] = []
+
+    async def reset(self, stamp: Stamp, floors: dict[str, int]) -> str:
+        while self.before_claim:
+            step = self.before_claim.pop()
+            assert callable(step)
+            await step()
+        return await super().reset(stamp, floors)
+
+
+async def test_a_lease_recorded_during_a_fence_moves_the_fence_past_it(
+    pair: PostgresPair, split: Split
+) -> None:
+    """The fence reads the record under the lock it fences under, and its claim is
+    refused when a lease was recorded since: it reads again, and moves past that lease
+    too. Without the refusal, the promoted server would lease the same range."""
+    old, new = split.old, split.new
+    assert split.sync is not None
+    await generate(old, split.sync)
+    await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
+    await pair.pause_replication()
+    await old.guarded.lease_range(old.farmer, "old-keygen")  # the replica never sees it
+    await pair.promote_replica()
+    racing = LeasesDuringTheClaim(split.sync)
+    leased: list[int] = []
+
+    async def old_primary_leases() -> None:
+        leased.append((await old.guarded.lease_range(old.farmer, "old-keygen")).stop)
+
+    racing.before_claim.append(old_primary_leases)
+    report = await settle(new.cold, racing, new.types)
+    assert report is not None and leased
+    assert report.next_starts["farmer"] >= leased[0]
+    next_lease = await new.guarded.lease_range(new.farmer, "new-keygen")
+    assert next_lease.start >= leased[0]
+
+
+async def test_a_range_leased_before_a_fence_is_never_copied_after_it(
+    split: Split,
+) -> None:
+    """keygen paused (or slow) between its lease and its COPY while the fence ran: the
+    fence discarded the inventory, and the range's keys must not land after it."""
+    old = split.old
+    assert split.sync is not None
+    leased = await old.guarded.lease_range(old.farmer, "paused-keygen")
+    await split.sync.halt("test")  # force a fence (an operator's, here)
+    await settle(old.cold, split.sync, old.types, skip_ranges=1)
+    with pytest.raises(RangeFenced):
+        await old.cold.insert_keys(old.farmer, leased, ["1234567890"], 1, final=False)
+    assert await old.cold.depth("farmer", 10) == 0
+    conn = await asyncpg.connect(old.settings.postgres_dsn)
+    try:
+        clock = await conn.fetchrow(sql.SELECT_SYNC_CLOCK)
+        assert clock is not None and clock["fences"] == leased.fences + 1
+    finally:
+        await conn.close()
