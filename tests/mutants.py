@@ -296,6 +296,20 @@ MUTANTS: Final = (
         ("tests/integration/test_push_stamp.py",),
     ),
     Mutant(
+        "a_server_error_ends_keygen_and_keysync",
+        "shared/stores/cold_store.py",
+        "    if state[:2] in CONFIGURATION_SQLSTATE_CLASSES:",
+        "    if state:",
+        ("tests/acceptance/test_store_errors.py",),
+    ),
+    Mutant(
+        "a_frozen_first_host_uses_up_the_whole_connect",
+        "shared/stores/pg_connect.py",
+        "    if len(hosts) <= 1:",
+        "    if True:",
+        ("tests/acceptance/test_postgres_outages.py",),
+    ),
+    Mutant(
         "keysync_retries_a_push_past_its_deadline_after_a_sleep",
         "keysync/main.py",
         "            if self.clock() > deadline:  # checked again after every sleep",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from shared.ops.embedded import EmbeddedPostgres
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, LeasedRange, translated
 from shared.stores.hot_store import HotStore
+from shared.stores.pg_connect import connect_each_host
 from tests.conftest import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance
@@ -195,3 +197,38 @@ async def test_the_dispenser_serves_keys_while_postgres_is_down(
     assert health.status_code == 200 and health.json()["response"]["status"] == "UP"
     # Only the ledger lookup needs PostgreSQL: it answers the documented outage error.
     assert lookup.status_code == 503 and lookup.json()["errors"][0]["errorCode"] == "IDG-005"
+
+
+@pytest.fixture
+def frozen_host(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A second PostgreSQL whose postmaster is stopped (SIGSTOP): the kernel still
+    accepts TCP connections to it, and nothing ever answers them."""
+    os.chmod(tmp_path, 0o755)
+    server = EmbeddedPostgres(tmp_path / "frozen")
+    server.start()
+    pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield server
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        server.stop("immediate")
+
+
+async def test_a_frozen_host_listed_first_costs_one_connect_timeout(
+    postgres: EmbeddedPostgres, own_settings: Settings, frozen_host: EmbeddedPostgres
+) -> None:
+    """A hung old primary first in a multi-host DSN: each host gets its own connect
+    timeout, so the live primary after it is reached; keygen's LISTEN too."""
+    hosts = f"127.0.0.1:{frozen_host.port},127.0.0.1:{postgres.port}"
+    dsn = f"postgresql://postgres@{hosts}/kd_outage?target_session_attrs=read-write"
+    # The hazard: asyncpg gives all hosts one timeout, and the frozen one uses it up.
+    with pytest.raises(TimeoutError):
+        await asyncpg.connect(dsn, timeout=3)
+    cold = await asyncio.wait_for(ColdStore.connect(dsn, connect_timeout_s=1), 20)
+    try:
+        assert await cold.depth("farmer", 10) >= 0
+    finally:
+        await cold.close()
+    conn = await asyncio.wait_for(connect_each_host(dsn, host_timeout_s=1), 20)
+    await conn.close()
