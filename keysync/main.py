@@ -46,6 +46,7 @@ from shared.stores.wake import WakeChannel
 log = logging.getLogger(__name__)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
 LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
+PRUNE_EVERY_S = 60.0  # how often long-waiting ledger marks are looked for
 # How long the next batch's open transaction waits for the push before it is rolled back.
 NEXT_BATCH_HOLD_S = 1.0
 
@@ -290,13 +291,21 @@ async def run(
 
 
 async def drain_ledger(
-    drain: LedgerDrain, metrics: KeysyncMetrics, stream: LedgerStream, stop: asyncio.Event
+    drain: LedgerDrain,
+    metrics: KeysyncMetrics,
+    stream: LedgerStream,
+    stop: asyncio.Event,
+    early_mark_ttl_s: float = 7 * 86_400,
 ) -> None:
     """Move ledger entries from the Redis stream into PostgreSQL until stopped."""
     outage = Outage("ledger", first_delay_s=0.1, max_delay_s=2.0)
+    next_prune = time.monotonic()
     while not stop.is_set():
         try:
             applied = await drain.drain_once(block_ms=500)
+            if time.monotonic() >= next_prune:
+                metrics.ledger_marks_expired.inc(await drain.prune(early_mark_ttl_s))
+                next_prune = time.monotonic() + PRUNE_EVERY_S
             outage.succeeded()
         except StoreUnavailable as exc:
             await sleep_or_stop(stop, outage.failed(exc))
@@ -362,7 +371,8 @@ async def serve(settings: Settings) -> None:
         keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())
         tasks = [run(keysync, wake, settings, stop, heartbeat)]
         if drain.enabled:
-            tasks.append(drain_ledger(drain, metrics, stream, stop))
+            ttl = settings.keysync.ledger_early_mark_ttl_s
+            tasks.append(drain_ledger(drain, metrics, stream, stop, ttl))
         await asyncio.gather(*tasks)
     finally:
         await cold.close()

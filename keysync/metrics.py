@@ -22,7 +22,12 @@ class KeysyncMetrics:
         )
         self.ledger_used_unknown = Counter(
             "kd_ledger_used_unknown",
-            "Keys marked used that the ledger never saw issued",
+            "Keys marked used before the ledger saw them issued (the mark waits for the issue)",
+            registry=registry,
+        )
+        self.ledger_marks_expired = Counter(
+            "kd_ledger_marks_expired",
+            "Used marks forgotten after waiting ledger_early_mark_ttl_s for their issue",
             registry=registry,
         )
         self.ledger_used_refused = Counter(

@@ -310,6 +310,27 @@ MUTANTS: Final = (
         ("tests/acceptance/test_postgres_outages.py",),
     ),
     Mutant(
+        "ledger_use_applied_before_its_issue_is_lost",
+        "shared/stores/ledger.py",
+        "        await _keep_early_marks(conn, name, marks, missing)\n",
+        "",
+        ("tests/integration/test_ledger.py",),
+    ),
+    Mutant(
+        "ledger_issue_ignores_the_uses_that_came_first",
+        "shared/stores/ledger.py",
+        "        early = await _apply_early_marks(conn, name, inserted)",
+        "        early = (0, 0)",
+        ("tests/integration/test_ledger.py",),
+    ),
+    Mutant(
+        "ledger_entries_of_a_stopped_keysync_wait_behind_newer_ones",
+        "shared/stores/ledger_stream.py",
+        "                orphans = await self._claim_from_stopped(client, stream, consumer, count)",
+        "                orphans: list[LedgerEntry] = []",
+        ("tests/integration/test_ledger.py",),
+    ),
+    Mutant(
         "keysync_retries_a_push_past_its_deadline_after_a_sleep",
         "keysync/main.py",
         "            if self.clock() > deadline:  # checked again after every sleep",

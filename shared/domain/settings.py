@@ -365,6 +365,9 @@ class KeysyncConfig(_Strict):
     # Ledger entries another keysync read but never acknowledged (it died) are taken
     # over after this long.
     ledger_claim_idle_s: float = Field(default=30.0, ge=0)
+    # A "used" mark applied before its key's issue entry waits this long for it, then
+    # is forgotten (and logged): the key was never issued, or Redis lost its entry.
+    ledger_early_mark_ttl_s: float = Field(default=7 * 86_400, ge=60)
     # Prometheus metrics over HTTP; None: not served.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -2,10 +2,15 @@
 
 Dispensers never write PostgreSQL. The pop script appends an "issue" entry to a Redis
 stream in the same atomic step that takes the keys, and mark-used appends a "used"
-entry; keysync drains the stream into per-type ledger tables in batches, in stream
-order, and acknowledges (then deletes) entries only after their transaction commits.
+entry; keysync drains the stream into per-type ledger tables in batches, and
+acknowledges (then deletes) entries only after their transaction commits.
 A redelivered entry is recognised by its stream ID; any other key issued twice hits the
 table's primary key and raises the duplicate alarm (metric + error log).
+
+Applying is order-independent: two keysyncs (or one restarted, whose pending entries
+another claims) may apply a key's "used" entry before its "issue" entry. Such a mark
+waits in ``kd_ledger_early_marks`` and is applied in the transaction that inserts the
+issue row; drains take one advisory lock, so the two never miss each other.
 """
 
 from __future__ import annotations
@@ -100,12 +105,18 @@ class Applied:
     issued: int
     used: int
     duplicates: dict[str, list[str]]
-    used_unknown: int
+    used_unknown: int  # marks of keys not (yet) issued: they wait for their issue row
     used_refused: int = 0  # marks by a client the key was not issued to (not applied)
 
 
+# The advisory lock every ledger drain takes in its transaction ("kdlg").
+LEDGER_LOCK = 0x6B64_6C67
+
+
 async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
-    """Write one batch in the caller's transaction: issues first, then uses."""
+    """Write one batch in the caller's transaction: issues first (with any marks that
+    came before them), then uses (a mark of a key not issued yet waits for it)."""
+    await conn.execute(sql.LOCK_LEDGER, LEDGER_LOCK)
     issued = used = unknown = refused = 0
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():
@@ -117,6 +128,8 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
             )
         }
         issued += len(inserted)
+        early = await _apply_early_marks(conn, name, inserted)
+        used, refused = used + early[1], refused + early[0] - early[1]
         conflicts = [k for k in rows.keys if k not in inserted]
         if conflicts:
             entry_of = dict(zip(rows.keys, rows.entries, strict=True))
@@ -137,9 +150,42 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
         }
         used += len(updated)
         missing, foreign = await _not_marked(conn, name, marks, updated)
+        await _keep_early_marks(conn, name, marks, missing)
         unknown += len(missing)
         refused += len(foreign)
     return Applied(issued, used, {k: v for k, v in duplicates.items() if v}, unknown, refused)
+
+
+async def _apply_early_marks(
+    conn: asyncpg.Connection, name: str, inserted: set[str]
+) -> tuple[int, int]:
+    """(found, applied): marks that waited for these new issue rows."""
+    if not inserted:
+        return 0, 0
+    row = await conn.fetchrow(sql.for_type(sql.APPLY_EARLY_MARKS, name), name, sorted(inserted))
+    assert row is not None
+    return int(row["found"]), int(row["applied"])
+
+
+async def _keep_early_marks(
+    conn: asyncpg.Connection, name: str, marks: Used, missing: set[str]
+) -> None:
+    """Marks of keys with no issue row yet: kept until it comes (the first one wins)."""
+    if not missing:
+        return
+    first: dict[str, int] = {}
+    for i, key in enumerate(marks.keys):
+        if key in missing:
+            first.setdefault(key, i)
+    rows = list(first.values())
+    await conn.execute(
+        sql.INSERT_EARLY_MARKS,
+        name,
+        [marks.keys[i] for i in rows],
+        [marks.times[i] for i in rows],
+        [marks.clients[i] for i in rows],
+        [marks.admin[i] for i in rows],
+    )
 
 
 async def _not_marked(
@@ -159,8 +205,8 @@ async def _not_marked(
         if key in known and key not in updated and not admin and known[key]["client"] != client
     }
     if missing:
-        log.warning(
-            "used_key_not_issued",
+        log.info(
+            "used_mark_waits_for_its_issue",
             extra={"id_type": name, "keys": sorted(missing)[:10], "count": len(missing)},
         )
     if foreign:
@@ -241,8 +287,20 @@ class LedgerDrain:
     def enabled(self) -> bool:
         return any(t.config.ledger for t in self._types.values())
 
+    async def prune(self, max_age_s: float) -> int:
+        """Forget "used" marks that waited longer than ``max_age_s`` for their issue row
+        (keys never issued, or whose issue entry a Redis loss took); returns how many."""
+        async with self._cold.connection() as conn, translated("ledger_prune"):
+            rows = await conn.fetch(sql.PRUNE_EARLY_MARKS, max_age_s)
+        for row in rows:
+            log.warning(
+                "used_key_never_issued", extra={"id_type": row["id_type"], "count": row["marks"]}
+            )
+        return sum(int(row["marks"]) for row in rows)
+
     async def drain_once(self, block_ms: int) -> Applied | None:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
+        await self._stream.beat(self._consumer)
         entries = await self._stream.read(
             self._consumer, self._batch_size, block_ms, self._claim_idle_ms
         )

@@ -15,6 +15,9 @@ from shared.stores.redis_scripts import RedisPort
 
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
 LedgerEntry = tuple[str, dict[str, str]]
+# How long a draining keysync's heartbeat lives: it beats before every read (at least
+# every block, half a second), so a consumer whose heartbeat expired has stopped.
+CONSUMER_HEARTBEAT_MS = 10_000
 
 
 class LedgerStream(RedisPort):
@@ -43,15 +46,28 @@ class LedgerStream(RedisPort):
                 redis_keys.ledger_stream_key(self.namespace), fields
             )
 
+    async def beat(self, consumer: str) -> None:
+        """This consumer is alive (``ledger_consumer_key``, CONSUMER_HEARTBEAT_MS)."""
+        async with self._guard("ledger_beat"):
+            await (await self._endpoint.client()).set(
+                redis_keys.ledger_consumer_key(self.namespace, consumer),
+                "1",
+                px=CONSUMER_HEARTBEAT_MS,
+            )
+
     async def read(
         self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
     ) -> list[LedgerEntry]:
-        """Entries for ``consumer``: first any that another consumer has held
-        unacknowledged for ``claim_idle_ms`` (it died), then new ones."""
+        """Entries for ``consumer``, oldest obligations first: entries a stopped consumer
+        (no heartbeat) left pending, then any another consumer has held unacknowledged
+        for ``claim_idle_ms``, then new ones."""
         stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_read"):
             client = await self._endpoint.client()
             try:
+                orphans = await self._claim_from_stopped(client, stream, consumer, count)
+                if orphans:
+                    return orphans
                 _, claimed, *_ = await client.xautoclaim(
                     stream, LEDGER_GROUP, consumer, claim_idle_ms, "0-0", count=count
                 )
@@ -61,11 +77,35 @@ class LedgerStream(RedisPort):
                     LEDGER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms
                 )
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
+                if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                    raise  # (no stream yet: XINFO says "no such key", the others NOGROUP)
                 await self._create_group(client, stream)
                 return []
         return [(str(i), dict(f)) for _, entries in answer for i, f in entries]
+
+    async def _claim_from_stopped(
+        self, client: Any, stream: str, consumer: str, count: int
+    ) -> list[LedgerEntry]:
+        """The pending entries of the first consumer whose heartbeat expired (it stopped
+        or was killed), claimed for ``consumer``; consumers left with none are removed."""
+        for other in await client.xinfo_consumers(stream, LEDGER_GROUP):
+            name = str(other["name"])
+            if name == consumer or await client.exists(
+                redis_keys.ledger_consumer_key(self.namespace, name)
+            ):
+                continue
+            if int(other["pending"]) == 0:
+                await client.xgroup_delconsumer(stream, LEDGER_GROUP, name)
+                continue
+            pending = await client.xpending_range(
+                stream, LEDGER_GROUP, "-", "+", count, consumername=name
+            )
+            ids = [entry["message_id"] for entry in pending]
+            claimed = await client.xclaim(stream, LEDGER_GROUP, consumer, 0, ids) if ids else []
+            found = [(str(i), dict(f)) for i, f in claimed if f is not None]
+            if found:
+                return found
+        return []
 
     @staticmethod
     async def _create_group(client: Any, stream: str) -> None:

@@ -62,6 +62,12 @@ def ledger_stream_key(namespace: str) -> str:
     return f"{namespace}:ledger"
 
 
+def ledger_consumer_key(namespace: str, consumer: str) -> str:
+    """Heartbeat of a keysync draining the ledger stream (expires when it stops): the
+    pending entries of a consumer without one are claimed first by another."""
+    return f"{namespace}:ledger:consumer:{consumer}"
+
+
 def refill_key(namespace: str, name: str) -> str:
     """Hash written by keysync: the observed refill rate of a hot list (keys/s) and when."""
     return f"{namespace}:refill:{name}"

@@ -164,6 +164,54 @@ WHERE l.key = u.key AND l.used_at IS NULL AND (u.admin OR l.client = u.client)
 RETURNING l.key
 """
 
+# $1: lock id. Serialises ledger drains (one transaction per stream batch): an issue
+# row and a "used" mark of its key, applied by two keysyncs at once, never both miss
+# each other.
+LOCK_LEDGER: Final = "SELECT pg_advisory_xact_lock($1)"
+
+# $1: id type, $2 keys, $3 use times, $4 marking clients, $5 whether each may mark any
+# key (arrays). Marks of keys with no issue row yet: kept until the row comes (the
+# first mark of a key wins).
+INSERT_EARLY_MARKS: Final = """
+INSERT INTO kd_ledger_early_marks (id_type, key, used_at, used_by, admin)
+SELECT $1, * FROM unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[])
+ON CONFLICT (id_type, key) DO NOTHING
+"""
+
+# $1: id type, $2: keys whose issue rows were just inserted. Applies the marks that
+# came before them (by the client a key was issued to, or one with ledger permission;
+# the rest are refused) and removes them. One row: marks found, marks applied.
+APPLY_EARLY_MARKS: Final = """
+WITH early AS (
+    DELETE FROM kd_ledger_early_marks AS e
+    WHERE e.id_type = $1 AND e.key = ANY($2::text[])
+    RETURNING e.key, e.used_at, e.used_by, e.admin
+),
+applied AS (
+    UPDATE {ledger} AS l SET used_at = early.used_at, used_by = early.used_by
+    FROM early
+    WHERE l.key = early.key AND l.used_at IS NULL AND (early.admin OR l.client = early.used_by)
+    RETURNING l.key
+)
+SELECT (SELECT count(*) FROM early) AS found, (SELECT count(*) FROM applied) AS applied
+"""
+
+# $1: seconds. Marks that waited longer for their issue row than any entry can be
+# late (keys never issued, or whose issue entry Redis lost): forgotten, counted.
+PRUNE_EARLY_MARKS: Final = """
+WITH gone AS (
+    DELETE FROM kd_ledger_early_marks
+    WHERE received_at < now() - make_interval(secs => $1::double precision)
+    RETURNING id_type
+)
+SELECT id_type, count(*) AS marks FROM gone GROUP BY id_type
+"""
+
+# No parameters. Marks waiting for their issue row, per type (status).
+COUNT_EARLY_MARKS: Final = (
+    "SELECT id_type, count(*) AS marks FROM kd_ledger_early_marks GROUP BY id_type"
+)
+
 # $1: key. One key's ledger row.
 SELECT_LEDGER_KEY: Final = (
     "SELECT issued_at, client, idempotency_key, used_at, used_by FROM {ledger} WHERE key = $1"

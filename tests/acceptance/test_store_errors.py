@@ -85,7 +85,9 @@ async def test_keygen_and_keysync_ride_out_every_store_error(
         return int(await redis_client.llen(hot_list)) >= high
 
     def alive() -> list[str]:
-        return [f"{c.args}: exit {c.returncode}" for c in children.children if c.poll() is not None]
+        return [
+            f"{c.args!r}: exit {c.returncode}" for c in children.children if c.poll() is not None
+        ]
 
     async def starve() -> None:
         """Empty both tiers, so keysync takes and keygen leases and copies next."""

@@ -168,6 +168,17 @@ def test_ha_redis_wires_sentinel_and_refuses_eviction(overlay: str) -> None:
     assert by_kind[("StatefulSet", "redis")]["spec"]["replicas"] >= 2
     script = by_kind[("ConfigMap", "redis-scripts")]["data"]["redis.sh"]
     assert "--maxmemory-policy noeviction" in script
+    # The ledger stream survives a restart; a primary cut off from its replicas stops
+    # taking writes; no DEBUG RELOAD of an older file in place (docs/reliability.md).
+    for flag in (
+        "--appendonly yes",
+        "--appendfsync everysec",
+        "--min-replicas-to-write 1",
+        "--enable-debug-command no",
+    ):
+        assert flag in script, flag
+    claims = by_kind[("StatefulSet", "redis")]["spec"]["volumeClaimTemplates"]
+    assert [c["metadata"]["name"] for c in claims] == ["data"]
     service = "redis-sentinel-headless"
     assert all(s.split(":")[0].endswith("." + service) for s in sentinels)
 

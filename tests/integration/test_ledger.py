@@ -133,38 +133,85 @@ async def test_a_key_issued_twice_raises_the_duplicate_alarm(
     assert any(r.message == "duplicate_key_issued" for r in caplog.records)
 
 
-async def test_entries_a_dead_keysync_left_are_taken_over_and_not_duplicates(
+async def test_entries_a_dead_keysync_left_are_taken_over_first_and_not_duplicates(
     drain: LedgerDrain,
     hot: HotStore,
     settings: Settings,
     redis_client: aioredis.Redis,
     cold_store: ColdStore,
 ) -> None:
-    """A keysync died after its commit, before its ack: the entry is delivered again."""
-    fields: dict[Any, Any] = {
-        "op": "issue",
-        "type": "shortlink",
-        "keys": "L000009",
-        "clients": "a",
-    }
-    entry_id = await redis_client.xadd(redis_keys.ledger_stream_key(NS), fields)
+    """A keysync died after its commit, before its ack (its heartbeat expires): its
+    entry is claimed by the next drain before any newer entry, and is a redelivery."""
+    stream = redis_keys.ledger_stream_key(NS)
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "clients": "a"}
+    entry_id = await redis_client.xadd(stream, fields | {"keys": "L000009"})
     entries = await LedgerStream(hot.endpoint, hot.namespace).read("dead-keysync", 10, 10, 30_000)
     assert [e for e, _ in entries] == [entry_id]
     async with cold_store.connection() as conn, conn.transaction():
         await apply(conn, parse(entries, build_id_types(settings)))
-    assert await drain.drain_once(block_ms=10) is None  # pending elsewhere, not yet idle
-    eager = LedgerDrain(
-        LedgerStream(hot.endpoint, hot.namespace),
-        cold_store,
-        build_id_types(settings),
-        "eager",
-        10,
-        claim_idle_s=0,
-    )
-    taken_over = await eager.drain_once(block_ms=10)
+    await redis_client.xadd(stream, fields | {"keys": "L000010"})  # a newer entry
+    taken_over = await drain.drain_once(block_ms=10)
     assert taken_over is not None
-    assert taken_over.issued == 0 and taken_over.duplicates == {}
+    assert taken_over.issued == 0 and taken_over.duplicates == {}  # the old one, first
+    newer = await drain.drain_once(block_ms=10)
+    assert newer is not None and newer.issued == 1
     assert await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0
+
+
+async def test_a_live_keysyncs_entries_are_left_to_it_until_idle(
+    drain: LedgerDrain, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000011"}
+    await redis_client.xadd(redis_keys.ledger_stream_key(NS), fields)
+    busy = LedgerStream(hot.endpoint, hot.namespace)
+    await busy.beat("busy-keysync")
+    assert await busy.read("busy-keysync", 10, 10, 30_000)
+    assert await drain.drain_once(block_ms=10) is None  # pending there, not yet idle
+
+
+async def test_a_use_applied_before_its_issue_is_kept_until_the_issue_comes(
+    drain: LedgerDrain,
+    hot: HotStore,
+    settings: Settings,
+    redis_client: aioredis.Redis,
+    cold_store: ColdStore,
+) -> None:
+    """Two keysyncs: one holds a key's issue entry while the other applies the key's
+    "used" entry first. Applying is order-independent: the use is not lost."""
+    stream = redis_keys.ledger_stream_key(NS)
+    issue: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000012", "clients": "a"}
+    await redis_client.xadd(stream, issue)
+    slow = LedgerStream(hot.endpoint, hot.namespace)
+    await slow.beat("slow-keysync")
+    held = await slow.read("slow-keysync", 10, 10, 30_000)  # the issue, not applied yet
+    used: dict[Any, Any] = {"op": "used", "type": "shortlink", "keys": "L000012", "clients": "a"}
+    await redis_client.xadd(stream, used)
+    first = await drain.drain_once(block_ms=10)
+    assert first is not None and first.used == 0 and first.used_unknown == 1
+    async with cold_store.connection() as conn, conn.transaction():
+        late = await apply(conn, parse(held, build_id_types(settings)))
+    assert late.issued == 1 and late.used == 1
+    async with cold_store.connection() as conn:
+        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000012")
+        assert await conn.fetchval("SELECT count(*) FROM kd_ledger_early_marks") == 0
+    assert row is not None and row["used_at"] is not None and row["used_by"] == "a"
+
+
+async def test_an_early_use_by_another_client_is_refused_when_the_issue_comes(
+    drain: LedgerDrain, settings: Settings, redis_client: aioredis.Redis, cold_store: ColdStore
+) -> None:
+    stream = redis_keys.ledger_stream_key(NS)
+    used: dict[Any, Any] = {"op": "used", "type": "shortlink", "keys": "L000013", "clients": "b"}
+    await redis_client.xadd(stream, used)
+    assert (await drain.drain_once(block_ms=10)) is not None
+    issue: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000013", "clients": "a"}
+    await redis_client.xadd(stream, issue)
+    applied = await drain.drain_once(block_ms=10)
+    assert applied is not None and applied.issued == 1
+    assert applied.used == 0 and applied.used_refused == 1
+    async with cold_store.connection() as conn:
+        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000013")
+    assert row is not None and row["used_at"] is None
 
 
 async def test_marking_a_key_never_issued_is_counted_not_applied(
@@ -259,3 +306,15 @@ async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
     assert (
         await LedgerStream(hot.endpoint, hot.namespace).backlog() == 1
     )  # nothing acknowledged, nothing lost
+
+
+async def test_a_use_that_waited_too_long_for_its_issue_is_forgotten(
+    drain: LedgerDrain, redis_client: aioredis.Redis, cold_store: ColdStore
+) -> None:
+    used: dict[Any, Any] = {"op": "used", "type": "shortlink", "keys": "L000014", "clients": "a"}
+    await redis_client.xadd(redis_keys.ledger_stream_key(NS), used)
+    assert (await drain.drain_once(block_ms=10)) is not None
+    assert await drain.prune(3_600) == 0  # still waiting
+    async with cold_store.connection() as conn:
+        await conn.execute("UPDATE kd_ledger_early_marks SET received_at = now() - interval '2h'")
+    assert await drain.prune(3_600) == 1
