@@ -40,6 +40,7 @@ from dispenser.service import Dispenser
 from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
+from shared.domain.leases import lease_wait
 from shared.domain.settings import Settings
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.leasing import LeaseMetrics
@@ -449,7 +450,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = hot or HotStore.from_settings(settings)
-        source = leases or redis_leases(store.endpoint, store.namespace, lease_metrics)
+        source = leases or redis_leases(
+            store.endpoint, store.namespace, lease_metrics, lease_wait(settings)
+        )
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
         app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)

@@ -16,6 +16,7 @@ from typing import Any
 
 from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import ConfigError
+from shared.domain.leases import NO_WAIT, LeaseWait
 from shared.domain.snowflake import Clock, Lease, Minter, SnowflakeType, wall_clock_ms
 from shared.leasing import LeaseMetrics, lease_machine_id
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -145,7 +146,10 @@ def no_leases(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
 
 
 def redis_leases(
-    endpoint: RedisEndpoint, namespace: str, metrics: LeaseMetrics | None = None
+    endpoint: RedisEndpoint,
+    namespace: str,
+    metrics: LeaseMetrics | None = None,
+    wait: LeaseWait = NO_WAIT,
 ) -> LeaseSource:
     """Machine-ID leases kept in the hot tier's Redis (``shared.leasing``), one pool per
     type; an acquire waits up to one lease TTL (a new Redis server grants none for that
@@ -164,6 +168,7 @@ def redis_leases(
             wait_s=config.lease_ttl_s,
             metrics=metrics,
             namespace=namespace,
+            wait=wait,
         )
 
     return source

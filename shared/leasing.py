@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.domain.errors import NoMachineIdFree, StoreUnavailable
-from shared.domain.leases import check_pool, check_ttl, safety_margin_s
+from shared.domain.leases import NO_WAIT, LeaseWait, check_pool, check_ttl, safety_margin_s
 from shared.domain.settings import DEFAULT_NAMESPACE
 from shared.stores.machine_leases import Acquired, MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -196,6 +196,11 @@ async def acquire(
 
 def _why(answer: Acquired, wait_s: float) -> str:
     waited = f" (waited {wait_s:g}s)" if wait_s else ""
+    if answer.status == "unreplicated":
+        return (
+            "no Redis replica acknowledged the grant in time (lease_wait_replicas): the "
+            f"primary may be cut off from its replicas{waited}"
+        )
     if answer.status == "settling":
         return (
             "the Redis fence took over recently (failover, failback, restart or first use): "
@@ -255,6 +260,13 @@ async def _renew_once(
             metrics.renew_failures.labels(lease.pool, "error").inc()
         log.warning("lease_renew_failed", extra={"pool": lease.pool, "error": str(exc)})
         return  # tried again at the next beat, while the deadline allows
+    if status == "unreplicated":
+        # Not counted: a primary no replica acknowledges may be a cut-off old one. The
+        # deadline stays; the holder stops at it unless a later renewal counts.
+        if metrics is not None:
+            metrics.renew_failures.labels(lease.pool, status).inc()
+        log.warning("lease_renew_unreplicated", extra=lease.fields())
+        return
     if status == "renewed":
         # Logged first: a holder killed right after still has its deadline on record.
         deadline = sent_at + lease.ttl_s - lease.margin_s
@@ -304,6 +316,7 @@ async def lease_machine_id(
     owner: str | None = None,
     metrics: LeaseMetrics | None = None,
     namespace: str = DEFAULT_NAMESPACE,
+    wait: LeaseWait = NO_WAIT,
 ) -> AsyncIterator[MachineLease]:
     """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
 
@@ -311,10 +324,12 @@ async def lease_machine_id(
     bad pool name or range, or when ``renew_every_s`` exceeds a third of ``ttl_s``.
     ``owner`` is a readable label (default: host and process); a random suffix makes
     the owner token unique. The endpoint stays open (it belongs to the caller).
+    ``wait``: how many Redis replicas must acknowledge a grant or renewal for it to
+    count (LeaseWait).
     """
     check_pool(pool, lo, hi)
     check_ttl(ttl_s, renew_every_s)
-    store = MachineLeases(endpoint, namespace)
+    store = MachineLeases(endpoint, namespace, wait)
     token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
     lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
     log.info(
@@ -355,6 +370,7 @@ class SyncMachineLease:
         owner: str | None = None,
         metrics: LeaseMetrics | None = None,
         namespace: str = DEFAULT_NAMESPACE,
+        wait: LeaseWait = NO_WAIT,
     ) -> None:
         self._endpoint = endpoint
         self._open: Callable[[], Any] = lambda: lease_machine_id(
@@ -368,6 +384,7 @@ class SyncMachineLease:
             owner=owner,
             metrics=metrics,
             namespace=namespace,
+            wait=wait,
         )
         self.lost = threading.Event()
         self._lease: MachineLease | None = None

@@ -331,6 +331,20 @@ MUTANTS: Final = (
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(
+        "a_lease_renewal_no_replica_has_counts",
+        "shared/stores/machine_leases.py",
+        'return str(status) if counts or status != "renewed" else "unreplicated"',
+        "return str(status)",
+        ("tests/integration/test_lease_split_brain.py",),
+    ),
+    Mutant(
+        "a_lease_grant_no_replica_has_counts",
+        "shared/stores/machine_leases.py",
+        "        if granted.granted and not counts:",
+        "        if False:",
+        ("tests/integration/test_lease_split_brain.py",),
+    ),
+    Mutant(
         "keysync_retries_a_push_past_its_deadline_after_a_sleep",
         "keysync/main.py",
         "            if self.clock() > deadline:  # checked again after every sleep",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from shared.domain.errors import ConfigError
-from shared.domain.settings import ID_TYPE_NAME
+from shared.domain.settings import ID_TYPE_NAME, Settings
 
 MAX_POOL_IDS = 4_096  # one acquire scans the range in one script call: a full 4,096-ID
 # pool takes tens of milliseconds of Redis time, which the hot tier shares
@@ -35,3 +37,22 @@ def check_ttl(ttl_s: float, renew_every_s: float) -> None:
 def safety_margin_s(ttl_s: float) -> float:
     """How long before the lease could expire in Redis a holder stops using it."""
     return min(ttl_s / 10, 1.0)
+
+
+@dataclass(frozen=True)
+class LeaseWait:
+    """When a machine-ID grant or renewal counts: once ``replicas`` Redis replicas
+    acknowledged it (WAIT), within ``timeout_ms``. 0 replicas: at once (one server, no
+    replicas). A primary cut off from its replicas (a partition, a failover that left
+    it up) then cannot keep alive a lease the promoted replica may grant again."""
+
+    replicas: int = 0
+    timeout_ms: int = 500
+
+
+NO_WAIT = LeaseWait()  # counts at once: one Redis server, no replicas
+
+
+def lease_wait(settings: Settings) -> LeaseWait:
+    """The configured LeaseWait (lease_wait_replicas, lease_wait_timeout_ms)."""
+    return LeaseWait(settings.lease_wait_replicas_or_default(), settings.lease_wait_timeout_ms)

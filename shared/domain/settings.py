@@ -439,6 +439,13 @@ class Settings(BaseSettings):
     # it closes (`keydispenser drill --no-postgres-fence`): a failover to an asynchronous
     # replica then dispenses keys twice.
     postgres_fence: bool = True
+    # Machine-ID grants and renewals (snowflake types, `keydispenser lease`) count only
+    # once this many Redis replicas acknowledged them (WAIT, within
+    # lease_wait_timeout_ms): an old primary cut off from its replicas cannot keep a
+    # lease alive that the promoted replica may grant again. None: 1 with
+    # redis_sentinel (a deployment with replicas), 0 with a plain redis_url.
+    lease_wait_replicas: int | None = Field(default=None, ge=0, le=16)
+    lease_wait_timeout_ms: int = Field(default=500, ge=10, le=10_000)
     # Seconds each host of postgres_dsn may take to accept a connection: a frozen host
     # listed first in a multi-host DSN costs this long, then the next is tried.
     postgres_connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
@@ -481,6 +488,12 @@ class Settings(BaseSettings):
         if not isinstance(config, IdTypeConfig):
             raise ConfigError(f"id_types.{name}: a {config.kind} type, not a pooled one")
         return config
+
+    def lease_wait_replicas_or_default(self) -> int:
+        """lease_wait_replicas, or its default for this Redis deployment."""
+        if self.lease_wait_replicas is not None:
+            return self.lease_wait_replicas
+        return 1 if self.redis_sentinel is not None else 0
 
     def require_permutation_key(self) -> bytes:
         if self.permutation_key is None or not self.permutation_key.get_secret_value():

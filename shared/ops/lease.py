@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from shared.domain.errors import NoMachineIdFree
-from shared.domain.leases import safety_margin_s
+from shared.domain.leases import lease_wait, safety_margin_s
 from shared.domain.settings import Settings
 from shared.leasing import LeaseMetrics, MachineLease, default_owner, lease_machine_id
 from shared.metrics import serve
@@ -118,6 +118,7 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             owner=owner,
             metrics=LeaseMetrics(registry),
             namespace=settings.redis_namespace,
+            wait=lease_wait(settings),
         ) as lease:
             kill_after = spec.kill_after_s
             if kill_after is None:

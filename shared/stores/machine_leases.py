@@ -10,11 +10,14 @@ next holder as its floor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from shared.domain.leases import check_pool
+from shared.domain.errors import StoreUnavailable
+from shared.domain.leases import NO_WAIT, LeaseWait, check_pool
+from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import (
     RedisPort,
     lease_acquire_keys,
@@ -58,7 +61,25 @@ class Holders:
 
 
 class MachineLeases(RedisPort):
-    """The machine-ID pools of one Redis deployment."""
+    """The machine-ID pools of one Redis deployment.
+
+    With ``wait`` (LeaseWait), a grant or renewal counts only once that many replicas
+    acknowledged it: otherwise a grant is answered 'unreplicated' (and given back), a
+    renewal 'unreplicated' (the holder keeps its old deadline).
+    """
+
+    def __init__(self, endpoint: RedisEndpoint, namespace: str, wait: LeaseWait = NO_WAIT) -> None:
+        super().__init__(endpoint, namespace)
+        self.wait = wait
+
+    async def _run_counted(self, script: str, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
+        """The script's reply, and whether it counts (enough replicas have it)."""
+        if self.wait.replicas == 0:
+            return await self._run(script, keys, args), True
+        reply, acked = await self._run_acked(
+            script, keys, args, self.wait.replicas, self.wait.timeout_ms
+        )
+        return reply, acked >= self.wait.replicas
 
     async def acquire(
         self, pool: str, lo: int, hi: int, owner: str, ttl_ms: int, ceiling_ms: int, start: int
@@ -68,20 +89,33 @@ class MachineLeases(RedisPort):
         check_pool(pool, lo, hi)
         args = [lo, hi, start % (hi - lo + 1), owner, ttl_ms, ceiling_ms]
         async with self._guard("lease_acquire"):
-            status, machine_id, floor, fence, wait = await self._run(
+            reply, counts = await self._run_counted(
                 "lease_acquire", lease_acquire_keys(self.namespace, pool), args
             )
-        return Acquired(str(status), int(machine_id), int(floor), str(fence), int(wait))
+        status, machine_id, floor, fence, wait = reply
+        granted = Acquired(str(status), int(machine_id), int(floor), str(fence), int(wait))
+        if granted.granted and not counts:
+            await self._give_back(pool, granted.machine_id, owner)
+            return Acquired("unreplicated", -1, 0, granted.fence, self.wait.timeout_ms)
+        return granted
+
+    async def _give_back(self, pool: str, machine_id: int, owner: str) -> None:
+        """A grant no replica has: released (best effort; it expires by its TTL else)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.release(pool, machine_id, owner)
 
     async def renew(
         self, pool: str, machine_id: int, owner: str, fence: str, ttl_ms: int, ceiling_ms: int
     ) -> str:
         """Extend ``owner``'s lease by ``ttl_ms`` and record its new ceiling: 'renewed',
-        'fenced' (new server identity) or 'lost' (expired, released, someone else's)."""
-        args = [machine_id, owner, fence, ttl_ms, ceiling_ms]
+        'fenced' (new server identity), 'lost' (expired, released, someone else's) or
+        'unreplicated' (no replica acknowledged it in time: it does not count)."""
+        args: list[Any] = [machine_id, owner, fence, ttl_ms, ceiling_ms]
         async with self._guard("lease_renew"):
-            (status,) = await self._run("lease_renew", lease_renew_keys(self.namespace, pool), args)
-        return str(status)
+            (status,), counts = await self._run_counted(
+                "lease_renew", lease_renew_keys(self.namespace, pool), args
+            )
+        return str(status) if counts or status != "renewed" else "unreplicated"
 
     async def release(
         self, pool: str, machine_id: int, owner: str, issued_ms: int | None = None

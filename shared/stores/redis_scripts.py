@@ -160,6 +160,19 @@ class RedisPort:
         # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
         return await registered(keys=keys, args=list(args), client=client)
 
+    async def _run_acked(
+        self, script: str, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
+        """``_run``, then WAIT on the same connection: the script's reply and how many
+        replicas acknowledged its writes within ``timeout_ms`` (``replicas`` wanted)."""
+        client = await self._endpoint.client()
+        registered = self._registered(script, client)
+        async with client.pipeline(transaction=False) as pipe:
+            await registered(keys=keys, args=list(args), client=pipe)
+            pipe.wait(replicas, timeout_ms)
+            reply, acked = await pipe.execute()
+        return reply, int(acked)
+
     async def _run_on_line(
         self, line: str, script: str, keys: list[str], args: Sequence[Any]
     ) -> Any:
