@@ -33,6 +33,7 @@ async def refuse_evicting_redis(settings: Settings) -> None:
     hot = HotStore.from_settings(settings)
     try:
         await hot.refuse_eviction()
+        await hot.warn_if_reloadable()
     except StoreUnavailable as exc:
         log.warning("redis_unreachable_at_start", extra={"error": str(exc)})
     finally:

@@ -361,6 +361,7 @@ async def serve(settings: Settings) -> None:
             await check(conn, types, keyspace=False)
         with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
             await hot.refuse_eviction()
+            await hot.warn_if_reloadable()
         bound = await connect_with_retry(
             lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
         )

@@ -253,11 +253,12 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
+        """Start the server; ``options`` are further command-line flags."""
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = redis_server_command(
-            self.port, self.data_dir, "--maxmemory-policy", self.memory_policy
+            self.port, self.data_dir, "--maxmemory-policy", self.memory_policy, *options
         )
         # Its own session: a Ctrl-C at `keydispenser up` reaches the processes, which
         # release their machine-ID leases, before `up` stops this server.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import ConfigError, IdempotencyMismatch
+from shared.domain.errors import ConfigError, IdempotencyMismatch, StoreUnavailable
 from shared.domain.settings import Settings
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -258,6 +258,29 @@ class HotStore(RedisPort):
                 f"redis maxmemory-policy is '{policy}': the hot-tier Redis must not evict "
                 f"keys; set maxmemory-policy {SAFE_MEMORY_POLICY} (redis.conf or CONFIG SET)"
             )
+
+    async def warn_if_reloadable(self) -> bool:
+        """Log a warning when the server allows DEBUG RELOAD (``enable-debug-command``):
+        a reload of an older file in place keeps the server's identity, where the fence
+        cannot see it (docs/operations.md forbids it). True when it warned; unknown
+        (CONFIG refused, as managed services do) counts as not allowed."""
+        try:
+            async with self._guard("config_get"):
+                found = await (await self._endpoint.client()).config_get("enable-debug-command")
+        except StoreUnavailable:
+            return False
+        value = str(found.get("enable-debug-command", "no"))
+        if value == "no":
+            return False
+        log.warning(
+            "redis_debug_command_enabled",
+            extra={
+                "enable_debug_command": value,
+                "hint": "DEBUG RELOAD would reload older data unseen by the fence: set "
+                "enable-debug-command no",
+            },
+        )
+        return True
 
     async def exhausted(self, name: str) -> bool:
         """Whether keysync marked the type's keyspace used up."""
