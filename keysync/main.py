@@ -342,6 +342,7 @@ async def serve(settings: Settings) -> None:
     )
     if cold is None:
         return
+    cold.open_take_idle_limit_s = settings.keysync.take_idle_limit_s
     hot = HotStore.from_settings(settings)
     # Separate connections: the wake wait and the stream read block.
     wake = WakeChannel.from_settings(settings)

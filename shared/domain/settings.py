@@ -357,6 +357,10 @@ class KeysyncConfig(_Strict):
     # How long a batch whose push got no answer is retried (on the same server only),
     # judged by that server's clock: a keysync paused longer never pushes it again.
     push_retry_s: float = Field(default=10.0, gt=0, le=3_600)
+    # How long a take's transaction may sit open and idle (the next batch, held while the
+    # previous one is pushed) before PostgreSQL ends it: a keysync frozen or cut off
+    # there cannot hold the sync clock's lock, and every other take and lease, longer.
+    take_idle_limit_s: float = Field(default=10.0, gt=1, le=600)
     # How long a pushed batch's marker (which makes a retried push add nothing) lives
     # at least; always past the batch's push deadline. Redis memory, one small key each.
     batch_marker_ttl_s: float = Field(default=3_600.0, ge=1, le=7 * 86_400)
@@ -404,16 +408,30 @@ class SentinelConfig(_Strict):
     tls_key_file: str | None = None
     tls_check_hostname: bool = True
 
+    # Where this process reaches a server at another address than the one Sentinel
+    # reports ("host:port" -> "host:port"): NAT, a port forward, a per-process proxy.
+    address_map: dict[str, str] = Field(default_factory=dict)
+
     @model_validator(mode="after")
     def _addresses(self) -> SentinelConfig:
-        for address in self.sentinels:
+        for address in (*self.sentinels, *self.address_map, *self.address_map.values()):
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"sentinel address {address!r} must be host:port")
         return self
 
     def addresses(self) -> list[tuple[str, int]]:
-        return [(a.rpartition(":")[0], int(a.rpartition(":")[2])) for a in self.sentinels]
+        return [_host_port(a) for a in self.sentinels]
+
+    def reachable(self, address: tuple[str, int]) -> tuple[str, int]:
+        """Where this process reaches a server Sentinel reports at ``address``."""
+        mapped = self.address_map.get(f"{address[0]}:{address[1]}")
+        return address if mapped is None else _host_port(mapped)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
 
 
 class Settings(BaseSettings):

@@ -205,7 +205,7 @@ class EmbeddedPostgres:
         pid_file = self.pgdata / "postmaster.pid"
         with contextlib.suppress(FileNotFoundError, ValueError):
             postmaster = int(pid_file.read_text().split()[0])
-            for pid in [postmaster, *_children(postmaster)]:
+            for pid in [postmaster, *children_of(postmaster)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         _wait_for_port_closed(self.port, 10)
@@ -281,7 +281,7 @@ def _wait_for_port_closed(port: int, timeout_s: float) -> None:
     raise EmbeddedServerError(f"server on 127.0.0.1:{port} still listening after {timeout_s}s")
 
 
-def _children(parent: int) -> list[int]:
+def children_of(parent: int) -> list[int]:
     """Processes whose parent is ``parent`` (from /proc)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -146,7 +146,7 @@ class RedisEndpoint:
         problems: list[str] = []
         for sentinel, answer in zip(config.addresses(), answers, strict=True):
             if isinstance(answer, list | tuple) and len(answer) == 2:
-                address = (str(answer[0]), int(answer[1]))
+                address = config.reachable((str(answer[0]), int(answer[1])))
                 if address not in found:
                     found.append(address)
             elif isinstance(answer, BaseException):

@@ -26,7 +26,7 @@ from keygen.generation import Generator
 from keygen.main import Keygen
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
-from shared.ops.drill.proxy import Proxy
+from shared.ops.drill.proxy import standalone
 from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
 from shared.stores.sync_record import SyncRecord
@@ -89,7 +89,7 @@ async def test_a_keysync_frozen_past_every_deadline_never_pushes_a_batch_twice(
     settings = paused_settings
     await fill_cold(settings)
     target = urlsplit(settings.redis_url)
-    proxy = Proxy(target.hostname or "127.0.0.1", target.port or 6379)
+    proxy = standalone(target.hostname or "127.0.0.1", target.port or 6379)
     config = tmp_path / "keysync.yaml"
     config.write_text(json.dumps(settings.model_dump(mode="json", include={"id_types", "keysync"})))
     env = process_env(settings, config, KD_REDIS_URL=through(settings.redis_url, proxy.port))
@@ -130,7 +130,7 @@ async def test_a_keysync_frozen_past_every_deadline_never_pushes_a_batch_twice(
     finally:
         with_resumed(children)
         children.close()
-        proxy.close()
+        proxy.hub.close()
 
 
 def with_resumed(children: ChildProcesses) -> None:

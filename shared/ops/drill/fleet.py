@@ -20,6 +20,8 @@ class Fleet:
     exits: list[str] = field(default_factory=list)  # processes that died by themselves
     # Processes whose exit is theirs to report (lease holders end when their lease does).
     expected_exits: set[str] = field(default_factory=set)
+    # Each process's own settings on top of ``env`` (its links: links.py).
+    overrides: dict[str, dict[str, str]] = field(default_factory=dict)
     _commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=dict)
 
     def spawn(
@@ -29,7 +31,7 @@ class Fleet:
         extra_env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
     ) -> None:
-        env = {**self.env, **(extra_env or {})}
+        env = {**self.env, **self.overrides.get(name, {}), **(extra_env or {})}
         self._commands[name] = ((command, *args), env)
         argv = cli_command(command, *args)
         self.processes[name] = spawn(argv, env, self.log_dir / f"{name}.log")

@@ -19,12 +19,19 @@ from shared.domain.snowflake import SnowflakeType
 
 @dataclass
 class RecordingLoad:
+    """Clients taking keys (single and batch) from every dispenser, recording every key
+    received, when, and every failure; one key in ``mark_every`` received alone is
+    marked used (``marked``: the ones the dispenser accepted, 202)."""
+
     urls: list[str]
     name: str  # of the ID type taken
     clients: int = 8
     max_requests: int = 2_000_000
+    mark_every: int = 10
     keys: Counter[str] = field(default_factory=Counter)
     events: list[tuple[float, bool]] = field(default_factory=list)  # (time, dispensed)
+    received_at: dict[str, float] = field(default_factory=dict)  # key -> monotonic time
+    marked: dict[str, float] = field(default_factory=dict)  # key -> when its mark was accepted
     requests: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -60,10 +67,15 @@ class RecordingLoad:
                 else f"{base}/v1/idgenerator/{self.name}/id"
             )
             got = await self._request(session, url, batch)
-            self.events.append((time.monotonic(), bool(got)))
+            now = time.monotonic()
+            self.events.append((now, bool(got)))
             self.keys.update(got)
+            for key in got:
+                self.received_at.setdefault(key, now)
             if not got:
                 await asyncio.sleep(0.02)
+            elif not batch and i % self.mark_every == 1:
+                await self._mark(session, base, got[0])
 
     async def _request(self, session: aiohttp.ClientSession, url: str, batch: bool) -> list[str]:
         try:
@@ -75,6 +87,16 @@ class RecordingLoad:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.errors[type(exc).__name__] += 1
         return []
+
+    async def _mark(self, session: aiohttp.ClientSession, base: str, key: str) -> None:
+        try:
+            async with session.post(f"{base}/v1/keys/{self.name}/used", json={"keys": [key]}) as r:
+                if r.status == 202:
+                    self.marked[key] = time.monotonic()
+                else:
+                    self.errors[f"mark_{r.status}"] += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.errors[f"mark_{type(exc).__name__}"] += 1
 
     def served_between(self, start: float, until: float) -> int:
         """Requests answered with keys in [start, until)."""

@@ -6,6 +6,7 @@ import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,12 @@ class RedisServer:
     port: int
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
+    announce_port: int = 0  # the port it announces (its proxy's): 0 for its own
+
+    @property
+    def public_port(self) -> int:
+        """The port the Sentinels, replicas and Sentinel's answers use."""
+        return self.announce_port or self.port
 
     @property
     def dump(self) -> Path:
@@ -47,18 +54,23 @@ class Topology:
     down_after_ms: int = 1000
     servers: list[RedisServer] = field(default_factory=list)
     sentinels: list[RedisServer] = field(default_factory=list)
+    # Maps a server's port to the port it announces (a proxy in front of it), so that
+    # the Sentinels and replicas reach it only through that proxy (links.py).
+    announce: Callable[[int], int] | None = None
 
     def start(self, replicas: int = 2, sentinels: int = 3) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         ports = [free_port() for _ in range(1 + replicas)]
-        for i, port in enumerate(ports):
-            server = RedisServer(port, self.base / f"redis-{port}")
-            self.servers.append(server)
-            self._launch(server, replica_of=None if i == 0 else ports[0])
+        for port in ports:
+            announced = self.announce(port) if self.announce else 0
+            self.servers.append(RedisServer(port, self.base / f"redis-{port}", None, announced))
+        first = self.servers[0]
+        for server in self.servers:
+            self._launch(server, replica_of=None if server is first else first.public_port)
         for _ in range(sentinels):
             sentinel = RedisServer(free_port(), self.base / "sentinels")
             self.sentinels.append(sentinel)
-            self._launch_sentinel(sentinel, ports[0])
+            self._launch_sentinel(sentinel, first.public_port)
         self.wait_for_primary(timeout_s=20)
 
     def sentinel_addresses(self) -> list[str]:
@@ -69,6 +81,9 @@ class Topology:
         # SAVE writes to ``dump``, which the old-snapshot fault copies and restores.
         # Full syncs start at once rather than after the default 5 s delay.
         options = ["--dbfilename", server.dump.name, "--repl-diskless-sync-delay", "0"]
+        if server.announce_port:
+            options += ["--replica-announce-ip", "127.0.0.1"]
+            options += ["--replica-announce-port", str(server.announce_port)]
         if replica_of is not None:
             options += ["--replicaof", "127.0.0.1", str(replica_of)]
         server.process = spawn(
@@ -130,7 +145,8 @@ class Topology:
         return primary.port, f"{server['run_id']}:{replication['master_replid']}"
 
     def server(self, port: int) -> RedisServer:
-        return next(s for s in self.servers if s.port == port)
+        """The server on ``port``, or announcing it."""
+        return next(s for s in self.servers if port in (s.port, s.announce_port))
 
     def primary(self) -> RedisServer:
         port = self.primary_port()
@@ -149,8 +165,9 @@ class Topology:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             port = self.primary_port()
-            if port is not None and port != not_port and self.role(self.server(port)) == "master":
-                return port
+            server = self.server(port) if port is not None else None
+            if server is not None and server.port != not_port and self.role(server) == "master":
+                return server.port
             time.sleep(0.05)
         raise RuntimeError("no primary elected in time")
 
