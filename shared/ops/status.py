@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from shared.domain.idtypes import build_id_types
@@ -11,7 +12,7 @@ from shared.stores import sql
 from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import settle
+from shared.stores.postgres_fence import ClockRow, settle, verdict
 from shared.stores.sync_record import SyncRecord
 
 _STATUS_CAP = 10_000_000
@@ -83,13 +84,24 @@ def format_status(report: dict[str, Any]) -> str:
 def _fence_line(fence: dict[str, Any]) -> str:
     if fence["halted"]:
         state = f"HALTED ({fence['halt_reason']}): run `keydispenser fence-postgres`"
-    elif fence["fence_needed"]:
+    elif fence["verdict"] == "superseded":
+        state = "SUPERSEDED: this PostgreSQL is an old primary; a newer one took over"
+    elif fence["verdict"] == "foreign":
+        state = f"REFUSED: the namespace is bound to database {fence['record']['database']}"
+    elif fence["fence_needed"] or fence["verdict"] == "behind":
         state = "fence pending (lost commits detected)"
+    elif _written(fence) and (fence["untrusted"] or fence["verdict"] == "vouch"):
+        state = "record to be rebuilt from PostgreSQL (Redis lost it)"
     else:
         state = "ok"
     last = fence["last_fence"]
     seen = "never fenced" if last is None else f"last fence {last['at']} ({last['reason']})"
     return f"postgres fence: {state}; {seen}"
+
+
+def _written(fence: dict[str, Any]) -> bool:
+    """Whether PostgreSQL has taken a guarded write (a lease or a batch) yet."""
+    return fence["server"] is not None and fence["server"]["timeline"] != 0
 
 
 async def fence_postgres(settings: Settings, skip_ranges: int) -> dict[str, Any]:
@@ -113,14 +125,23 @@ async def fence_postgres(settings: Settings, skip_ranges: int) -> dict[str, Any]
 
 
 async def postgres_fence_state(cold: ColdStore, sync: SyncRecord) -> dict[str, Any]:
-    """The fence as status shows it: the record, the server's clock, the last event."""
+    """The fence as status shows it: the record, the server's clock, what the fence
+    would make of this server now (``verdict``: ok, vouch, behind, superseded,
+    foreign, halt), the last event."""
     record = await sync.read()
     async with cold.connection() as conn:
-        clock = await conn.fetchrow(sql.SELECT_SYNC_CLOCK)
+        clock = await conn.fetchrow(sql.LOCK_SYNC_CLOCK.replace("FOR UPDATE", ""))
         event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+    row = None if clock is None else ClockRow(*(clock[k] for k in ROW_FIELDS))
     return {
-        "record": {"timeline": record.timeline, "clock": record.clock},
-        "server": dict(clock) if clock is not None else None,
+        "record": {
+            "timeline": record.timeline,
+            "fork": record.fork,
+            "clock": record.clock,
+            "database": record.database or None,
+        },
+        "server": None if row is None else asdict(row) | {"fences": clock["fences"]},
+        "verdict": None if row is None else verdict(row, record),
         "untrusted": record.untrusted,
         "fence_needed": record.fence_needed,
         "halted": record.halted,
@@ -133,3 +154,6 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecord) -> dict[str, A
             "keys_discarded": event["keys_discarded"],
         },
     }
+
+
+ROW_FIELDS = ("timeline", "fork", "clock", "here", "database")

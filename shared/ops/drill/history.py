@@ -35,7 +35,7 @@ DATA_LOSS_FAULTS = frozenset(
         "failback",
         "partition",
         "redis_restart_empty",
-        "pause",  # of the Redis primary: a failover while it is stopped
+        "pause",  # of a primary (``paused``: redis_primary, postgres_primary) only
         "postgres_failover",
         "postgres_split_brain",
     }
@@ -45,24 +45,33 @@ LOSS_LEAD_S = 5.0
 LOSS_TAIL_S = 5.0  # ... or this long after it ended (clients retrying, keysync catching up)
 
 
+PAUSED_PRIMARIES = frozenset({"redis_primary", "postgres_primary"})
+
+
 @dataclass(frozen=True)
 class Window:
-    """When a round's fault could destroy records (monotonic time)."""
+    """A fault that could destroy records: when it ran (monotonic time)."""
 
     fault: str
-    start: float
-    end: float
+    began: float
+    ended: float
 
     def holds(self, at: float) -> bool:
-        return self.start <= at <= self.end
+        return self.began - LOSS_LEAD_S <= at <= self.ended + LOSS_TAIL_S
+
+    def distance(self, at: float) -> float:
+        """How far ``at`` is from the fault itself (0 while it ran)."""
+        return max(self.began - at, at - self.ended, 0.0)
 
 
-def loss_windows(rounds: list[tuple[str, float, float]]) -> list[Window]:
-    """(fault, began, ended) of each round -> the windows of those that lose data."""
+def loss_windows(rounds: list[tuple[str, float, float, dict[str, Any]]]) -> list[Window]:
+    """(fault, began, ended, figures) of each round -> the windows of those that lose
+    data (a pause only when it stopped a primary)."""
     return [
-        Window(fault, began - LOSS_LEAD_S, ended + LOSS_TAIL_S)
-        for fault, began, ended in rounds
+        Window(fault, began, ended)
+        for fault, began, ended, figures in rounds
         if fault in DATA_LOSS_FAULTS
+        and (fault != "pause" or figures.get("paused") in PAUSED_PRIMARIES)
     ]
 
 
@@ -99,14 +108,17 @@ def check_ledger(
     seen_at: dict[str, list[float]] = {}
 
     def explained(at: float) -> bool:
-        for window in windows:
-            if window.holds(at):
-                lost[window.fault] = lost.get(window.fault, 0) + 1
-                offsets = seen_at.setdefault(window.fault, [])
-                if len(offsets) < 5:
-                    offsets.append(round(at - window.start - LOSS_LEAD_S, 3))
-                return True
-        return False
+        """Whether a record issued at ``at`` fell to a fault (the nearest that can
+        explain it takes the count)."""
+        near = [w for w in windows if w.holds(at)]
+        if not near:
+            return False
+        window = min(near, key=lambda w: w.distance(at))
+        lost[window.fault] = lost.get(window.fault, 0) + 1
+        offsets = seen_at.setdefault(window.fault, [])
+        if len(offsets) < 5:
+            offsets.append(round(at - window.began, 3))
+        return True
 
     missing = [k for k, at in received.items() if k not in recorded and not explained(at)]
     used_missing = [

@@ -350,7 +350,7 @@ def _migrate(fleet: Fleet) -> str:
 async def _report(runner: Runner, kinds: list[str], dsn: str, logs: Path) -> dict[str, Any]:
     load = runner.drill.load
     rows = [done.row() for done in runner.rounds]
-    windows = history.loss_windows([(r.fault, r.began, r.ended) for r in runner.rounds])
+    windows = history.loss_windows([(r.fault, r.began, r.ended, r.figures) for r in runner.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
     ledger = history.check_ledger(recorded, load.received_at, load.marked, windows, alarms)
