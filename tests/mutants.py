@@ -345,6 +345,20 @@ MUTANTS: Final = (
         ("tests/integration/test_lease_split_brain.py",),
     ),
     Mutant(
+        "a_database_takes_a_second_namespace",
+        "shared/stores/binding.py",
+        "    if bound != namespace:",
+        "    if False:",
+        ("tests/integration/test_binding.py",),
+    ),
+    Mutant(
+        "a_namespace_takes_a_second_database",
+        "shared/stores/binding.py",
+        "        if holder != database:",
+        "        if False:",
+        ("tests/integration/test_binding.py",),
+    ),
+    Mutant(
         "keysync_retries_a_push_past_its_deadline_after_a_sleep",
         "keysync/main.py",
         "            if self.clock() > deadline:  # checked again after every sleep",
