@@ -63,6 +63,7 @@ def keysync_refuses(settings: Settings, tmp_path: Path) -> str:
     )
     done = run_cli("keysync", env=process_env(settings, config), timeout_s=60)
     assert done.returncode == 2, done.stderr
+    assert "keysync_started" not in done.stderr  # refused at start-up, not later
     lines = [line for line in done.stderr.splitlines() if "configuration error" in line]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     return lines[0]
