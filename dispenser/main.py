@@ -23,7 +23,7 @@ FACTORY = "dispenser.main:app_from_environment"
 
 def app_from_environment() -> ASGIApp:
     settings = load_settings()
-    logs.configure("dispenser", settings.log_level, settings.log_levels)
+    logs.configure("dispenser", settings.log_level, settings.log_levels, settings.log_format)
     return create_app(settings)
 
 

@@ -97,7 +97,7 @@ class Dispenser:
             raise InvalidInput(f"id_type must match {ID_TYPE_NAME.pattern}")
         found = self.id_types.get(name)
         if found is None:
-            raise UnknownIdType(name)
+            raise UnknownIdType(name, tuple(sorted(self.settings.id_types)))
         return found
 
     def any_type(self, name: str) -> IdType | SnowflakeType:

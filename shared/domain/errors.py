@@ -36,8 +36,9 @@ class KeyspaceExhausted(KeydispenserError):
 
 
 class UnknownIdType(KeydispenserError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown id_type '{name}'")
+    def __init__(self, name: str, known: tuple[str, ...] = ()) -> None:
+        configured = f" (configured: {', '.join(known)})" if known else ""
+        super().__init__(f"unknown id_type '{name}'{configured}")
         self.name = name
 
 

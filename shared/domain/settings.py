@@ -448,6 +448,9 @@ class Settings(BaseSettings):
     # each set their own and never see each other's hot lists, fence or ledger.
     redis_namespace: str = Field(default=DEFAULT_NAMESPACE, pattern=REDIS_NAMESPACE.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # json: one JSON object per line (what log collectors want); console: one readable
+    # line per event (`keydispenser up` uses it on a terminal).
+    log_format: Literal["json", "console"] = "json"
     # Per logger (and the loggers below it), overriding log_level: {"shared.leasing":
     # "DEBUG"} logs every machine-ID lease renewal, for an audit of who held an ID when.
     log_levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = Field(

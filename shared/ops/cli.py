@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import os
+import secrets
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +30,7 @@ from shared import logs
 from shared.domain.apikeys import config_entry, new_api_key
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.settings import Settings, describe, load_settings
+from shared.ops import stack
 from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
 
 Handler = Callable[[Settings, argparse.Namespace], None]
@@ -143,6 +146,30 @@ def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
     print(entry, end="")
 
 
+SECRET_ADVICE = """\
+This is a permutation key: set it as KD_PERMUTATION_KEY (or permutation_key) for migrate,
+keygen and fill. It defines the keyspace of every permuted type: keep it for as long as
+the types live, the same in every environment that shares their keys, and back it up
+where your other secrets live (a vault, a sealed secret): without it no new key of an
+existing type can be made, and anyone who has it can guess keys. Never change it in
+place (migrate refuses a changed one once keys exist)."""
+
+
+def run_secret(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.up import write_secret
+
+    key = secrets.token_urlsafe(48)
+    if args.out:
+        path = Path(args.out)
+        if path.exists():
+            raise ConfigError(f"--out: {path} exists; refusing to replace a permutation key")
+        write_secret(path, key + "\n")
+        print(f"permutation key written to {path} (mode 0600)\n")
+    else:
+        print(f"{key}\n")
+    print(SECRET_ADVICE)
+
+
 def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.status import fence_postgres
 
@@ -180,6 +207,12 @@ def run_up(settings: Settings, args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="keydispenser", description=__doc__.split("\n")[0])
     top.add_argument("--config", help="YAML configuration file (default: $KD_CONFIG or built-in)")
+    top.add_argument(
+        "--data-dir",
+        dest="stack_dir",
+        help="use the stack `keydispenser up --data-dir DIR` runs (default: ./.keydispenser)",
+    )
+    top.add_argument("--env-file", help="use the settings of this stack file (stack.env)")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _command(commands, "migrate", run_migrate, "create or update the schema (idempotent)")
     _command(commands, "keygen", run_keygen, "run a keygen process")
@@ -191,6 +224,8 @@ def parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_drill(commands)
     _add_apikey(commands)
+    secret = _command(commands, "secret", run_secret, "generate a permutation key, with advice")
+    secret.add_argument("--out", help="write it to this new file (mode 0600) instead")
     _add_fence_postgres(commands)
     _add_retire(commands)
     _add_lease(commands)
@@ -366,14 +401,40 @@ def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     up.add_argument("--redis-url", help="use this Redis instead of an embedded one")
 
 
+# The stores each command reaches (and so must have been named: stack.py).
+COMMAND_STORES: dict[str, frozenset[str]] = {
+    "migrate": frozenset({"postgres"}),
+    "keygen": frozenset({"postgres", "redis"}),
+    "keysync": frozenset({"postgres", "redis"}),
+    "dispenser": frozenset({"redis"}),
+    "status": frozenset({"postgres", "redis"}),
+    "fill": frozenset({"postgres", "redis"}),
+    "bench": frozenset({"postgres", "redis"}),
+    "fence-postgres": frozenset({"postgres", "redis"}),
+    "retire": frozenset({"postgres", "redis"}),
+    "lease": frozenset({"redis"}),
+}
+# KD_ variables that are not settings: the configuration file, test hooks, what
+# `keydispenser lease` gives its command, bench internals.
+OTHER_VARIABLES = frozenset(
+    {
+        "KD_CONFIG",
+        "KD_FAULT_POINT",
+        "KD_EMBEDDED_RUNTIME",
+        "KD_MACHINE_ID",
+        "KD_MACHINE_ID_POOL",
+        "KD_MACHINE_ID_FLOOR_MS",
+        "KD_BENCH_BASELINE_DSN",
+    }
+)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     settings: Settings | None = None
     try:
-        settings = load_settings(args.config)
-        if args.config:  # worker processes (dispenser.workers > 1) read the same file
-            os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
-        logs.configure(args.command, settings.log_level, settings.log_levels)
+        settings = _settings(args)
+        logs.configure(args.command, settings.log_level, settings.log_levels, settings.log_format)
         args.func(settings, args)
     except ConfigError as exc:
         print(f"keydispenser: configuration error: {exc}", file=sys.stderr)
@@ -407,6 +468,45 @@ DRIVER_ERRORS: tuple[type[Exception], ...] = (
 
 # What a command can meet from outside: unreachable servers, missing databases, bad DSNs.
 OPERATOR_ERRORS: tuple[type[Exception], ...] = (*DRIVER_ERRORS, OSError, ValueError, OverflowError)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The settings a command runs with: its stack's (``up``'s, unless it is ``up``)
+    under the environment, the configuration file, and a refusal when a store it
+    reaches was named by nobody."""
+    stale = None
+    if args.command not in ("up", "drill"):
+        found = stack.find(args.env_file, args.stack_dir)
+        if found is not None and found.running:
+            stack.apply(found, os.environ)
+        stale = found
+    if args.config and not Path(args.config).is_file():
+        raise ConfigError(f"--config: configuration file not found: {args.config}")
+    _warn_unknown_variables(os.environ)
+    settings = load_settings(args.config)
+    named = stack.named_stores(args.config, os.environ)
+    needs = COMMAND_STORES.get(args.command, frozenset())
+    stack.require_named(f"keydispenser {args.command}", set(needs), named, stale)
+    if args.config:  # worker processes (dispenser.workers > 1) read the same file
+        os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
+    if args.command == "up" and "KD_LOG_FORMAT" not in os.environ and sys.stderr.isatty():
+        # A person at a terminal: one readable line per event (for up and its children).
+        settings = settings.model_copy(update={"log_format": "console"})
+    return settings
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """One line per KD_ variable that maps to no setting (a typo is otherwise silent)."""
+    known = {f"KD_{name.upper()}" for name in Settings.model_fields}
+    for name in sorted(environ):
+        if not name.startswith("KD_") or name in OTHER_VARIABLES or name.startswith("KD_TEST_"):
+            continue
+        top = name.split("__", 1)[0]
+        if top in known:
+            continue
+        near = difflib.get_close_matches(top, sorted(known), n=1)
+        hint = f" (did you mean {near[0] + name[len(top) :]}?)" if near else ""
+        print(f"keydispenser: warning: {name} matches no setting{hint}", file=sys.stderr)
 
 
 def where(url: str) -> str:

@@ -120,10 +120,11 @@ def listening(port: int, timeout_s: float, process: subprocess.Popen[bytes] | No
     return False
 
 
-def serving(url: str, timeout_s: float) -> bool:
-    """Poll ``url`` until it answers 200 (True) or ``timeout_s`` passes (False)."""
+def serving(url: str, timeout_s: float, stopping: Callable[[], bool] = lambda: False) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``timeout_s`` passes or ``stopping()``
+    (False)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
             if reply.status == 200:
                 return True

@@ -8,17 +8,22 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from types import FrameType
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
 from shared.domain.errors import KeydispenserError
 from shared.domain.settings import Settings
+from shared.ops import stack
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
@@ -44,13 +49,69 @@ def permutation_key(settings: Settings, data_dir: Path) -> str:
     return path.read_text().strip()
 
 
-def greeting(settings: Settings, base: str) -> str:
-    """What ``up`` prints once the dispenser serves: where, and a request to try."""
+def greeting(settings: Settings, base: str, dsn: str = "", url: str = "", env: str = "") -> str:
+    """What ``up`` prints once the dispenser serves: where everything is, and the next
+    commands to try (plain text, whatever the log format)."""
     lines = [f"keydispenser is up: {base}  (Ctrl-C stops everything)"]
-    first = next(iter(settings.id_types), None)
-    if first is not None:  # a configuration may define no type at all
-        lines.append(f"  try: curl -X POST {base}/v1/idgenerator/{first}/id")
+    for label, value in (("PostgreSQL", dsn), ("Redis", url), ("settings", env)):
+        if value:
+            lines.append(f"  {label:<11} {value}")
+    if env:
+        lines.append("  (every keydispenser command run in this directory uses these settings)")
+    lines.append("Try:")
+    pooled = [n for n, c in settings.id_types.items() if c.kind != "snowflake"]
+    minted = [n for n, c in settings.id_types.items() if c.kind == "snowflake"]
+    if pooled:  # a configuration may define no type at all
+        lines.append(f"  curl -X POST {base}/v1/idgenerator/{pooled[0]}/id")
+        lines.append(f"  curl -X POST '{base}/v1/keys/{pooled[-1]}?count=5'")
+    command = invocation()
+    if minted:
+        lines.append(f"  curl -X POST {base}/v1/idgenerator/{minted[0]}/id")
+        lines.append(f"  {command} decode --type {minted[0]} <an {minted[0]} ID>")
+    lines.append(f"  {command} status")
+    lines.append(f"  curl {base}/openapi.json  (the API), curl {base}/metrics")
     return "\n".join(lines)
+
+
+def invocation() -> str:
+    """How the user ran keydispenser (``.venv/bin/keydispenser`` after ``make up``),
+    so that the commands ``up`` suggests work as printed."""
+    ran = Path(sys.argv[0])
+    if ran.name != "keydispenser":
+        return "keydispenser"
+    found = shutil.which("keydispenser")
+    if found and Path(found).resolve() == ran.resolve():
+        return "keydispenser"
+    with contextlib.suppress(ValueError):
+        return str(ran.resolve().relative_to(Path.cwd()))
+    return str(ran)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``up`` cannot serve on ``host:port`` (None when it can): checked before
+    anything starts, so a taken port costs a second, not a started stack."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"port {port} on {host} is not free ({exc.strerror or exc}): " + (
+                "stop what uses it, or pass --port N"
+            )
+    return None
+
+
+def first_keys_note(settings: Settings, waiting: list[str]) -> str:
+    """What ``up`` waits for: keys of pooled types, a machine-ID lease for snowflake ones."""
+    minted = {n for n, c in settings.id_types.items() if c.kind == "snowflake"}
+    keys = [n for n in waiting if n not in minted]
+    leases = [n for n in waiting if n in minted]
+    parts = []
+    if keys:
+        parts.append(f"generating the first keys of {', '.join(keys)}")
+    if leases:
+        parts.append(f"leasing a machine ID for {', '.join(leases)}")
+    return "keydispenser: " + "; ".join(parts) + "..."
 
 
 def secrets_dir(data_dir: Path) -> Path:
@@ -106,16 +167,25 @@ class Stack:
             log.info("embedded_redis_started", extra={"port": self.redis.port})
         return dsn, url
 
-    def child_env(self, dsn: str, url: str) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            KD_POSTGRES_DSN=dsn,
-            KD_REDIS_URL=url,
-            KD_PERMUTATION_KEY=permutation_key(self.settings, self.data_dir),
-            KD_DISPENSER__PORT=str(self.args.port),
-        )
+    def stack_settings(self, dsn: str, url: str) -> dict[str, str]:
+        """What the stack's processes, and every command run beside it, are given."""
+        found = {
+            "KD_POSTGRES_DSN": dsn,
+            "KD_REDIS_URL": url,
+            "KD_PERMUTATION_KEY": permutation_key(self.settings, self.data_dir),
+            "KD_DISPENSER__HOST": self.settings.dispenser.host,
+            "KD_DISPENSER__PORT": str(self.args.port),
+        }
         if self.args.config:
-            env["KD_CONFIG"] = str(Path(self.args.config).resolve())
+            found["KD_CONFIG"] = str(Path(self.args.config).resolve())
+        elif os.environ.get("KD_CONFIG"):
+            found["KD_CONFIG"] = str(Path(os.environ["KD_CONFIG"]).resolve())
+        return found
+
+    def child_env(self, dsn: str, url: str) -> dict[str, str]:
+        env = dict(os.environ) | self.stack_settings(dsn, url)
+        if "KD_LOG_FORMAT" not in os.environ:  # as up's own: console on a terminal
+            env["KD_LOG_FORMAT"] = self.settings.log_format
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
@@ -133,6 +203,7 @@ class Stack:
 
     def shutdown(self) -> None:
         self.stopping = True
+        stack.remove(self.data_dir)
         stop_processes(self.children.values())
         if self.redis:
             self.redis.stop()
@@ -141,43 +212,63 @@ class Stack:
 
 
 def up(settings: Settings, args: argparse.Namespace) -> None:
-
-    stack = Stack(settings, args)
-    prepare_data_dir(stack.data_dir)
+    taken = port_taken(settings.dispenser.host, args.port)
+    if taken is not None:
+        raise KeydispenserError(taken)
+    stack_obj = Stack(settings, args)
+    prepare_data_dir(stack_obj.data_dir)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stack.stopping = True
+        stack_obj.stopping = True
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        dsn, url = stack.start_servers()
-        env = stack.child_env(dsn, url)
+        dsn, url = stack_obj.start_servers()
+        env = stack_obj.child_env(dsn, url)
         key = SecretStr(env["KD_PERMUTATION_KEY"])
         asyncio.run(
             run_migrate(settings.model_copy(update={"postgres_dsn": dsn, "permutation_key": key}))
         )
+        written = stack.write(stack_obj.data_dir, stack_obj.stack_settings(dsn, url))
         for name in CHILDREN:
-            stack.spawn(name, env)
+            stack_obj.spawn(name, env)
         base = f"http://{settings.dispenser.host}:{args.port}"
-        if not serving(f"{base}/healthz", 30):
+        if not serving(f"{base}/healthz", 30, lambda: stack_obj.stopping):
+            if stack_obj.stopping:
+                return
             raise KeydispenserError("dispenser did not start; see its log above")
         waiting = types_not_serving(f"{base}/readyz", 0)
         if waiting:
-            print(f"keydispenser: generating the first keys of {', '.join(waiting)}...", flush=True)
+            print(first_keys_note(settings, waiting), flush=True)
             # Ctrl-C while waiting stops at once (the children got it too), not after
             # the timeout.
             waiting = types_not_serving(
-                f"{base}/readyz", FIRST_KEYS_TIMEOUT_S, lambda: stack.stopping
+                f"{base}/readyz", FIRST_KEYS_TIMEOUT_S, lambda: stack_obj.stopping
             )
-        if stack.stopping:
+        if stack_obj.stopping:
             return
         if waiting:
             raise KeydispenserError(
                 f"no keys of {', '.join(waiting)} after {FIRST_KEYS_TIMEOUT_S:.0f} s; "
                 "see the keygen and keysync logs above"
             )
-        print(greeting(settings, base), flush=True)
-        stack.supervise(env)
+        print(greeting(settings, base, _shown(dsn), _shown(url), _relative(written)), flush=True)
+        stack_obj.supervise(env)
     finally:
-        stack.shutdown()
+        stack_obj.shutdown()
+
+
+def _shown(url: str) -> str:
+    """A DSN or URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _relative(path: Path) -> str:
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)

@@ -54,7 +54,10 @@ def test_the_blocker_really_blocks() -> None:
 def test_operator_tooling_without_ops_names_the_extra() -> None:
     done = run_without_ops(
         """
+        import os
         from shared.ops import cli
+        os.environ["KD_POSTGRES_DSN"] = "postgresql://nobody@127.0.0.1:1/none"
+        os.environ["KD_REDIS_URL"] = "redis://127.0.0.1:1/0"
         cli.main(["fill", "--type", "farmer", "--count", "1"])
         """
     )

@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 from shared.domain.settings import Settings
-from shared.ops.up import greeting
+from shared.ops.up import first_keys_note, greeting
 
 BASE = "http://127.0.0.1:8080"
 
 
-def test_the_request_to_try_uses_the_first_configured_type() -> None:
+def test_the_banner_says_where_everything_is_and_what_to_try() -> None:
     numeric = {"kind": "numeric", "length": 10}
-    settings = Settings.model_validate({"id_types": {"member": numeric, "farmer": numeric}})
-    assert greeting(settings, BASE).splitlines() == [
-        f"keydispenser is up: {BASE}  (Ctrl-C stops everything)",
-        f"  try: curl -X POST {BASE}/v1/idgenerator/member/id",
-    ]
+    snowflake = {"kind": "snowflake"}
+    types = {"member": numeric, "farmer": numeric, "events": snowflake}
+    settings = Settings.model_validate({"id_types": types})
+    dsn, url = "postgresql://postgres@127.0.0.1:5/keydispenser", "redis://127.0.0.1:6/0"
+    lines = greeting(settings, BASE, dsn, url, ".keydispenser/stack.env").splitlines()
+    assert lines[0] == f"keydispenser is up: {BASE}  (Ctrl-C stops everything)"
+    assert f"  PostgreSQL  {dsn}" in lines and f"  Redis       {url}" in lines
+    assert "  settings    .keydispenser/stack.env" in lines
+    assert f"  curl -X POST {BASE}/v1/idgenerator/member/id" in lines
+    assert f"  curl -X POST '{BASE}/v1/keys/farmer?count=5'" in lines
+    assert f"  curl -X POST {BASE}/v1/idgenerator/events/id" in lines
+    assert any(line.endswith("decode --type events <an events ID>") for line in lines)
+    assert any(line.endswith(" status") for line in lines)
 
 
 def test_without_a_type_there_is_no_request_to_try() -> None:
-    assert "try:" not in greeting(Settings.model_validate({"id_types": {}}), BASE)
+    assert "curl -X POST" not in greeting(Settings.model_validate({"id_types": {}}), BASE)
+
+
+def test_the_wait_for_first_keys_says_what_each_type_waits_for() -> None:
+    types = {"farmer": {"kind": "numeric", "length": 10}, "events": {"kind": "snowflake"}}
+    settings = Settings.model_validate({"id_types": types})
+    note = first_keys_note(settings, ["events", "farmer"])
+    assert note == (
+        "keydispenser: generating the first keys of farmer; leasing a machine ID for events..."
+    )
