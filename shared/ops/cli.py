@@ -173,7 +173,7 @@ def run_secret(settings: Settings, args: argparse.Namespace) -> None:
 def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.status import fence_postgres
 
-    report = asyncio.run(fence_postgres(settings, args.skip_ranges))
+    report = asyncio.run(fence_postgres(settings, args.skip_ranges, args.take_over))
     print(json.dumps(report, indent=2))
 
 
@@ -345,6 +345,12 @@ def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentPa
         required=True,
         type=_whole,
         help="extra ranges every sequence skips past the highest lease on record",
+    )
+    fence.add_argument(
+        "--take-over",
+        action="store_true",
+        help="fence even when the record follows a newer timeline or another database: "
+        "this database is the one from now on (a restore, a move to a new cluster)",
     )
 
 

@@ -104,15 +104,20 @@ def _written(fence: dict[str, Any]) -> bool:
     return fence["server"] is not None and fence["server"]["timeline"] != 0
 
 
-async def fence_postgres(settings: Settings, skip_ranges: int) -> dict[str, Any]:
+async def fence_postgres(
+    settings: Settings, skip_ranges: int, take_over: bool = False
+) -> dict[str, Any]:
     """The operator's fence after a halt: unconditional, sequences moved ``skip_ranges``
-    ranges past the highest lease on record."""
+    ranges past the highest lease on record; ``take_over``: whatever timeline or database
+    the record follows (the operator asserts this database is the one from now on)."""
     id_types = build_id_types(settings, generating=False)
     cold = await ColdStore.connect(settings.postgres_dsn)
     sync = SyncRecord.from_settings(settings)
     try:
-        await bind(cold, sync, settings.redis_namespace)
-        report = await settle(cold, sync, id_types, skip_ranges=skip_ranges)
+        # A take-over binds the namespace to this database (the fence's claim does it on
+        # the Redis side); otherwise both sides must already agree.
+        await bind(cold, None if take_over else sync, settings.redis_namespace)
+        report = await settle(cold, sync, id_types, skip_ranges=skip_ranges, take_over=take_over)
     finally:
         await cold.close()
         await sync.close()

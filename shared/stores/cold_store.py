@@ -178,9 +178,17 @@ COMMAND_TIMEOUT_S = 30.0
 
 
 class ColdStore:
-    def __init__(self, pool: asyncpg.Pool, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        dsn: str | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
+        self.dsn = dsn  # what it connects to (the fence asks every host of it)
+        self.connect_timeout_s = connect_timeout_s
         # How long a take's transaction may stay open and idle (0: no limit).
         self.open_take_idle_limit_s = OPEN_TAKE_IDLE_LIMIT_S
 
@@ -211,7 +219,7 @@ class ColdStore:
                 )
         except SchemaError as exc:
             raise SchemaError(f"postgres {where(dsn)}: {exc.__cause__}: {NO_DATABASE}") from exc
-        return cls(pool, command_timeout_s)
+        return cls(pool, command_timeout_s, dsn, connect_timeout_s)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -264,6 +272,7 @@ class ColdStore:
             conn = await self._pool.acquire()
         try:
             async with translated("insert_keys"), conn.transaction():
+                await conn.execute(sql.LIMIT_COPY, str(round(self._timeout_s * 1000)))
                 if int(await conn.fetchval(sql.LOCK_FENCES)) != leased.fences:
                     raise RangeFenced(id_type.name, leased.start)
                 copy = conn.copy_records_to_table(

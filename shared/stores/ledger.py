@@ -170,13 +170,13 @@ async def _apply_early_marks(
 async def _keep_early_marks(
     conn: asyncpg.Connection, name: str, marks: Used, missing: set[str]
 ) -> None:
-    """Marks of keys with no issue row yet: kept until it comes (the first one wins)."""
+    """Marks of keys with no issue row yet: kept until it comes (each marker's first)."""
     if not missing:
         return
-    first: dict[str, int] = {}
-    for i, key in enumerate(marks.keys):
+    first: dict[tuple[str, str], int] = {}
+    for i, (key, client) in enumerate(zip(marks.keys, marks.clients, strict=True)):
         if key in missing:
-            first.setdefault(key, i)
+            first.setdefault((key, client), i)
     rows = list(first.values())
     await conn.execute(
         sql.INSERT_EARLY_MARKS,

@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 from shared.domain.settings import Settings
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import RedisPort
+from shared.stores.redis_scripts import RedisPort, forget_consumer_keys
 
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
 LedgerEntry = tuple[str, dict[str, str]]
@@ -95,7 +95,8 @@ class LedgerStream(RedisPort):
             ):
                 continue
             if int(other["pending"]) == 0:
-                await client.xgroup_delconsumer(stream, LEDGER_GROUP, name)
+                keys = forget_consumer_keys(self.namespace, name)
+                await self._run("forget_consumer", keys, [LEDGER_GROUP, name])
                 continue
             pending = await client.xpending_range(
                 stream, LEDGER_GROUP, "-", "+", count, consumername=name

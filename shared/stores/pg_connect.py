@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -27,6 +27,14 @@ def where(dsn: str) -> str:
     """A DSN without its scheme, credentials and options: host:port/database."""
     parts = urlsplit(dsn)
     return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def any_server(dsn: str) -> str:
+    """``dsn`` without ``target_session_attrs``: a connection to whichever host is named,
+    primary or standby (to ask it which it is)."""
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "target_session_attrs"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def dsn_hosts(dsn: str) -> list[tuple[str, int | None]]:

@@ -26,12 +26,15 @@ Keys already in Redis are not touched. docs/reliability.md explains the design.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import asyncpg
 
 from shared.domain.errors import (
     FenceHalted,
@@ -42,6 +45,7 @@ from shared.domain.errors import (
 from shared.domain.idtypes import IdType
 from shared.stores import sql
 from shared.stores.cold_store import (
+    DRIVER_ERRORS,
     ColdStore,
     LeasedRange,
     OpenTake,
@@ -49,12 +53,17 @@ from shared.stores.cold_store import (
     one_row,
     translated,
 )
+from shared.stores.pg_connect import any_server, dsn_hosts
 from shared.stores.sync_record import NO_STAMP, UNGUARDED, Record, Stamp, SyncRecord
 
 log = logging.getLogger(__name__)
 # How often a fence reads the record again when its claim found a lease recorded since.
 CLAIM_ATTEMPTS = 5
 HALT_REASON = "redis and postgres both lost state; postgres forked since its last guarded write"
+SPLIT_HALT_REASON = (
+    "redis lost state while two postgres primaries take writes (a split brain): no record "
+    "can be rebuilt from either; demote the old one, then fence"
+)
 
 
 @dataclass(frozen=True)
@@ -128,30 +137,41 @@ class _Moved(Exception):
 async def settle(
     cold: ColdStore,
     sync: SyncRecord,
-    id_types: dict[str, IdType],
+    id_types: dict[str, IdType] | None = None,
     *,
     skip_ranges: int | None = None,
+    take_over: bool = False,
 ) -> FenceReport | None:
     """Bring the record and this server into agreement (module docstring); the
     report of the fence when one ran (None otherwise).
 
     ``skip_ranges`` is the operator's command after a halt: fence unconditionally and
-    move every sequence that many extra ranges on.
+    move every sequence that many extra ranges on; with ``take_over`` the operator also
+    asserts that this database is the one from now on, whatever timeline or database
+    the record follows (a restore onto an older timeline, a dump moved to a new
+    cluster). The fence covers every type the database holds (``id_types`` is kept for
+    callers; the database says which types there are).
     """
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            return await _settle_once(cold, sync, id_types, skip_ranges)
+            return await _settle_once(cold, sync, skip_ranges, take_over)
         except _Moved:
-            log.info("postgres_fence_reread", extra={"reason": "a lease was recorded meanwhile"})
+            log.info("postgres_fence_reread", extra={"reason": "the record changed meanwhile"})
     raise PostgresBehind(f"the record kept moving during {CLAIM_ATTEMPTS} fence attempts")
 
 
+# How long a fence's transaction may wait for the clock row's lock, or sit idle holding
+# it (sql.LIMIT_FENCE): every lease and take on the server waits for it.
+FENCE_LIMIT_MS = 10_000
+
+
 async def _settle_once(
-    cold: ColdStore, sync: SyncRecord, id_types: dict[str, IdType], skip_ranges: int | None
+    cold: ColdStore, sync: SyncRecord, skip_ranges: int | None, take_over: bool
 ) -> FenceReport | None:
     operator = skip_ranges is not None
-    report = None
+    report, vouched, halt = None, None, ""
     async with cold.connection() as conn, translated("postgres_fence"), conn.transaction():
+        await conn.execute(sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
         row = _clock_row(one_row(await conn.fetchrow(sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
         record = await sync.read()  # under the lock it fences under
         if record.halted and not operator:
@@ -160,12 +180,19 @@ async def _settle_once(
         if found == "ok" and record.fence_needed:
             found = "stamp"  # a stamp proved a commit this server lacks
         _refuse(found, row, record)
-        if found == "vouch":
-            await _vouch(conn, sync, row)
-        elif found not in ("ok", "halt"):
-            report = await _fence(conn, sync, row, record, id_types, found, skip_ranges or 0)
-    if found == "halt":
-        await _halt(sync)
+        if found == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):
+            halt = SPLIT_HALT_REASON
+        elif found == "vouch":
+            vouched = await _vouch_stamp(conn)
+        elif found == "halt":
+            halt = HALT_REASON
+        elif found != "ok":
+            mode = "take_over" if take_over else ("operator" if operator else "automatic")
+            report = await _fence(conn, sync, row, record, found, skip_ranges or 0, mode)
+    if vouched is not None:  # committed first: PostgreSQL ahead of the record is harmless
+        await _record_vouch(sync, row, *vouched)
+    if halt:
+        await _halt(sync, halt)
     if report is not None:
         log.warning("postgres_fenced", extra=_fields(report))
     return report
@@ -177,7 +204,8 @@ def _refuse(found: str, row: ClockRow, record: Record) -> None:
         raise NamespaceBound(
             f"redis_namespace: bound to database {record.database}; this PostgreSQL is "
             f"{row.database} (one namespace, one database: point postgres_dsn at the bound "
-            "database, or use another redis_namespace)"
+            "database, or use another redis_namespace; after moving the data to a new "
+            "cluster: keydispenser fence-postgres --skip-ranges N --take-over)"
         )
     if found == "superseded":
         log.critical(
@@ -189,10 +217,38 @@ def _refuse(found: str, row: ClockRow, record: Record) -> None:
         )
 
 
-async def _vouch(conn: Any, sync: SyncRecord, row: ClockRow) -> None:
-    """Rebuild the record from this server, under the lock (nothing else writes here)."""
+async def _another_primary(conn: Any, dsn: str | None, timeout_s: float) -> bool:
+    """Whether another host of a multi-host DSN is a writable primary too (a split
+    brain): then no record can be rebuilt from this one, which may be the old one."""
+    hosts = dsn_hosts(dsn or "")
+    if len(hosts) < 2 or dsn is None:
+        return False
+    here = await conn.fetchval(sql.SELECT_SERVER_STARTED)
+    for host, port in hosts:
+        with contextlib.suppress(*DRIVER_ERRORS):
+            other = await asyncpg.connect(any_server(dsn), host=host, port=port, timeout=timeout_s)
+            try:
+                found = await other.fetchrow(sql.SELECT_IS_PRIMARY)
+            finally:
+                await other.close()
+            if found is not None and found["primary"] and found["started"] != here:
+                log.critical("postgres_two_primaries", extra={"host": host, "port": port})
+                return True
+    return False
+
+
+async def _vouch_stamp(conn: Any) -> tuple[Stamp, dict[str, int]]:
+    """Under the lock: this server's stamp, and the highest counter its history leased
+    per type; recorded in Redis once the transaction committed."""
     stamp = Stamp.of(one_row(await conn.fetchrow(sql.VOUCH), "vouch"))
     highs = {r["id_type"]: int(r["highest"]) for r in await conn.fetch(sql.SELECT_LEASED_HIGHS)}
+    return stamp, highs
+
+
+async def _record_vouch(
+    sync: SyncRecord, row: ClockRow, stamp: Stamp, highs: dict[str, int]
+) -> None:
+    """Rebuild the record from this server (lua/vouch_record.lua)."""
     status = await sync.vouch(stamp, highs)
     if status in ("ok", "trusted"):
         log.info("postgres_vouched", extra={"status": status, "clock": stamp.clock})
@@ -201,10 +257,10 @@ async def _vouch(conn: Any, sync: SyncRecord, row: ClockRow) -> None:
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 
 
-async def _halt(sync: SyncRecord) -> None:
-    await sync.halt(HALT_REASON)
-    log.critical("postgres_fence_halted", extra={"reason": HALT_REASON})
-    raise FenceHalted(HALT_REASON)
+async def _halt(sync: SyncRecord, reason: str) -> None:
+    await sync.halt(reason)
+    log.critical("postgres_fence_halted", extra={"reason": reason})
+    raise FenceHalted(reason)
 
 
 def _fields(report: FenceReport) -> dict[str, object]:
@@ -231,18 +287,21 @@ async def _fence(
     sync: SyncRecord,
     row: ClockRow,
     record: Record,
-    id_types: dict[str, IdType],
     reason: str,
     skip_ranges: int,
+    mode: str,
 ) -> FenceReport:
-    """Discard, move the sequences, reset the clock, then claim the record (still under
-    the lock: the claim lands before the commit, or the fence rolls back)."""
+    """Discard, move the sequences of every type the database holds, reset the clock,
+    then claim the record (still under the lock: the claim lands before the commit, or
+    the fence rolls back)."""
     discarded: dict[str, int] = {}
     starts: dict[str, int] = {}
-    for id_type in id_types.values():
-        discarded[id_type.name] = await _discard_cold(conn, id_type.name)
-        floor = record.leased.get(id_type.name, 0)
-        starts[id_type.name] = await _advance_sequence(conn, id_type, floor, skip_ranges)
+    for held in await conn.fetch(sql.SELECT_FENCED_TYPES):
+        name = str(held["name"])
+        if held["has_cold"]:
+            discarded[name] = await _discard_cold(conn, name)
+        floor = record.leased.get(name, 0)
+        starts[name] = await _advance_sequence(conn, held, floor, skip_ranges)
     stamp_row = one_row(
         await conn.fetchrow(sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record.clock)),
         "reset_sync_clock",
@@ -250,7 +309,7 @@ async def _fence(
     stamp = Stamp.of(stamp_row)
     detail = {"next_starts": starts, "record_clock": record.clock, "server_clock": row.clock}
     await conn.execute(sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail))
-    claimed = await sync.reset(stamp, record.leased)
+    claimed = await sync.reset(stamp, record.leased, mode)
     if claimed == "moved":
         raise _Moved()
     _refuse(claimed, row, await sync.read())
@@ -266,19 +325,18 @@ async def _discard_cold(conn: Any, name: str) -> int:
     return int(await conn.fetchval(sql.for_type(sql.DISCARD_COLD, name)))
 
 
-async def _advance_sequence(conn: Any, id_type: IdType, floor: int, skip_ranges: int) -> int:
-    """Move the sequence so the next lease starts at or after ``floor`` (plus any
-    ranges the operator skips); forward only. Returns the next lease's start."""
-    size = id_type.config.range_size
-    state = one_row(
-        await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name)), "sequence"
-    )
-    next_start = int(state["last_value"]) + size if state["is_called"] else 0
+async def _advance_sequence(conn: Any, held: Any, floor: int, skip_ranges: int) -> int:
+    """Move a type's sequence so the next lease starts at or after ``floor`` (plus any
+    ranges the operator skips); forward only. Returns the next lease's start. ``held``:
+    the type's row of SELECT_FENCED_TYPES (range size and domain from its sequence)."""
+    size, top = int(held["increment_by"]), int(held["max_value"])
+    last = held["last_value"]
+    next_start = int(last) + size if last is not None else 0
     target = max(floor, next_start) + skip_ranges * size
     if target > next_start:
-        last = min(target - size, id_type.domain_size - 1)
-        await conn.execute(sql.for_type(sql.SET_SEQUENCE, id_type.name), last)
-        return last + size
+        value = min(target - size, top)
+        await conn.execute(sql.for_type(sql.SET_SEQUENCE, str(held["name"])), value)
+        return value + size
     return next_start
 
 
@@ -325,7 +383,7 @@ class GuardedCold:
         """Settle this server and the record (``settle``); the fence's report if one ran."""
         if self._sync is None:
             return None
-        report = await settle(self.cold, self._sync, self._types)
+        report = await settle(self.cold, self._sync)
         if report is not None and self._on_fence is not None:
             self._on_fence(report)
         return report

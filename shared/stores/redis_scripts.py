@@ -27,7 +27,7 @@ from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
 from shared.stores.script_line import LineScript, ScriptLine
 
-UNFENCED = frozenset({"nudge"})
+UNFENCED = frozenset({"nudge", "forget_consumer"})
 # Helpers some scripts need besides the fence's, prepended after them.
 HELPERS = {
     script: ("lease",)
@@ -108,6 +108,10 @@ def lease_release_keys(ns: str, pool: str) -> list[str]:
 
 def lease_holders_keys(ns: str, pool: str) -> list[str]:
     return _lease_slots(ns, pool)
+
+
+def forget_consumer_keys(ns: str, consumer: str) -> list[str]:
+    return [redis_keys.ledger_stream_key(ns), redis_keys.ledger_consumer_key(ns, consumer)]
 
 
 def nudge_keys(ns: str) -> list[str]:

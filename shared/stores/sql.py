@@ -170,27 +170,34 @@ RETURNING l.key
 LOCK_LEDGER: Final = "SELECT pg_advisory_xact_lock($1)"
 
 # $1: id type, $2 keys, $3 use times, $4 marking clients, $5 whether each may mark any
-# key (arrays). Marks of keys with no issue row yet: kept until the row comes (the
-# first mark of a key wins).
+# key (arrays). Marks of keys with no issue row yet: kept until the row comes (each
+# marker's first mark of a key).
 INSERT_EARLY_MARKS: Final = """
 INSERT INTO kd_ledger_early_marks (id_type, key, used_at, used_by, admin)
 SELECT $1, * FROM unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[])
-ON CONFLICT (id_type, key) DO NOTHING
+ON CONFLICT (id_type, key, used_by) DO NOTHING
 """
 
-# $1: id type, $2: keys whose issue rows were just inserted. Applies the marks that
-# came before them (by the client a key was issued to, or one with ledger permission;
-# the rest are refused) and removes them. One row: marks found, marks applied.
+# $1: id type, $2: keys whose issue rows were just inserted. Applies, per key, the
+# earliest of the marks that came before them by the client the key was issued to or
+# one with ledger permission (the others are refused), and removes them all. One row:
+# marks found, marks applied.
 APPLY_EARLY_MARKS: Final = """
 WITH early AS (
     DELETE FROM kd_ledger_early_marks AS e
     WHERE e.id_type = $1 AND e.key = ANY($2::text[])
     RETURNING e.key, e.used_at, e.used_by, e.admin
 ),
+chosen AS (
+    SELECT DISTINCT ON (early.key) early.key, early.used_at, early.used_by
+    FROM early JOIN {ledger} AS l ON l.key = early.key
+    WHERE early.admin OR l.client = early.used_by
+    ORDER BY early.key, early.used_at, early.used_by
+),
 applied AS (
-    UPDATE {ledger} AS l SET used_at = early.used_at, used_by = early.used_by
-    FROM early
-    WHERE l.key = early.key AND l.used_at IS NULL AND (early.admin OR l.client = early.used_by)
+    UPDATE {ledger} AS l SET used_at = chosen.used_at, used_by = chosen.used_by
+    FROM chosen
+    WHERE l.key = chosen.key AND l.used_at IS NULL
     RETURNING l.key
 )
 SELECT (SELECT count(*) FROM early) AS found, (SELECT count(*) FROM applied) AS applied
@@ -394,6 +401,42 @@ RETURNING c.timeline, c.fork, c.clock, c.fences, """
     + DATABASE_IDENTITY
     + """ AS database
 """
+)
+
+# No parameters. Every pooled type this database holds (migrated, not retired), with
+# what its sequence says: the fence covers them all, whatever the configuration of
+# the process that runs it (a rolling update may have added one it does not know).
+SELECT_FENCED_TYPES: Final = """
+SELECT t.name, s.increment_by, s.max_value, s.last_value,
+       to_regclass('kd_cold_' || t.name) IS NOT NULL AS has_cold
+FROM kd_id_types AS t
+JOIN pg_sequences AS s
+  ON s.schemaname = current_schema() AND s.sequencename = 'kd_seq_' || t.name
+ORDER BY t.name
+"""
+
+# No parameters. This server, told apart from the other hosts of a multi-host DSN.
+SELECT_SERVER_STARTED: Final = "SELECT pg_postmaster_start_time()::text"
+
+# No parameters. Whether a server is a writable primary.
+SELECT_IS_PRIMARY: Final = (
+    "SELECT NOT pg_is_in_recovery() AS primary, pg_postmaster_start_time()::text AS started"
+)
+
+# $1: milliseconds, as text. First in a fence's (or a vouch's) transaction: it holds the
+# clock row's lock, which every lease and take on the server waits for, so a process
+# paused or cut off inside it must not hold it long: the server ends an idle session
+# after $1, a send to a client gone after $1, and the lock is waited for at most $1.
+LIMIT_FENCE: Final = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
+    " set_config('tcp_user_timeout', $1, true), set_config('lock_timeout', $1, true)"
+)
+
+# $1: milliseconds, as text. First in a COPY's transaction: a keygen paused or cut off
+# in it (holding the lock a fence waits for) is ended by the server after $1.
+LIMIT_COPY: Final = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
+    " set_config('statement_timeout', $1, true)"
 )
 
 # No parameters. The highest counter leased per type, as this server's history has it

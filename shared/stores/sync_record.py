@@ -134,14 +134,15 @@ class SyncRecord(RedisPort):
             )
         return str(status)
 
-    async def reset(self, stamp: Stamp, floors: dict[str, int]) -> str:
+    async def reset(self, stamp: Stamp, floors: dict[str, int], mode: str = "automatic") -> str:
         """A fence claims the record for its server: 'ok', or 'foreign', 'superseded',
-        'moved' (a lease was recorded above ``floors`` since the fence read the record)
-        with nothing changed (lua/reset_record.lua)."""
+        'moved' (a lease was recorded above ``floors`` since the fence read the record, or
+        Redis lost state meanwhile) with nothing changed (lua/reset_record.lua).
+        ``mode``: 'automatic', 'operator' (fence-postgres), 'take_over' (fence-postgres
+        --take-over: database and timeline are the operator's word)."""
+        args = [*stamp.args(), mode, *_pairs(floors)]
         async with self._guard("reset_record"):
-            status, _ = await self._run(
-                "reset_record", record_keys(self.namespace), [*stamp.args(), *_pairs(floors)]
-            )
+            status, _ = await self._run("reset_record", record_keys(self.namespace), args)
         return str(status)
 
     async def halt(self, reason: str) -> None:

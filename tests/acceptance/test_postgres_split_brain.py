@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.domain.errors import PostgresSuperseded, RangeFenced, StoreUnavailable
+from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
 from shared.ops.databases import run_migrate, scratch_database
@@ -222,12 +222,12 @@ class LeasesDuringTheClaim(SyncRecord):
         super().__init__(other.endpoint, other.namespace)
         self.before_claim: list[object] = []
 
-    async def reset(self, stamp: Stamp, floors: dict[str, int]) -> str:
+    async def reset(self, stamp: Stamp, floors: dict[str, int], mode: str = "automatic") -> str:
         while self.before_claim:
             step = self.before_claim.pop()
             assert callable(step)
             await step()
-        return await super().reset(stamp, floors)
+        return await super().reset(stamp, floors, mode)
 
 
 async def test_a_lease_recorded_during_a_fence_moves_the_fence_past_it(
@@ -276,3 +276,30 @@ async def test_a_range_leased_before_a_fence_is_never_copied_after_it(
         assert clock is not None and clock["fences"] == leased.fences + 1
     finally:
         await conn.close()
+
+
+async def test_redis_losing_the_record_during_a_split_brain_halts_both_sides(
+    pair: PostgresPair, split: Split, redis_client: aioredis.Redis
+) -> None:
+    """Redis restarts empty while both primaries take writes: neither may rebuild the
+    record (the old one would set it back to its own timeline and hand out again what
+    the new one did). A process whose DSN names both sees the other writable primary
+    and halts; an operator demotes the old one, then fences."""
+    old, new = split.old, split.new
+    assert split.sync is not None
+    await generate(old, split.sync)
+    await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
+    await pair.pause_replication()
+    await pair.promote_replica()
+    await new.guarded.lease_range(new.farmer, "new-keygen")  # the record follows the new one
+    await redis_client.flushdb()  # Redis restarts without persistence
+    hosts = ",".join(s.settings.postgres_dsn.split("@")[1].split("/")[0] for s in (old, new))
+    dsn = f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=read-write"
+    cold = await ColdStore.connect(dsn, min_size=0, connect_timeout_s=2)
+    try:
+        with pytest.raises(FenceHalted, match="two postgres primaries"):
+            await GuardedCold(cold, split.sync, old.types).take_batch("farmer", 10)
+    finally:
+        await cold.close()
+    record = await split.sync.read()
+    assert record.halted and record.timeline == 0  # nothing was rebuilt from either

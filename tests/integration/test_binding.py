@@ -135,3 +135,30 @@ async def test_another_database_is_refused_at_run_time_without_a_fence(
         await theirs.close()
         await sync.close()
         await hot.close()
+
+
+async def test_an_operator_takes_a_bound_namespace_over_for_a_moved_database(
+    settings: Settings, servers: Servers, second_database: str, redis_client: aioredis.Redis
+) -> None:
+    """The data moved to a new cluster (a dump restored: another system identifier): the
+    operator's fence with --take-over rebinds the namespace to it and fences it; without
+    it, the fence refuses, naming both."""
+    from shared.ops.status import fence_postgres
+
+    sync = SyncRecord.from_settings(settings)
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        await bind(cold, sync, settings.redis_namespace)
+    finally:
+        await cold.close()
+        await sync.close()
+    moved = make_settings(servers, second_database)
+    with pytest.raises(NamespaceBound):
+        await fence_postgres(moved, 1)
+    report = await fence_postgres(moved, 1, take_over=True)
+    assert report["next_starts"]
+    sync = SyncRecord.from_settings(moved)
+    try:
+        assert (await sync.read()).database == await identity(moved.postgres_dsn)
+    finally:
+        await sync.close()

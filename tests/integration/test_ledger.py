@@ -318,3 +318,38 @@ async def test_a_use_that_waited_too_long_for_its_issue_is_forgotten(
     async with cold_store.connection() as conn:
         await conn.execute("UPDATE kd_ledger_early_marks SET received_at = now() - interval '2h'")
     assert await drain.prune(3_600) == 1
+
+
+async def test_an_early_foreign_mark_never_hides_the_owners(
+    drain: LedgerDrain, redis_client: aioredis.Redis, cold_store: ColdStore
+) -> None:
+    """Both marks came before the issue: another client's first, then the owner's. The
+    owner's is applied; the other is refused."""
+    stream = redis_keys.ledger_stream_key(NS)
+    for client in ("intruder", "owner"):
+        used: dict[Any, Any] = {"op": "used", "type": "shortlink", "keys": "L000015"}
+        await redis_client.xadd(stream, used | {"clients": client})
+    await drain_all(drain)
+    issue: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000015"}
+    await redis_client.xadd(stream, issue | {"clients": "owner"})
+    applied = await drain_all(drain)
+    assert sum(a.used for a in applied) == 1 and sum(a.used_refused for a in applied) == 1
+    async with cold_store.connection() as conn:
+        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000015")
+    assert row is not None and row["used_by"] == "owner"
+
+
+async def test_a_stopped_consumer_holding_nothing_is_removed(
+    drain: LedgerDrain, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    gone = LedgerStream(hot.endpoint, hot.namespace)
+    stream, group = redis_keys.ledger_stream_key(NS), "kd-ledger"
+    entry: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000016"}
+    await redis_client.xadd(stream, entry)
+    read = await gone.read("gone-keysync", 10, 10, 30_000)  # joins the group
+    await gone.ack([entry_id for entry_id, _ in read])  # and holds nothing
+    names = {c["name"] for c in await redis_client.xinfo_consumers(stream, group)}
+    assert "gone-keysync" in names
+    await drain.drain_once(block_ms=10)
+    names = {c["name"] for c in await redis_client.xinfo_consumers(stream, group)}
+    assert "gone-keysync" not in names

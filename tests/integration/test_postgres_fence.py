@@ -12,6 +12,7 @@ brain), are in tests/acceptance/test_postgres_split_brain.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,11 +26,11 @@ from keysync.main import Keysync
 from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
-from shared.stores import redis_keys, sql
+from shared.stores import postgres_fence, redis_keys, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold, settle
-from shared.stores.sync_record import SyncRecord
+from shared.stores.sync_record import Record, SyncRecord
 from tests.conftest import NS, Servers
 
 
@@ -237,3 +238,66 @@ async def test_a_take_left_open_cannot_hold_every_other_take_for_long(
         finally:
             await stuck.rollback()  # as above; nothing once the commit was tried
         assert await other.depth("farmer", 10**9) == before - 20  # the two completed takes
+
+
+async def test_a_fence_covers_every_type_the_database_holds(
+    servers: Servers, database: str, settings: Settings, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A process whose configuration lacks a type (an older one, during a rolling
+    update) fences that type too: its cold keys may have been dispensed, its sequence
+    may be behind a lease the promoted server lacks."""
+    types = build_id_types(settings)
+    farmer = types["farmer"]
+    await generate(settings, sync, farmer)
+    await clone(servers, database, f"{database}_replica")
+    before = await refill_and_dispense(settings, settings.postgres_dsn, sync, hot, farmer)
+    await generate(settings, sync, farmer)
+    replica = await promote(servers, database, f"{database}_replica")
+    try:
+        async with cold_at(replica) as cold:
+            shortlink_only = {"shortlink": types["shortlink"]}
+            report = await GuardedCold(cold, sync, shortlink_only).fence()
+            assert report is not None and report.keys_discarded["farmer"] > 0
+            assert report.next_starts["farmer"] >= (await sync.read()).leased["farmer"]
+            assert await cold.depth("farmer", 10**9) == 0
+        assert before
+    finally:
+        await drop(servers, f"{database}_old")
+
+
+class FrozenInTheFence(SyncRecord):
+    """The fence's process freezes (SIGSTOP, a GC pause) right after taking the clock
+    row's lock, when it reads the record."""
+
+    def __init__(self, other: SyncRecord) -> None:
+        super().__init__(other.endpoint, other.namespace)
+        self.frozen = asyncio.Event()
+
+    async def read(self) -> Record:
+        if not self.frozen.is_set():
+            self.frozen.set()
+            await asyncio.sleep(3_600)
+        return await super().read()
+
+
+async def test_a_fence_left_open_cannot_hold_every_lease_and_take_for_long(
+    settings: Settings, sync: SyncRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process paused (or cut off) inside a fence holds the clock row's lock, which
+    every lease and take on the server waits for; the server ends its session after the
+    fence's limit, and they go on."""
+    monkeypatch.setattr(postgres_fence, "FENCE_LIMIT_MS", 1_000)
+    types = build_id_types(settings)
+    await generate(settings, sync, types["farmer"])
+    frozen = FrozenInTheFence(sync)
+    async with cold_at(settings.postgres_dsn) as paused, cold_at(settings.postgres_dsn) as other:
+        fencing = asyncio.ensure_future(settle(paused, frozen))
+        try:
+            await asyncio.wait_for(frozen.frozen.wait(), 10)  # it holds the lock now
+            take = GuardedCold(other, sync, types).take_batch("farmer", 10)
+            keys, _ = await asyncio.wait_for(take, timeout=10)
+            assert len(keys) == 10
+        finally:
+            fencing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
+                await fencing

@@ -161,3 +161,20 @@ async def test_a_fence_claims_the_record_only_with_an_up_to_date_view(sync: Sync
         42,
         {"farmer": 100},
     )
+
+
+async def test_a_fence_never_claims_a_record_redis_lost_meanwhile(
+    sync: SyncRecord, redis_client: aioredis.Redis
+) -> None:
+    """Redis changed identity between the fence's read and its claim (the record turned
+    untrusted, maybe lost leases): the fence reads again rather than certify it. An
+    operator's fence claims it, and gives back the leases it moved past."""
+    await start_record(sync, 3, 0, 39)
+    assert await sync.record_lease("farmer", 100, stamp(3, 0, 40)) == "ok"
+    await redis_client.delete(redis_keys.fence_key(NS))  # a new Redis server
+    await redis_client.hdel(redis_keys.sync_record_key(NS), "leased:farmer")  # lost
+    assert (await sync.read()).untrusted
+    assert await sync.reset(stamp(4, 41, 42), {"farmer": 100}) == "moved"
+    assert await sync.reset(stamp(4, 41, 42), {"farmer": 100}, "operator") == "ok"
+    record = await sync.read()
+    assert not record.untrusted and record.leased == {"farmer": 100}

@@ -15,7 +15,9 @@ CREATE TABLE IF NOT EXISTS kd_binding (
 
 -- A ledger "used" mark that was applied before the issue row it marks (two keysyncs,
 -- or one restarted, draining the stream out of order). It waits here, and is applied
--- in the transaction that inserts the issue row: applying is order-independent.
+-- in the transaction that inserts the issue row: applying is order-independent. One
+-- row per marker: a mark by a client the key was not issued to never hides the
+-- owner's (the earliest authorised one is applied).
 CREATE TABLE IF NOT EXISTS kd_ledger_early_marks (
     id_type      text NOT NULL,
     key          text NOT NULL,
@@ -23,5 +25,5 @@ CREATE TABLE IF NOT EXISTS kd_ledger_early_marks (
     used_by      text NOT NULL,
     admin        boolean NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (id_type, key)
+    PRIMARY KEY (id_type, key, used_by)
 );
