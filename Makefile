@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test mutants lint typecheck check clean
+.PHONY: up test mutants lint typecheck check clean image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+# The container image of every process (deploy/Dockerfile), tagged with the version.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build -f deploy/Dockerfile -t keydispenser:$(VERSION) \
+	  --build-arg BUILD_TIME="$$(date -u +%FT%TZ)" \
+	  --build-arg GIT_COMMIT="$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

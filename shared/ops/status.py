@@ -65,11 +65,23 @@ def snowflake_status(settings: Settings) -> dict[str, Any]:
     return report
 
 
+STATUS_COLUMNS = (
+    "hot_depth",
+    "cold_depth",
+    "ranges_leased",
+    "ranges_filled",
+    "counters_headroom",
+    "headroom_%",
+    "acceptance_rate",
+    "estimated_keys_left",
+)
+
+
 def format_status(report: dict[str, Any]) -> str:
-    columns = ("hot_depth", "cold_depth", "ranges_leased", "ranges_filled", "counters_headroom")
-    lines = ["id_type".ljust(16) + "".join(c.rjust(20) for c in (*columns, "headroom_%"))]
+    """Every column the JSON has per type (README, Commands), one row per type."""
+    lines = ["id_type".ljust(16) + "".join(c.rjust(20) for c in STATUS_COLUMNS)]
     for name, row in report["id_types"].items():
-        cells = [str(row[c]) for c in columns] + [f"{100 * row['headroom_fraction']:.4f}"]
+        cells = [_cell(row, column) for column in STATUS_COLUMNS]
         lines.append(name.ljust(16) + "".join(cell.rjust(20) for cell in cells))
     for name, row in report.get("snowflake_types", {}).items():
         lo, hi = row["machine_ids"]
@@ -79,6 +91,15 @@ def format_status(report: dict[str, Any]) -> str:
         )
     lines.append(_fence_line(report["postgres_fence"]))
     return "\n".join(lines)
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "headroom_%":
+        return f"{100 * row['headroom_fraction']:.4f}"
+    value = row[column]
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _fence_line(fence: dict[str, Any]) -> str:
