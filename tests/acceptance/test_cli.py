@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import signal
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.domain.settings import Settings
+from shared.ops.databases import drop_database, scratch_database
 from shared.ops.processes import run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
@@ -333,3 +336,28 @@ def test_up_announces_itself_only_when_every_type_serves(
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(60)
+
+
+def test_errors_name_the_next_step(settings: Settings, servers: Servers, tmp_path: Path) -> None:
+    """A missing schema says to migrate; a missing --config file says it was --config; a
+    misspelt KD_ variable is pointed out, with the setting it probably meant."""
+    empty = "kd_unmigrated_" + str(os.getpid())
+    admin_dsn = settings.postgres_dsn.rsplit("/", 1)[0] + "/postgres"
+    asyncio.run(scratch_database(admin_dsn, empty))
+    try:
+        env = process_env(
+            settings,
+            write_config(settings, tmp_path / "c.yaml"),
+            KD_POSTGRES_DSN=settings.postgres_dsn.rsplit("/", 1)[0] + "/" + empty,
+            KD_DISPENSR__PORT="9000",
+        )
+        status = run_cli("status", env=env)
+        assert status.returncode == 1
+        assert "run `keydispenser migrate`" in status.stderr.splitlines()[-1]
+        assert "KD_DISPENSR__PORT matches no setting" in status.stderr
+        assert "did you mean KD_DISPENSER__PORT?" in status.stderr
+        missing = run_cli("--config", "/nowhere/kd.yaml", "status", env=env)
+        assert missing.returncode == 2
+        assert "--config: configuration file not found: /nowhere/kd.yaml" in missing.stderr
+    finally:
+        asyncio.run(drop_database(admin_dsn, empty))
