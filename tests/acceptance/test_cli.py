@@ -338,7 +338,7 @@ def test_up_announces_itself_only_when_every_type_serves(
         up.wait(60)
 
 
-def test_errors_name_the_next_step(settings: Settings, servers: Servers, tmp_path: Path) -> None:
+def test_errors_name_the_next_step(settings: Settings, tmp_path: Path) -> None:
     """A missing schema says to migrate; a missing --config file says it was --config; a
     misspelt KD_ variable is pointed out, with the setting it probably meant."""
     empty = "kd_unmigrated_" + str(os.getpid())
