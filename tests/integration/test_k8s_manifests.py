@@ -40,7 +40,7 @@ Doc = dict[str, Any]
 def render(directory: Path) -> list[Doc]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        assert not os.environ.get("KD_REQUIRE_KUBECTL"), "kubectl is required here"
+        assert not os.environ.get("KD_TEST_REQUIRE_KUBECTL"), "kubectl is required here"
         pytest.skip("kubectl is not installed (.ci/run installs it)")
     out = subprocess.run(
         [kubectl, "kustomize", str(directory)],

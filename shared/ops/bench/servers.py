@@ -1,7 +1,10 @@
-"""The two comparison servers of ``keydispenser bench dispense``.
+"""The comparison servers of ``keydispenser bench dispense``.
 
-``bare``: a Starlette endpoint returning a constant JSON body: the HTTP ceiling of
-uvicorn + Starlette on this machine. ``pg_baseline``: IDs issued from PostgreSQL per
+The bare apps answer every request with a constant JSON body, each the ceiling of one
+way of serving HTTP on this machine: ``bare`` a Starlette endpoint (uvicorn +
+Starlette), ``bare_asgi`` a pure ASGI app (the server alone: uvicorn's ceiling, which
+the dispenser on uvicorn is compared with) and ``bare_rsgi`` a pure RSGI app (granian's
+ceiling, which the dispenser on granian is compared with). ``pg_baseline``: IDs issued from PostgreSQL per
 request with ``SELECT ... FOR UPDATE SKIP LOCKED`` + ``UPDATE``, the way the reference
 OpenG2P ID Generator issues them (on asyncpg, a faster driver than the reference's).
 Both are run by uvicorn; `bare` also by granian, with the options the dispenser uses.
@@ -9,15 +12,18 @@ Both are run by uvicorn; `bare` also by granian, with the options the dispenser 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 BASELINE_TABLE = "kd_bench_pg_ids"
 BASELINE_DSN_ENV = "KD_BENCH_BASELINE_DSN"
@@ -51,6 +57,39 @@ async def constant(request: Request) -> Response:
 
 def bare() -> Starlette:
     return Starlette(routes=[Route("/v1/idgenerator/{id_type}/id", constant, methods=["POST"])])
+
+
+BODY_BYTES = json.dumps(BODY, separators=(",", ":")).encode()
+_ASGI_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(BODY_BYTES)).encode()),
+]
+_RSGI_HEADERS = [("content-type", "application/json")]
+
+
+async def _bare_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            kind = message["type"].rpartition(".")[2]  # startup or shutdown
+            await send({"type": f"lifespan.{kind}.complete"})
+            if kind == "shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": _ASGI_HEADERS})
+    await send({"type": "http.response.body", "body": BODY_BYTES})
+
+
+def bare_asgi() -> ASGIApp:
+    return _bare_asgi
+
+
+class _BareRsgi:
+    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+        protocol.response_bytes(200, _RSGI_HEADERS, BODY_BYTES)
+
+
+def bare_rsgi() -> _BareRsgi:
+    return _BareRsgi()
 
 
 async def issue_from_postgres(request: Request) -> Response:
