@@ -2,9 +2,10 @@
 
 The two allocation routes are the hot path: one coalesced Redis call serves many
 concurrent requests, and their bodies are written as bytes (keys are drawn from
-URL-safe alphabets, so they never need JSON escaping). ``create_app`` wraps the
-Starlette app in ``dispenser.fastpath.FastPath``, which answers most single-ID
-requests before the route table is reached.
+URL-safe alphabets, so they never need JSON escaping). "One ID" is answered by
+``dispenser.single``; ``create_app`` wraps the Starlette app in
+``dispenser.fastpath.FastPath``, which carries that answer before the route table is
+reached (the route here carries the same answer for a request the fast path leaves).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -29,23 +31,26 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispenser import envelope, openg2p
+from dispenser import envelope, openg2p, single
 from dispenser.clock_hook import arm as arm_clock_hook
 from dispenser.clock_hook import clock_from_environment
 from dispenser.envelope import BodyTooLarge, ClientGone
-from dispenser.fastpath import ALLOCATE_ONE, FastPath, crashed, one_id, refusal
+from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
-from dispenser.service import Dispenser
+from dispenser.service import Dispenser, Stores
 from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.leases import lease_wait
 from shared.domain.settings import Settings
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
+from shared.domain.tiers import Popped
 from shared.leasing import LeaseMetrics
-from shared.stores.hot_store import HotStore, Popped
-from shared.stores.ledger import not_issued
+from shared.stores.hot_store import HotStore
+from shared.stores.ledger import LedgerReader, not_issued
+from shared.stores.ledger_stream import LedgerStream
+from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +61,8 @@ def _dispenser(request: Request) -> Dispenser:
 
 
 async def allocate_one(request: Request) -> Response:
-    dispenser = _dispenser(request)
-    name = dispenser.canonical(request.path_params["id_type"])
-    client = dispenser.gate.admit(request.headers, name)
-    idempotency_key = _idempotency_key(request)
-    if idempotency_key is None:
-        body = await one_id(dispenser, name, client)
-        return Response(body, media_type="application/json")
-    popped = await dispenser.take(name, 1, client, idempotency_key)
-    return _replay_marked(envelope.ok({"id": popped.keys[0]}), popped)
+    segment = request.path_params["id_type"]
+    return envelope.response(await single.answer(_dispenser(request), segment, request.headers))
 
 
 async def allocate_batch(request: Request) -> Response:
@@ -75,7 +73,7 @@ async def allocate_batch(request: Request) -> Response:
     # Rate limits are charged per key asked for; a malformed count is refused after auth.
     client = dispenser.gate.admit(request.headers, name, cost=_parsed_count(raw, maximum) or 1)
     count = _count(raw, maximum)
-    idempotency_key = _idempotency_key(request)
+    idempotency_key = single.idempotency_key(request.headers)
     if idempotency_key is not None:  # a retry with the key gets the keys back
         popped = await dispenser.take(name, count, client, idempotency_key)
     else:
@@ -113,16 +111,6 @@ async def _take_counting_loss(
         return popped
     finally:
         watch.cancel()
-
-
-def _idempotency_key(request: Request) -> str | None:
-    """The Idempotency-Key header: 1..255 visible ASCII characters, or absent."""
-    raw = request.headers.get("idempotency-key")
-    if raw is None:
-        return None
-    if not 1 <= len(raw) <= 255 or not all(33 <= ord(c) <= 126 for c in raw):
-        raise InvalidInput("Idempotency-Key must be 1..255 visible ASCII characters")
-    return raw
 
 
 def _replay_marked(response: Response, popped: Popped) -> Response:
@@ -277,7 +265,7 @@ async def health(request: Request) -> Response:
         started = dispenser.started
         code = envelope.HEALTH_STORE_FAILED if started else envelope.HEALTH_STARTING
         why = "store check failed" if started else "start-up is not complete"
-        request_id = envelope.request_id(request.scope["headers"])
+        request_id = envelope.request_id(request.headers)
         log.warning(
             "health_down", extra={"error": str(exc), "code": code, "request_id": request_id}
         )
@@ -336,7 +324,7 @@ async def readyz(request: Request) -> Response:
         types = await dispenser.type_states()
     except KeydispenserError as exc:
         dispenser.metrics.redis_up.set(0 if isinstance(exc, StoreUnavailable) else 1)
-        request_id = envelope.request_id(request.scope["headers"])
+        request_id = envelope.request_id(request.headers)
         log.warning("not_ready", extra={"error": str(exc), "request_id": request_id})
         why = "redis may evict keys" if isinstance(exc, ConfigError) else "redis unreachable"
         return JSONResponse(
@@ -356,7 +344,8 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, KeydispenserError)
     if isinstance(exc, ClientGone):
         log.info("client_disconnected", extra={"path": request.url.path})
-    return refusal(exc, request.scope, _dispenser(request).metrics)
+    answer = envelope.refusal(exc, request.headers, _dispenser(request).metrics, request.url.path)
+    return envelope.response(answer)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -364,7 +353,7 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     code = {404: envelope.ROUTE_NOT_FOUND, 405: envelope.METHOD_NOT_ALLOWED}.get(
         exc.status_code, f"IDG-{exc.status_code}"
     )
-    request_id = envelope.request_id(request.scope["headers"])
+    request_id = envelope.request_id(request.headers)
     return envelope.error(exc.status_code, code, str(exc.detail), exc.headers, request_id)
 
 
@@ -393,7 +382,8 @@ class Guard:
             if scope["type"] != "http" or started:
                 log.exception("request_crashed_after_answer", extra={"path": scope.get("path")})
                 return
-            await crashed(scope)(scope, receive, send)
+            answer = envelope.crashed(Headers(scope=scope), scope["path"])
+            await envelope.response(answer)(scope, receive, send)
 
 
 class WholeRoute(Route):
@@ -415,7 +405,7 @@ ROUTES = [
     WholeRoute("/v1/idgenerator/health", health, methods=["GET"]),
     WholeRoute("/v1/idgenerator/version", version, methods=["GET"]),
     WholeRoute("/v1/idgenerator/config", config, methods=["GET"]),
-    WholeRoute(ALLOCATE_ONE, allocate_one, methods=["POST"]),
+    WholeRoute(single.ALLOCATE_ONE, allocate_one, methods=["POST"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/decode", decode, methods=["GET"]),
@@ -455,7 +445,14 @@ def create_app(
         )
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
-        app.state.dispenser = dispenser = Dispenser(settings, store, metrics, snowflakes)
+        stores = Stores(
+            hot=store,
+            # The wake list and the ledger stream share the hot store's connections.
+            wake=WakeChannel(store.endpoint, store.namespace),
+            ledger_stream=LedgerStream(store.endpoint, store.namespace),
+            ledger=LedgerReader(settings.postgres_dsn),
+        )
+        app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)
         await snowflakes.start(FIRST_LEASE_WAIT_S)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
         app.state.build = openg2p.build_info(os.environ)
@@ -474,7 +471,10 @@ def create_app(
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        middleware=[Middleware(Guard), Middleware(Timing, metrics=metrics)],
+        middleware=[
+            Middleware(Guard),
+            Middleware(Timing, metrics=metrics, self_timed=frozenset({single.ALLOCATE_ONE})),
+        ],
         exception_handlers={KeydispenserError: on_domain_error, HTTPException: on_http_error},
     )
     fast_path = FastPath(app)

@@ -14,8 +14,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from starlette.datastructures import Headers
+from typing import Any, Protocol
 
 from shared.domain.apikeys import ANONYMOUS, digest
 from shared.domain.errors import InvalidInput, KeydispenserError
@@ -56,6 +55,13 @@ class TokenBucket:
         return (cost - self.tokens) / self.rate
 
 
+class HeaderLookup(Protocol):
+    """A request's headers as every server gives them: a lookup by lower-case name
+    (Starlette's ``Headers``, granian's RSGI headers)."""
+
+    def get(self, key: str, /) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Client:
     config: ApiKeyConfig
@@ -86,7 +92,7 @@ class Gate:
         }
         self._by_name = {c.config.name: c for c in self._clients.values()}
 
-    def admit(self, headers: Headers, name: str | None = None, cost: int = 1) -> str:
+    def admit(self, headers: HeaderLookup, name: str | None = None, cost: int = 1) -> str:
         """The calling client's name, ``cost`` keys charged to its rate limit.
 
         Raises Unauthenticated, Forbidden, RateLimited, or InvalidInput when ``cost``
@@ -121,9 +127,9 @@ def _bucket(config: ApiKeyConfig) -> TokenBucket:
     return TokenBucket(rate, config.burst or max(1, int(rate)))
 
 
-def _presented_key(headers: Headers) -> str:
-    authorization = headers.get("authorization", "")
+def _presented_key(headers: HeaderLookup) -> str:
+    authorization = headers.get("authorization") or ""
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return headers.get("x-api-key", "")
+    return headers.get("x-api-key") or ""

@@ -1,22 +1,30 @@
-"""The OpenG2P response envelope and the one table mapping domain errors to HTTP.
+"""The OpenG2P response envelope, the one table mapping domain errors to HTTP, and
+every error answer: a refusal (a domain error) and a crash (anything else).
 
 Errors tell clients what, logs tell operators where: a 5xx answer's message is a fixed
 text per errorCode (never a host, port, DSN or driver message), and every error answer
 carries a request id (``X-Request-Id`` and the message) that the log line has too.
+
+Answers are ``Answer`` values (status, headers, body), whatever server carries them:
+``response`` makes one a Starlette response, the RSGI and ASGI adapters write them
+directly (``dispenser.single``).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import re
 import secrets
 import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
-from dispenser.auth import Forbidden, RateLimited, Unauthenticated
+from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
+from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import (
     ClockBehind,
     InvalidInput,
@@ -30,8 +38,22 @@ from shared.domain.errors import (
     UnknownIdType,
 )
 
+log = logging.getLogger(__name__)
 SERVICE_ID = "openg2p.idgenerator"
 API_VERSION = "1.0"
+JSON: Final = ("content-type", "application/json")
+
+
+# One HTTP answer, whatever server carries it: (status, headers, body). Header names
+# are lower case; the list may be shared between answers and is never changed. A plain
+# tuple: it is made on every request, and a named one costs ten times as much.
+Answer = tuple[int, list[tuple[str, str]], bytes]
+
+
+def response(answer: Answer) -> Response:
+    """``answer`` as a Starlette response."""
+    status, headers, body = answer
+    return Response(body, status, dict(headers))
 
 
 class BodyTooLarge(KeydispenserError):
@@ -77,13 +99,11 @@ _ID_PREFIX: Final = secrets.token_hex(4)  # per process: ids of replicas never c
 _ID_COUNTER = itertools.count(1)
 
 
-def request_id(headers: list[tuple[bytes, bytes]]) -> str:
+def request_id(headers: HeaderLookup) -> str:
     """The request's id: its ``X-Request-Id`` when well formed, else a new one."""
-    for name, value in headers:
-        if name == b"x-request-id":
-            text = value.decode("latin-1")
-            if _REQUEST_ID.fullmatch(text):
-                return text
+    text = headers.get("x-request-id")
+    if text is not None and _REQUEST_ID.fullmatch(text):
+        return str(text)
     return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
 
 
@@ -136,8 +156,33 @@ def envelope(response: Any, errors: list[dict[str, str]] | None = None) -> dict[
     }
 
 
-def ok(response: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(envelope(response), status_code=status)
+def json_answer(
+    content: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Answer:
+    """``content`` as compact JSON (as Starlette's JSONResponse writes it)."""
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    extra = [(name.lower(), value) for name, value in (headers or {}).items()]
+    return status, [JSON, *extra], body.encode()
+
+
+def ok(content: Any, status: int = 200) -> Response:
+    return response(json_answer(envelope(content), status))
+
+
+def error_answer(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    request: str | None = None,
+) -> Answer:
+    """An error envelope; with ``request`` (its id), in the message and X-Request-Id too."""
+    extra = dict(headers or {})
+    if request is not None:
+        message = f"{message} (request id {request})"
+        extra["X-Request-Id"] = request
+    body = envelope(None, [{"errorCode": code, "message": message}])
+    return json_answer(body, status, extra)
 
 
 def error(
@@ -146,14 +191,8 @@ def error(
     message: str,
     headers: Mapping[str, str] | None = None,
     request: str | None = None,
-) -> JSONResponse:
-    """An error envelope; with ``request`` (its id), in the message and X-Request-Id too."""
-    extra = dict(headers or {})
-    if request is not None:
-        message = f"{message} (request id {request})"
-        extra["X-Request-Id"] = request
-    body = envelope(None, [{"errorCode": code, "message": message}])
-    return JSONResponse(body, status_code=status, headers=extra)
+) -> Response:
+    return response(error_answer(status, code, message, headers, request))
 
 
 def classify(exc: KeydispenserError) -> tuple[int, str]:
@@ -169,7 +208,8 @@ def public_message(exc: KeydispenserError, code: str) -> str:
     return PUBLIC_MESSAGES.get(code, str(exc))
 
 
-def from_domain(exc: KeydispenserError, request: str | None = None) -> JSONResponse:
+def from_domain(exc: KeydispenserError, request: str | None = None) -> Answer:
+    """A domain error's envelope, with the headers its status calls for."""
     status, code = classify(exc)
     headers = None
     if isinstance(
@@ -180,4 +220,28 @@ def from_domain(exc: KeydispenserError, request: str | None = None) -> JSONRespo
         headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}
     elif isinstance(exc, StoreUnavailable):
         headers = {"Retry-After": "1"}
-    return error(status, code, public_message(exc, code), headers, request)
+    return error_answer(status, code, public_message(exc, code), headers, request)
+
+
+def refusal(
+    exc: KeydispenserError, headers: HeaderLookup, metrics: DispenserMetrics, where: str
+) -> Answer:
+    """A domain error's envelope with a request id, counted by errorCode; a server-side
+    failure is logged with its full detail, ``where`` (the path) and the same id."""
+    status, code = classify(exc)
+    request = request_id(headers)
+    if status >= 500 and code != "IDG-001":
+        log.warning(
+            "request_failed", extra={"path": where, "error": str(exc), "request_id": request}
+        )
+    metrics.errors.labels(code).inc()
+    return from_domain(exc, request)
+
+
+def crashed(headers: HeaderLookup, where: str) -> Answer:
+    """The answer to an unexpected exception, logged once with its traceback and the
+    request id the answer carries: call it in ``except``."""
+    request = request_id(headers)
+    log.exception("request_crashed", extra={"path": where, "request_id": request})
+    message = PUBLIC_MESSAGES[INTERNAL_ERROR]
+    return error_answer(500, INTERNAL_ERROR, message, None, request)

@@ -6,10 +6,15 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -23,7 +28,7 @@ LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 
 class DispenserMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.issued = Counter("kd_keys_issued", "Keys handed out", TYPE, registry=registry)
+        self.issued = LoopCounter("kd_keys_issued", "Keys handed out", registry)
         self.errors = Counter(
             "kd_request_errors", "Error answers by errorCode", ["code"], registry=registry
         )
@@ -65,7 +70,8 @@ class DispenserMetrics:
         )
         self.keys_lost = Counter(
             "kd_keys_taken_not_handed_out",
-            "Keys popped for a request whose client was gone (never reissued)",
+            "Keys popped and never handed out: the client was gone, or the process "
+            "stopped with them prefetched (never reissued)",
             TYPE,
             registry=registry,
         )
@@ -109,9 +115,62 @@ class DispenserMetrics:
             registry=registry,
         )
 
+    def watch_stock(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``read()`` (keys prefetched per type) as kd_prefetched_keys, read at
+        each scrape (never written on a request)."""
+        self.registry.register(_Stock(read))
+
     def observe_latency(self, route: str, started: float) -> None:
         """Time since ``started`` (``time.perf_counter()``) for a route template."""
         self.latency.observe(route, time.perf_counter() - started)
+
+
+class LoopCounter(Collector):
+    """A counter per ID type, counted on the event loop's thread only (as RouteLatency
+    is): an increment is a dict update, with none of prometheus_client's locking."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._name, self._documentation = name, documentation
+        self._counts: dict[str, float] = {}
+        self._more: list[Callable[[], Mapping[str, int]]] = []
+        registry.register(self)
+
+    def also(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Add ``read()`` (counts kept elsewhere, per type) to the counts at each scrape."""
+        self._more.append(read)
+
+    def seed(self, names: Iterable[str]) -> None:
+        """Export 0 for each of ``names`` until it is counted."""
+        for name in names:
+            self._counts.setdefault(name, 0.0)
+
+    def inc(self, name: str, amount: int = 1) -> None:
+        self._counts[name] = self._counts.get(name, 0.0) + amount
+
+    def collect(self) -> Iterator[Metric]:
+        counts = dict(self._counts)
+        for read in self._more:
+            for name, more in read().items():
+                counts[name] = counts.get(name, 0.0) + more
+        family = CounterMetricFamily(self._name, self._documentation, labels=TYPE)
+        for name, value in sorted(counts.items()):
+            family.add_metric([name], value)
+        yield family
+
+
+class _Stock(Collector):
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "kd_prefetched_keys",
+            "Keys this process popped ahead of requests and still holds (prefetch)",
+            labels=TYPE,
+        )
+        for name, count in sorted(self._read().items()):
+            family.add_metric([name], count)
+        yield family
 
 
 class RouteLatency(Collector):
@@ -156,9 +215,13 @@ class RouteLatency(Collector):
 class Timing:
     """Pure ASGI middleware: request latency per route template into a histogram."""
 
-    def __init__(self, app: ASGIApp, metrics: DispenserMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: DispenserMetrics, self_timed: frozenset[str] = frozenset()
+    ) -> None:
+        """``self_timed``: route templates whose endpoint observes its own latency."""
         self._app = app
         self._metrics = metrics
+        self._self_timed = self_timed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -169,4 +232,5 @@ class Timing:
             await self._app(scope, receive, send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self._metrics.observe_latency(route, started)
+            if route not in self._self_timed:
+                self._metrics.observe_latency(route, started)

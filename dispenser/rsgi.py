@@ -14,9 +14,9 @@ over RSGI directly; every other request goes to the Starlette app through
   in several is streamed (``response_stream``);
 - an app that fails before it answered gets an empty 500, as uvicorn gives.
 
-``Lifespan`` runs the app's ASGI lifespan in each worker (granian's own handler, as
-its ASGI interface uses), from the ``__rsgi_init__``/``__rsgi_del__`` hooks, so
-start-up and shutdown are the same on both servers.
+``Lifespan`` runs the Starlette app's lifespan in each worker, from the
+``__rsgi_init__``/``__rsgi_del__`` hooks, so start-up and shutdown are the same on
+both servers. Only granian's public ``granian.rsgi`` module is imported.
 """
 
 from __future__ import annotations
@@ -24,39 +24,61 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.asgi import LifespanProtocol
 from granian.rsgi import Scope
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
 
 __all__ = ["HTTPProtocol", "Lifespan", "Scope", "asgi_headers", "asgi_scope", "serve_asgi"]
 log = logging.getLogger(__name__)
+
+
+class StreamTransport(Protocol):
+    async def send_bytes(self, data: bytes) -> None: ...
+
+
+class HTTPProtocol(Protocol):
+    """What this app uses of granian's RSGI HTTP protocol object (``RSGIHTTPProtocol``,
+    which granian.rsgi exports untyped); tests/unit/test_rsgi.py checks granian's has it."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+    async def client_disconnect(self) -> None: ...
+    def response_empty(self, status: int, headers: list[tuple[str, str]]) -> None: ...
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None: ...
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> StreamTransport: ...
+
+
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 _BODY_DONE: Message = {"type": "http.request", "body": b"", "more_body": False}
 
 
 class Lifespan:
-    """An ASGI app's lifespan, run on the loop granian hands the RSGI hooks."""
+    """A Starlette app's lifespan, run on the loop granian hands the RSGI hooks."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self._handler: Any = LifespanProtocol(app)  # type: ignore[no-untyped-call]
-
-    @property
-    def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = self._handler.state
-        return state
+    def __init__(self, app: Starlette) -> None:
+        self._app = app
+        self._context: AbstractAsyncContextManager[Any] | None = None
+        # What an ASGI server would pass its requests as scope["state"]: the app's
+        # lifespan keeps its state on app.state and yields none.
+        self.state: dict[str, Any] = {}
 
     def startup(self, loop: asyncio.AbstractEventLoop) -> None:
         """Runs the app's start-up; a failed start-up ends the worker, as on ASGI."""
-        loop.run_until_complete(self._handler.startup())
-        if self._handler.interrupt:
-            log.error("lifespan_startup_failed", exc_info=self._handler.exc)
+        self._context = self._app.router.lifespan_context(self._app)
+        try:
+            loop.run_until_complete(self._context.__aenter__())
+        except Exception:
+            self._context = None
+            log.exception("lifespan_startup_failed")
             sys.exit(1)
 
     def shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.run_until_complete(self._handler.shutdown())
+        if self._context is not None:
+            context, self._context = self._context, None
+            loop.run_until_complete(context.__aexit__(None, None, None))
 
 
 def _latin1(text: str) -> bytes:

@@ -1,6 +1,6 @@
 """The dispenser's service: pops keys from the hot tier, counts them, nudges keysync.
 
-Routes (``dispenser.app``) and the single-ID fast path (``dispenser.fastpath``) call it;
+The routes (``dispenser.app``) and the single-ID answer (``dispenser.single``) call it;
 it knows nothing of HTTP beyond the API-key gate it holds for them.
 """
 
@@ -11,9 +11,10 @@ import ipaddress
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 from dispenser.auth import Gate
-from dispenser.coalesce import Coalescer
+from dispenser.coalesce import STOCKED, Coalescer
 from dispenser.metrics import DispenserMetrics
 from dispenser.snowflake import Snowflakes, no_leases
 from shared.domain.errors import (
@@ -26,12 +27,10 @@ from shared.domain.errors import (
     UnknownIdType,
 )
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.ports import HotPool, LedgerLookup, LedgerWrites, Nudges
 from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
 from shared.domain.snowflake import Minter, SnowflakeType
-from shared.stores.hot_store import HotStore, Popped
-from shared.stores.ledger import LedgerReader
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.wake import WakeChannel
+from shared.domain.tiers import Popped
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +51,32 @@ REFILL_FRESH_S = 30.0
 LEDGER_BACKLOG_READ_S = 1.0
 
 
+@dataclass(frozen=True)
+class Stores:
+    """The ports the dispenser's service uses (Redis and PostgreSQL in ``create_app``,
+    in-memory adapters in unit tests)."""
+
+    hot: HotPool
+    wake: Nudges
+    ledger_stream: LedgerWrites
+    ledger: LedgerLookup
+
+
 class Dispenser:
     """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
 
     def __init__(
         self,
         settings: Settings,
-        hot: HotStore,
+        stores: Stores,
         metrics: DispenserMetrics,
         snowflakes: Snowflakes | None = None,
     ) -> None:
         self.settings = settings
-        self.hot = hot
-        # The wake channel and the ledger stream share the hot store's connections.
-        self.wake = WakeChannel(hot.endpoint, hot.namespace)
-        self.ledger_stream = LedgerStream(hot.endpoint, hot.namespace)
+        self.hot = stores.hot
+        self.wake = stores.wake
+        self.ledger_stream = stores.ledger_stream
+        self.ledger = stores.ledger
         self.metrics = metrics
         self.id_types = build_id_types(settings, generating=False)
         for name, id_type in self.id_types.items():  # what KdHotDepthLow compares with
@@ -78,9 +88,16 @@ class Dispenser:
         self.snowflakes = snowflakes or Snowflakes({}, no_leases, metrics)
         self.minters: dict[str, Minter] = self.snowflakes.minters
         self.names = frozenset(self.id_types) | frozenset(self.minters)
-        self._issued = {name: metrics.issued.labels(name) for name in self.minters}
-        self.coalescer = Coalescer(self._pop_many, settings.dispenser.max_batch, self.lost)
-        self.ledger = LedgerReader(settings.postgres_dsn)
+        # Counted when handed out (a prefetched key is not issued until then).
+        metrics.issued.seed(self.names)
+        self.coalescer = Coalescer(
+            self._pop_many,
+            settings.dispenser.max_batch,
+            self.lost,
+            {name: id_type.config.stock for name, id_type in self.id_types.items()},
+        )
+        metrics.watch_stock(self.coalescer.stocked)
+        metrics.issued.also(self.coalescer.handed_out)
         self._last_nudge: dict[str, float] = {}
         self._memory_policy_ok = False  # checked once the primary answers
         self._backlog = 0  # ledger stream length, as last read
@@ -114,6 +131,18 @@ class Dispenser:
             raise LedgerDisabled(name)
         return id_type
 
+    def take_ready(self, name: str) -> str | None:
+        """One key of the type ``name`` if one is at hand (prefetched, or a snowflake ID
+        minted now), without waiting; else None, and ``take_one`` waits for it."""
+        minter = self.minters.get(name)
+        if minter is None:
+            return self.coalescer.ready(name)  # counted as issued by the coalescer
+        got = minter.mint_some(1)
+        if not isinstance(got, range):
+            return None
+        self.metrics.issued.inc(name)
+        return minter.layout.encode(got.start)
+
     async def take_one(self, name: str, client: str) -> str:
         """One key; concurrent callers of a type share one Redis call (snowflake types
         mint it in-process)."""
@@ -123,10 +152,15 @@ class Dispenser:
         id_type = self.id_types.get(name) or self.id_type(name)
         if id_type.config.ledger:
             await self.ledger_open(id_type)
-        key, popped = await self.coalescer.take(name, client)
-        if key is None:
+        key = self.coalescer.ready(name)
+        if key is not None:
+            return key
+        taken, popped = await self.coalescer.take(name, client)
+        if taken is None:
             raise self._none_left(id_type, popped)
-        return key
+        if popped is not STOCKED:  # a key of the stock is counted by the coalescer
+            self.metrics.issued.inc(name)
+        return taken
 
     async def take(
         self, name: str, count: int, client: str, idempotency_key: str | None = None
@@ -155,7 +189,7 @@ class Dispenser:
     async def _mint_one(self, minter: Minter) -> str:
         got = minter.mint_some(1)
         value = got.start if isinstance(got, range) else (await minter.amint(1))[0].start
-        self._issued[minter.name].inc()
+        self.metrics.issued.inc(minter.name)
         return minter.layout.encode(value)
 
     async def _mint(self, name: str, count: int, idempotency_key: str | None) -> Popped:
@@ -166,7 +200,7 @@ class Dispenser:
             )
         minter = self.minters[name]
         spans = await minter.amint(count)
-        self._issued[name].inc(count)
+        self.metrics.issued.inc(name, count)
         return Popped(minter.layout.encode_ranges(spans), remaining=0, exhausted=False)
 
     async def _pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
@@ -174,7 +208,7 @@ class Dispenser:
         # One pop of a type in flight at a time (the coalescer's): the type's own line.
         popped = await self.hot.pop(name, count, clients, id_type.config.ledger, on_line=True)
         self.metrics.pop_requests.observe(count)
-        self._after_pop(id_type, popped)
+        self._after_pop(id_type, popped, issued=False)  # counted as each is handed out
         return popped
 
     async def ledger_open(self, id_type: IdType) -> None:
@@ -193,18 +227,20 @@ class Dispenser:
             raise LedgerBacklogFull(id_type.name, self.settings.dispenser.retry_after_max_s)
 
     def lost(self, name: str, count: int) -> None:
-        """Keys popped for a request whose client was gone: counted, never reissued."""
+        """Keys popped that will never be handed out (their client was gone, or they were
+        still prefetched when this process stopped): counted, never reissued."""
         self.metrics.keys_lost.labels(name).inc(count)
         log.warning("keys_not_handed_out", extra={"id_type": name, "keys": count})
 
-    def _after_pop(self, id_type: IdType, popped: Popped) -> None:
-        """Metrics, and a nudge to keysync below the low watermark. Never raises."""
+    def _after_pop(self, id_type: IdType, popped: Popped, *, issued: bool = True) -> None:
+        """Metrics (``issued``: the keys popped are handed out now), and a nudge to
+        keysync below the low watermark. Never raises."""
         name, metrics = id_type.name, self.metrics
         metrics.hot_depth.labels(name).set(popped.remaining)
         if popped.replayed:
             metrics.replays.labels(name).inc()
-        elif popped.keys:
-            metrics.issued.labels(name).inc(len(popped.keys))
+        elif popped.keys and issued:
+            metrics.issued.inc(name, len(popped.keys))
         if popped.discarded:
             metrics.discarded.inc(popped.discarded)
         if popped.remaining < id_type.config.hot.low and not popped.exhausted:
@@ -280,6 +316,7 @@ class Dispenser:
         return states | self.snowflakes.states()
 
     async def close(self) -> None:
+        self.coalescer.drop_stock()
         await self.snowflakes.close()
         await asyncio.gather(*self._nudges, return_exceptions=True)
         await self.ledger.close()

@@ -15,7 +15,9 @@ from keygen.headroom import Headroom, HeadroomWatch
 from keygen.metrics import KeygenMetrics
 from shared.domain.errors import KeyspaceExhausted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.ports import KeyInventory, RangeLeases
 from shared.domain.settings import Settings
+from shared.domain.tiers import LeasedRange
 from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
@@ -29,7 +31,7 @@ from shared.runtime import (
     stop_on_signals,
 )
 from shared.stores.binding import bind
-from shared.stores.cold_store import DRIVER_ERRORS, ColdStore, LeasedRange
+from shared.stores.cold_store import DRIVER_ERRORS, ColdStore
 from shared.stores.pg_connect import connect_each_host
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
@@ -43,17 +45,18 @@ class Keygen:
     def __init__(
         self,
         settings: Settings,
-        cold: ColdStore,
-        sync: SyncRecord | None,
+        cold: KeyInventory,
+        leases: RangeLeases,
         stop: asyncio.Event,
         generator: Generator,
         metrics: KeygenMetrics | None = None,
         heartbeat: Heartbeat | None = None,
         fault: FaultPoint = no_fault,
     ) -> None:
-        """``sync`` None switches the PostgreSQL fence off (scratch databases only)."""
+        """Fills ``cold`` with the keys of the ranges ``leases`` grants."""
         self._settings = settings
         self._cold = cold
+        self._leases = leases
         self._stop = stop
         self._types = build_id_types(settings)
         self._exhausted: set[str] = set()
@@ -64,11 +67,29 @@ class Keygen:
         self._fault = fault  # test-only fault points (KD_FAULT_POINT)
         self.metrics = metrics or KeygenMetrics(CollectorRegistry())
         self.heartbeat = heartbeat or Heartbeat(self.metrics.registry)
-        self._guarded = GuardedCold(cold, sync, self._types, self.metrics.fence.observe)
         self._watches = {
             name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
             for name, t in self._types.items()
         }
+
+    @classmethod
+    def on_postgres(
+        cls,
+        settings: Settings,
+        cold: ColdStore,
+        sync: SyncRecord | None,
+        stop: asyncio.Event,
+        generator: Generator,
+        metrics: KeygenMetrics | None = None,
+        heartbeat: Heartbeat | None = None,
+        fault: FaultPoint = no_fault,
+    ) -> Keygen:
+        """keygen on PostgreSQL, its range leases behind the PostgreSQL fence (``sync``
+        None switches the fence off: scratch databases only)."""
+        metrics = metrics or KeygenMetrics(CollectorRegistry())
+        types = build_id_types(settings)
+        leases = GuardedCold(cold, sync, types, metrics.fence.observe)
+        return cls(settings, cold, leases, stop, generator, metrics, heartbeat, fault)
 
     def _copied(self) -> None:
         self._fault("keygen.copied")  # a slice copied, not yet accounted or committed
@@ -147,7 +168,7 @@ class Keygen:
     ) -> int:
         """Lease one range and fill it; returns keys added (0: keyspace exhausted)."""
         try:
-            leased = await self._guarded.lease_range(id_type, self._name)
+            leased = await self._leases.lease_range(id_type, self._name)
         except KeyspaceExhausted:
             self._exhausted.add(id_type.name)
             self.metrics.exhausted.labels(id_type.name).set(1)
@@ -289,7 +310,7 @@ async def serve(settings: Settings) -> None:
         heartbeat = Heartbeat(metrics.registry)
         host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
         serve_metrics(metrics.registry, host, port, heartbeat)
-        keygen = Keygen(
+        keygen = Keygen.on_postgres(
             settings, cold, sync, stop, generator, metrics, heartbeat, fault_points_from_environ()
         )
         listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))

@@ -19,7 +19,9 @@ from prometheus_client import CollectorRegistry
 from keysync.metrics import KeysyncMetrics
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.ports import ColdInventory, HotLists, OpenBatch
 from shared.domain.settings import IdTypeConfig, Settings
+from shared.domain.tiers import NO_STAMP, Stamp
 from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics
 from shared.runtime import (
@@ -37,10 +39,9 @@ from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
 from shared.stores.ledger_stream import LedgerStream
-from shared.stores.ports import ColdInventory, HotLists, OpenBatch
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
-from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
+from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)

@@ -64,6 +64,27 @@ MUTANTS: Final = (
         ("tests/integration/test_fence.py", "tests/integration/test_replica_fence.py"),
     ),
     Mutant(
+        "fence_keeps_inherited_lists",
+        "shared/stores/lua/fence.lua",
+        "      redis.call('UNLINK', list)",
+        "      -- kept",
+        ("tests/acceptance/test_prefetch.py",),
+    ),
+    Mutant(
+        "stock_refilled_from_a_nearly_empty_list",
+        "dispenser/coalesce.py",
+        "plenty = self._seen.get(name, 0) >= PLENTY * ahead",
+        "plenty = True",
+        ("tests/unit/test_coalesce.py", "tests/acceptance/test_servers.py"),
+    ),
+    Mutant(
+        "stock_dropped_uncounted",
+        "dispenser/coalesce.py",
+        "                self._lost(name, len(stock))",
+        "                pass",
+        ("tests/unit/test_coalesce.py",),
+    ),
+    Mutant(
         "keysync_pushes_before_its_commit_point",
         "keysync/main.py",
         '                self._fault("keysync.committed")'

@@ -80,6 +80,11 @@ class FilterLimits(_Strict):
     restricted_numbers: tuple[str, ...] | None = None
 
 
+# Keys a dispenser process holds per type when ``prefetch`` is not set: enough that a
+# pop's round trip under load is covered by the half still held when it starts.
+DEFAULT_PREFETCH = 256
+
+
 class IdTypeConfig(_Strict):
     kind: Literal["numeric", "base62"]
     length: int
@@ -103,6 +108,12 @@ class IdTypeConfig(_Strict):
     sync_batch: int = Field(default=5_000, ge=1, le=100_000)
     # Record every issued key (when, to which API client, used when) in PostgreSQL.
     ledger: bool = False
+    # Keys each dispenser process pops ahead of single-ID requests and holds, so most
+    # are answered without waiting for Redis. A stopping process counts the keys it
+    # still holds as lost (a crash loses them uncounted): at most this many per type
+    # and process. None: DEFAULT_PREFETCH, or 0 for a ledger type (its keys are
+    # recorded to the client that asked at the pop itself).
+    prefetch: int | None = Field(default=None, ge=0, le=1_000)
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +152,22 @@ class IdTypeConfig(_Strict):
                 if getattr(self.filters, name) > self.length:
                     raise ValueError(f"filters.{name} must not exceed length for profile mosip")
         return self
+
+    @model_validator(mode="after")
+    def _no_prefetch_with_ledger(self) -> IdTypeConfig:
+        if self.ledger and self.prefetch:
+            raise ValueError(
+                "prefetch: must be 0 for a ledger type (each key is recorded to the client "
+                "that asked when it is popped)"
+            )
+        return self
+
+    @property
+    def stock(self) -> int:
+        """Keys a dispenser process holds ahead of requests (``prefetch`` resolved)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return 0 if self.ledger else DEFAULT_PREFETCH
 
     @property
     def body_digits(self) -> int:

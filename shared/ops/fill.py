@@ -41,7 +41,7 @@ async def fill(settings: Settings, name: str, count: int) -> int:
         async with cold.connection() as conn:
             await check(conn, types)
         await bind(cold, sync, settings.redis_namespace)
-        keygen = Keygen(settings, cold, sync, stop, generator)
+        keygen = Keygen.on_postgres(settings, cold, sync, stop, generator)
         with tqdm(total=count, unit="keys", unit_scale=True, desc=name) as bar:
             while added < count and not stop.is_set():
                 added += await keygen.lease_and_generate(types[name], bar.update)

@@ -22,9 +22,10 @@ from shared.domain.errors import (
     StoreUnavailable,
 )
 from shared.domain.idtypes import IdType
+from shared.domain.tiers import LeasedRange, SequenceState, Stamp
 from shared.stores import sql
 from shared.stores.pg_connect import CONNECT_TIMEOUT_S, connect_each_host, where
-from shared.stores.sync_record import Record, Stamp
+from shared.stores.sync_record import Record
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +61,6 @@ def store_error(operation: str, exc: BaseException) -> KeydispenserError:
         return ConfigError(f"postgres: {operation}: {exc} (SQLSTATE {state})")
     detail = f"{operation} failed: {exc}" + (f" (SQLSTATE {state})" if state else "")
     return StoreUnavailable("postgres", detail)
-
-
-@dataclass(frozen=True)
-class LeasedRange:
-    start: int
-    stop: int
-    fences: int = 0  # the fences the lease was made under (sql.LOCK_FENCES)
-
-
-@dataclass(frozen=True)
-class SequenceState:
-    """Counters of a type's domain already leased, and the domain's size."""
-
-    leased_counters: int
-    domain: int
-
-    @property
-    def headroom(self) -> int:
-        return self.domain - self.leased_counters
 
 
 @asynccontextmanager

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import ConfigError, IdempotencyMismatch, StoreUnavailable
 from shared.domain.settings import Settings
+from shared.domain.tiers import NO_STAMP, Depth, Popped, Pushed, Refill, Stamp
 from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import (
@@ -23,30 +23,12 @@ from shared.stores.redis_scripts import (
     pop_keys,
     push_keys,
 )
-from shared.stores.sync_record import LEASED, NO_STAMP, Stamp
+from shared.stores.sync_record import LEASED
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600  # how long a pushed batch's marker lives at least
 # The only maxmemory-policy under which Redis never drops a key keydispenser relies on.
 SAFE_MEMORY_POLICY = "noeviction"
-
-
-@dataclass(frozen=True)
-class Refill:
-    """What keysync last observed of a hot list's refill (only read when it is empty)."""
-
-    rate: float  # keys/s
-    at: float  # unix time of the observation
-
-
-@dataclass(frozen=True)
-class Popped:
-    keys: list[str]
-    remaining: int
-    exhausted: bool  # only ever True when ``keys`` is empty
-    discarded: int = 0  # inherited keys a fence discarded during this call
-    replayed: bool = False  # the keys a previous request with the same idempotency key got
-    refill: Refill | None = None  # set only when no key was available
 
 
 def _refill(raw: Sequence[Any]) -> Refill | None:
@@ -71,23 +53,6 @@ def pack_keys(keys: Sequence[str]) -> str:
 def request_fingerprint(client: str, name: str, count: int) -> str:
     """What an idempotency record was made for: the client, the type and the count."""
     return f"{client}:{name}:{count}"
-
-
-@dataclass(frozen=True)
-class Pushed:
-    length: int
-    token: str  # identity of the server that answered: run_id:master_replid
-    # pushed | duplicate | refused | expired, or the stamp's refusal: stale | untrusted |
-    # foreign | halted (push.lua)
-    status: str
-    discarded: int = 0
-
-
-@dataclass(frozen=True)
-class Depth:
-    length: int
-    token: str
-    discarded: int = 0
 
 
 class HotStore(RedisPort):

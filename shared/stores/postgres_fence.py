@@ -43,18 +43,17 @@ from shared.domain.errors import (
     PostgresSuperseded,
 )
 from shared.domain.idtypes import IdType
+from shared.domain.tiers import NO_STAMP, LeasedRange, SequenceState, Stamp
 from shared.stores import sql
 from shared.stores.cold_store import (
     DRIVER_ERRORS,
     ColdStore,
-    LeasedRange,
     OpenTake,
-    SequenceState,
     one_row,
     translated,
 )
 from shared.stores.pg_connect import any_server, dsn_hosts
-from shared.stores.sync_record import NO_STAMP, UNGUARDED, Record, Stamp, SyncRecord
+from shared.stores.sync_record import UNGUARDED, Record, SyncRecord
 
 log = logging.getLogger(__name__)
 # How often a fence reads the record again when its claim found a lease recorded since.

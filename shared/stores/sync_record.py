@@ -8,43 +8,13 @@ anything it covers can be dispensed. ``lua/sync_record.lua`` holds the rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from shared.domain.settings import Settings
+from shared.domain.tiers import Stamp
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import RedisPort, record_keys
 
 LEASED = "leased:"
-
-
-@dataclass(frozen=True)
-class Stamp:
-    """The sync clock after a guarded statement: the history it belongs to (database,
-    timeline, fork), its value, and the fences that history has seen."""
-
-    timeline: int
-    fork: int
-    clock: int
-    database: str = ""  # DATABASE_IDENTITY in sql.py: system identifier / database name
-    fences: int = 0
-
-    def args(self) -> list[object]:
-        """What sync_record.lua's ``record_stamp`` takes (database first)."""
-        return [self.database, self.timeline, self.fork, self.clock]
-
-    @classmethod
-    def of(cls, row: Any) -> Stamp:
-        """From a row holding timeline, fork, clock, fences and database."""
-        return cls(
-            int(row["timeline"]),
-            int(row["fork"]),
-            int(row["clock"]),
-            str(row["database"]),
-            int(row["fences"]),
-        )
-
-
-NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)
 
 
 @dataclass(frozen=True)

@@ -199,14 +199,27 @@ def test_bench_dispense_measures_all_four_on_both_servers_and_writes_json(
     for server in servers:
         for field in ("bare_rps", "bare_p99_ms", "single_rps", "single_p99_ms"):
             assert report[f"{server}_{field}"] > 0, (server, field)
+    # ...and each server's own ceiling (a pure ASGI app on uvicorn, RSGI on granian).
+    assert report["uvicorn_single_vs_bare_asgi"] > 0
+    if "granian" in servers:
+        assert report["granian_bare_rsgi_rps"] > 0
+        assert report["granian_single_vs_bare_rsgi"] > 0
+        assert report["granian_single_p99_vs_bare_rsgi"] > 0
     assert report["uvicorn_single_rps"] == report["single_rps"]
     assert ("granian_single_rps" in report) == ("granian" in servers)
     for run in report["runs"].values():
-        assert run["non_2xx"] == {"bare": 0, "single": 0, "batch": 0, "pg_baseline": 0}
+        assert run["non_2xx"] == {
+            "bare": 0,
+            "bare_asgi": 0,
+            "single": 0,
+            "batch": 0,
+            "pg_baseline": 0,
+        }
         if "granian" in servers:
-            assert run["granian_non_2xx"] == {"bare": 0, "single": 0}
+            assert run["granian_non_2xx"] == {"bare": 0, "bare_rsgi": 0, "single": 0}
             assert run["granian_single_keys_served"] > 0
             assert "granian_single_vs_uvicorn_bare" in run["targets_met"]
+            assert "granian_single_vs_bare_rsgi" in run["targets_met"]
         assert run["single_keys_served"] > 0
         assert isinstance(run["pool_ran_dry"], bool)  # reported; depends on speed
         assert isinstance(run["batch_pool_ran_dry"], bool)

@@ -74,7 +74,7 @@ async def fill_cold(settings: Settings) -> None:
     sync = SyncRecord.from_settings(settings)
     generator = Generator(1)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), generator)
         while await cold.depth("farmer", 10_000) < 10_000:
             await keygen.lease_and_generate(build_id_types(settings)["farmer"])
     finally:

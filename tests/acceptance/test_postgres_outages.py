@@ -25,10 +25,11 @@ from keygen.main import Keygen, listen_for_wakes
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.domain.tiers import LeasedRange
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres
 from shared.stores import sql
-from shared.stores.cold_store import ColdStore, LeasedRange, translated
+from shared.stores.cold_store import ColdStore, translated
 from shared.stores.hot_store import HotStore
 from shared.stores.pg_connect import connect_each_host
 from tests.conftest import Servers, dispenser_over_http, make_settings
@@ -114,7 +115,7 @@ async def test_listen_is_re_established_after_a_crash(
     cold = await ColdStore.connect(own_settings.postgres_dsn)
     stop = asyncio.Event()
     generator = Generator(1)
-    keygen = Keygen(own_settings, cold, None, stop, generator)
+    keygen = Keygen.on_postgres(own_settings, cold, None, stop, generator)
     listening = asyncio.ensure_future(listen_for_wakes(own_settings, keygen, stop))
     try:
         await crash_and_restart(postgres, 0.5)

@@ -27,13 +27,14 @@ from keysync.main import Keysync
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.settings import Settings
+from shared.domain.tiers import Stamp
 from shared.ops.databases import run_migrate, scratch_database
 from shared.ops.drill.postgres import PostgresPair
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold, settle
-from shared.stores.sync_record import Stamp, SyncRecord
+from shared.stores.sync_record import SyncRecord
 from tests.conftest import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
@@ -131,7 +132,7 @@ async def split(
 async def generate(side: Side, sync: SyncRecord | None) -> None:
     generator = Generator(1)
     try:
-        keygen = Keygen(side.settings, side.cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(side.settings, side.cold, sync, asyncio.Event(), generator)
         await keygen.lease_and_generate(side.farmer)
     finally:
         generator.close()

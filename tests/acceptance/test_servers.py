@@ -121,5 +121,7 @@ async def _single_ids_are_unique(port: int) -> None:
         replies = await asyncio.gather(
             *(client.post("/v1/idgenerator/farmer/id") for _ in range(60))
         )
-    assert [r.status_code for r in replies] == [200] * 60
+    assert [r.status_code for r in replies] == [200] * 60, [
+        r.text for r in replies if r.status_code != 200
+    ][:3]
     assert len({r.json()["response"]["id"] for r in replies}) == 60

@@ -82,7 +82,7 @@ async def test_keygen_and_keysync_ride_out_every_store_error(
     high = settings.pooled("farmer").hot.high
 
     low = settings.pooled("farmer").hot.low
-    seen: list[tuple[int, float]] = []
+    still: list[tuple[int, float]] = []
 
     async def refilled() -> bool:
         """At the high watermark. A batch taken before starve() may land after it and
@@ -91,11 +91,11 @@ async def test_keygen_and_keysync_ride_out_every_store_error(
         depth, now = int(await redis_client.llen(hot_list)), time.monotonic()
         if depth >= high:
             return True
-        if depth < low or not seen or seen[-1][0] != depth:
-            seen[:] = [(depth, now)]
-        elif now - seen[-1][1] > 1.0:
+        if depth < low or not still or still[-1][0] != depth:
+            still[:] = [(depth, now)]
+        elif now - still[-1][1] > 1.0:
             await redis_client.delete(hot_list)
-            seen.clear()
+            still.clear()
         return False
 
     def alive() -> list[str]:

@@ -111,7 +111,7 @@ async def test_another_database_is_refused_at_run_time_without_a_fence(
     theirs = await ColdStore.connect(other.postgres_dsn)
     generator = Generator(1)
     try:
-        keygen = Keygen(settings, mine, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(settings, mine, sync, asyncio.Event(), generator)
         await keygen.lease_and_generate(types["farmer"])
         taken = await GuardedCold(mine, sync, types).begin_take("farmer", 100)
         await taken.commit()

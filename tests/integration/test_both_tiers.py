@@ -84,9 +84,9 @@ async def lease_and_fill(settings: Settings, sync: SyncRecord) -> tuple[int, int
     cold = await ColdStore.connect(settings.postgres_dsn)
     generator = Generator(1)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), generator)
         farmer = build_id_types(settings)["farmer"]
-        leased = await keygen._guarded.lease_range(farmer, "keygen")
+        leased = await keygen._leases.lease_range(farmer, "keygen")
         await keygen.generate_range(farmer, leased)
         return leased.start, leased.stop
     finally:
@@ -138,7 +138,7 @@ async def test_a_record_redis_lost_is_rebuilt_before_a_postgres_failover_uses_it
             guarded = GuardedCold(cold, sync, types)
             leased = await guarded.lease_range(types["farmer"], "keygen")
             assert leased.start >= second[1], "the second range was leased twice"
-            keygen = Keygen(promoted, cold, sync, asyncio.Event(), Generator(1))
+            keygen = Keygen.on_postgres(promoted, cold, sync, asyncio.Event(), Generator(1))
             await keygen.generate_range(types["farmer"], leased)
             taken, _ = await guarded.take_batch("farmer", 50_000)
         finally:

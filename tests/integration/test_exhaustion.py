@@ -63,7 +63,7 @@ async def test_tiny_keyspace_is_issued_completely_then_410(
     hot = HotStore.from_settings(tiny_settings)
     generator = Generator(2)
     try:
-        keygen = Keygen(tiny_settings, cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(tiny_settings, cold, sync, asyncio.Event(), generator)
         keysync = Keysync(
             tiny_settings, GuardedCold(cold, sync, build_id_types(tiny_settings)), hot
         )
@@ -102,7 +102,7 @@ async def test_headroom_is_exported_as_metrics(tiny_settings: Settings, sync: Sy
     cold = await ColdStore.connect(tiny_settings.postgres_dsn)
     generator = Generator(1)
     try:
-        keygen = Keygen(tiny_settings, cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(tiny_settings, cold, sync, asyncio.Event(), generator)
         tiny = build_id_types(tiny_settings)["tiny"]
         await keygen.lease_and_generate(tiny)
         seen = await keygen.watch_headroom(tiny)

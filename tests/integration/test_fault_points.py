@@ -19,11 +19,12 @@ from keygen.main import Keygen
 from keysync.main import Keysync
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.domain.tiers import NO_STAMP, Pushed, Stamp
 from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore, Pushed
+from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import NO_STAMP, Stamp, SyncRecord
+from shared.stores.sync_record import SyncRecord
 from tests.conftest import NS
 from tests.integration.test_pipeline import cold_keys
 
@@ -40,7 +41,7 @@ async def test_killed_between_commit_and_push_loses_exactly_one_batch(
     types = build_id_types(settings)
     batch = settings.pooled("farmer").sync_batch
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
@@ -101,7 +102,7 @@ async def test_killed_while_pushing_loses_only_the_batch_being_pushed(
     config = settings.pooled("farmer")
     assert config.hot.high >= 2 * config.sync_batch  # a second batch is taken meanwhile
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
@@ -148,7 +149,7 @@ async def test_keygen_killed_between_copy_and_commit_loses_only_that_slice(
                 raise Killed(point)
 
     try:
-        dying = Keygen(settings, cold, sync, asyncio.Event(), Generator(2), fault=fault)
+        dying = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2), fault=fault)
         with pytest.raises(Killed):
             await dying.lease_and_generate(farmer)
         assert copied == ["keygen.copied", "keygen.copied"]
@@ -160,7 +161,9 @@ async def test_keygen_killed_between_copy_and_commit_loses_only_that_slice(
         assert crashed["filled_at"] is None
 
         # A fresh keygen never returns to the abandoned range: it leases the next one.
-        await Keygen(settings, cold, sync, asyncio.Event(), Generator(2)).lease_and_generate(farmer)
+        await Keygen.on_postgres(
+            settings, cold, sync, asyncio.Event(), Generator(2)
+        ).lease_and_generate(farmer)
         rows = await range_rows(settings.postgres_dsn, "farmer")
         assert [r["range_start"] for r in rows] == [0, farmer.config.range_size]
         assert rows[0]["accepted"] == crashed["accepted"] and rows[1]["filled_at"] is not None

@@ -81,7 +81,7 @@ def test_no_port_serves_nothing() -> None:
 async def test_keygen_loop_beats(settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     stop = asyncio.Event()
-    keygen = Keygen(settings, cold, sync, stop, Generator(1))
+    keygen = Keygen.on_postgres(settings, cold, sync, stop, Generator(1))
     running = asyncio.ensure_future(keygen.run())
     try:
         for _ in range(600):  # deadline: 30 s

@@ -16,10 +16,11 @@ from keysync.main import Keysync
 from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.idtypes import build_id_types
 from shared.domain.settings import Settings
+from shared.domain.tiers import Popped
 from shared.ops.databases import run_migrate
 from shared.stores import redis_keys, sql
 from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore, Popped
+from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
@@ -37,7 +38,7 @@ async def cold_keys(dsn: str, name: str) -> list[str]:
 async def test_keygen_fills_cold_to_high_watermark(settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         for name in settings.id_types:
@@ -57,7 +58,7 @@ async def test_keygen_fills_cold_to_high_watermark(settings: Settings, sync: Syn
 async def test_keygen_idles_above_low_watermark(settings: Settings, sync: SyncRecord) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         assert not await keygen.step()
@@ -73,7 +74,10 @@ async def test_concurrent_keygens_never_produce_the_same_key(
     settings = make_settings(servers, database, id_types=types)
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
     try:
-        gens = [Keygen(settings, store, sync, asyncio.Event(), Generator(2)) for store in stores]
+        gens = [
+            Keygen.on_postgres(settings, store, sync, asyncio.Event(), Generator(2))
+            for store in stores
+        ]
         await asyncio.gather(*(g.step() for g in gens))
         await asyncio.gather(*(g.step() for g in gens))
         keys = await cold_keys(settings.postgres_dsn, "shortlink")
@@ -104,7 +108,7 @@ async def test_exhausted_keyspace_is_logged_and_generation_stops(
     await run_migrate(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         with caplog.at_level(logging.ERROR):
             for _ in range(10):
                 await keygen.step()
@@ -124,7 +128,7 @@ async def test_keysync_moves_exactly_what_it_deleted(
     cold = await ColdStore.connect(settings.postgres_dsn)
     hot = HotStore.from_settings(settings)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         before = set(await cold_keys(settings.postgres_dsn, "farmer"))
@@ -170,7 +174,7 @@ async def test_concurrent_keysyncs_never_push_a_key_twice(
     stores = [await ColdStore.connect(settings.postgres_dsn) for _ in range(3)]
     hots = [HotStore.from_settings(settings) for _ in range(3)]
     try:
-        keygen = Keygen(settings, stores[0], sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, stores[0], sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         syncs = [
@@ -217,7 +221,7 @@ async def test_keygen_listens_again_after_its_connection_dies(
 ) -> None:
     cold = await ColdStore.connect(settings.postgres_dsn)
     stop = asyncio.Event()
-    keygen = Keygen(settings, cold, sync, stop, Generator(1))
+    keygen = Keygen.on_postgres(settings, cold, sync, stop, Generator(1))
     listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
     admin = await asyncpg.connect(settings.postgres_dsn)
     try:

@@ -86,9 +86,9 @@ async def generate(
     async with cold_at(dsn or settings.postgres_dsn) as cold:
         generator = Generator(1)
         try:
-            await Keygen(settings, cold, sync, asyncio.Event(), generator).lease_and_generate(
-                farmer
-            )
+            await Keygen.on_postgres(
+                settings, cold, sync, asyncio.Event(), generator
+            ).lease_and_generate(farmer)
         finally:
             generator.close()
 

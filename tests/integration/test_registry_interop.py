@@ -57,7 +57,7 @@ async def filled(
     await run_migrate(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         keysync = Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot)

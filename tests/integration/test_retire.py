@@ -50,7 +50,7 @@ async def fill(settings: Settings, sync: SyncRecord, hot: HotStore) -> None:
     await run_migrate(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)
     try:
-        keygen = Keygen(settings, cold, sync, asyncio.Event(), Generator(2))
+        keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), Generator(2))
         while await keygen.step():
             pass
         guarded = GuardedCold(cold, sync, build_id_types(settings))

@@ -82,7 +82,7 @@ async def test_each_process_works_as_its_own_role(
     keysync_cold = await ColdStore.connect(keysync_settings.postgres_dsn)
     generator = Generator(1)
     try:
-        keygen = Keygen(keygen_settings, keygen_cold, sync, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(keygen_settings, keygen_cold, sync, asyncio.Event(), generator)
         assert await keygen.lease_and_generate(types["shortlink"]) > 0
         guarded = GuardedCold(keysync_cold, sync, types)
         assert await Keysync(keysync_settings, guarded, hot).refill(types["shortlink"]) > 0

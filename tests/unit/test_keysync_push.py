@@ -12,11 +12,9 @@ from keysync.main import Keysync
 from shared import runtime
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.ports import OpenBatch
 from shared.domain.settings import Settings
-from shared.stores.cold_store import SequenceState
-from shared.stores.hot_store import Depth, Pushed
-from shared.stores.ports import OpenBatch
-from shared.stores.sync_record import NO_STAMP, Stamp
+from shared.domain.tiers import NO_STAMP, Depth, Pushed, SequenceState, Stamp
 
 
 class ServerEpochs:

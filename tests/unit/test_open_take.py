@@ -13,8 +13,8 @@ import pytest
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.settings import IdTypeConfig
-from shared.stores.cold_store import ColdStore, LeasedRange, OpenTake
-from shared.stores.sync_record import Stamp
+from shared.domain.tiers import LeasedRange, Stamp
+from shared.stores.cold_store import ColdStore, OpenTake
 
 
 class Transaction:

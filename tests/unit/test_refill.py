@@ -8,12 +8,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dispenser.metrics import DispenserMetrics
-from dispenser.service import Dispenser
+from dispenser.service import Dispenser, Stores
 from keysync.main import RefillMeter
 from shared.domain.settings import load_settings
-from shared.stores.hot_store import HotStore, Popped, Refill
-from shared.stores.redis_endpoint import RedisEndpoint
-from tests.conftest import EMPTY_CONFIG, NS, TEST_SECRET, small_types
+from shared.domain.tiers import Popped, Refill
+from shared.stores.memory import MemoryHot, MemoryLedger, MemoryNudges
+from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
 
 
 def test_the_refill_rate_is_keys_over_the_recent_window() -> None:
@@ -31,8 +31,9 @@ def dispenser() -> Dispenser:
         id_types=small_types(),  # sync_batch 500, hot.high 1000
         dispenser={"retry_after_s": 2, "retry_after_max_s": 30},
     )
-    hot = HotStore(RedisEndpoint("redis://127.0.0.1:1/0"), NS)  # never contacted here
-    return Dispenser(settings, hot, DispenserMetrics(CollectorRegistry()))
+    ledger = MemoryLedger()
+    stores = Stores(MemoryHot(), MemoryNudges(), ledger, ledger)
+    return Dispenser(settings, stores, DispenserMetrics(CollectorRegistry()))
 
 
 @pytest.mark.parametrize(

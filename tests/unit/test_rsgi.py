@@ -35,6 +35,9 @@ class FakeHeaders:
     def __contains__(self, key: str) -> bool:
         return any(name == key for name, _ in self.pairs)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        return next((value for name, value in self.pairs if name == key), default)
+
 
 @dataclass
 class FakeScope:
@@ -203,6 +206,12 @@ class StubDispenser:
         self.segments = {"farmer": "farmer"}
         self.gate = Gate(AuthConfig())
         self.metrics = DispenserMetrics(CollectorRegistry())
+
+    def canonical(self, segment: str) -> str:
+        return self.segments.get(segment, segment)
+
+    def take_ready(self, name: str) -> None:
+        return None
 
     async def take_one(self, name: str, client: str) -> str:
         if isinstance(self.outcome, Exception):

@@ -10,8 +10,9 @@ moves by about a tenth, so it is the one to compare two builds with (alternating
 
 Results: ``requests`` answered in ``--seconds`` after a warm-up, ``cpu_us_per_request``
 (this process's CPU time, Redis's not included), ``wall_us_per_request``,
-``requests_per_pop`` (requests served by one coalesced Redis call) and ``non_200``
-(answers other than 200: must be 0, or the figures are not the single-ID route's).
+``keys_per_pop`` (keys one coalesced Redis call took: for the requests waiting and
+for the type's prefetch stock) and ``non_200`` (answers other than 200: must be 0, or
+the figures are not the single-ID route's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 import uvloop
+from prometheus_client import CollectorRegistry
 
 from dispenser.app import create_app
 from dispenser.fastpath import FastPath
@@ -64,6 +66,12 @@ class _Answers:
             self.other += 1
 
 
+def _pops(registry: CollectorRegistry) -> tuple[float, float]:
+    """Coalesced pops made so far, and the keys they asked for (kd_pop_requests)."""
+    count = registry.get_sample_value("kd_pop_requests_count") or 0.0
+    return count, registry.get_sample_value("kd_pop_requests_sum") or 0.0
+
+
 async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]:
     starlette = app.app
     answers = _Answers()
@@ -76,8 +84,8 @@ async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]
     async with starlette.router.lifespan_context(starlette):
         for _ in range(WARM_UP // CALLERS):
             await asyncio.gather(*(one() for _ in range(CALLERS)))
-        coalescer = starlette.state.dispenser.coalescer
-        pops_before, served_before = coalescer.pops, coalescer.served
+        registry = starlette.state.dispenser.metrics.registry
+        pops_before, keys_before = _pops(registry)
         ok_before, other_before = answers.ok, answers.other
         per_caller = max(1, (budget - WARM_UP) // CALLERS)
         deadline = time.monotonic() + seconds
@@ -92,14 +100,14 @@ async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]
         await asyncio.gather(*(caller() for _ in range(CALLERS)))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         requests = answers.ok + answers.other - ok_before - other_before
-        pops = coalescer.pops - pops_before
-        served = coalescer.served - served_before
+        pops, keys = _pops(registry)
+        pops, keys = pops - pops_before, keys - keys_before
     return {
         "requests": requests,
         "seconds": round(wall, 3),
         "cpu_us_per_request": round(cpu / max(requests, 1) * 1e6, 2),
         "wall_us_per_request": round(wall / max(requests, 1) * 1e6, 2),
-        "requests_per_pop": round(served / max(pops, 1), 2),
+        "keys_per_pop": round(keys / max(pops, 1), 2),
         "non_200": answers.other - other_before,
         "callers": CALLERS,
     }

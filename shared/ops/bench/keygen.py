@@ -60,7 +60,7 @@ async def stored(settings: Settings, name: str, seconds: float) -> float:
     generator = Generator(settings.keygen.threads)
     try:
         # A scratch database: no PostgreSQL fence (its record would be the real one's).
-        keygen = Keygen(settings, cold, None, asyncio.Event(), generator)
+        keygen = Keygen.on_postgres(settings, cold, None, asyncio.Event(), generator)
         id_type = build_id_types(settings)[name]
         before = (await cold.range_stats(name))["accepted"]
         started = time.perf_counter()

@@ -4,10 +4,11 @@ The bare apps answer every request with a constant JSON body, each the ceiling o
 way of serving HTTP on this machine: ``bare`` a Starlette endpoint (uvicorn +
 Starlette), ``bare_asgi`` a pure ASGI app (the server alone: uvicorn's ceiling, which
 the dispenser on uvicorn is compared with) and ``bare_rsgi`` a pure RSGI app (granian's
-ceiling, which the dispenser on granian is compared with). ``pg_baseline``: IDs issued from PostgreSQL per
-request with ``SELECT ... FOR UPDATE SKIP LOCKED`` + ``UPDATE``, the way the reference
-OpenG2P ID Generator issues them (on asyncpg, a faster driver than the reference's).
-Both are run by uvicorn; `bare` also by granian, with the options the dispenser uses.
+ceiling, which the dispenser on granian is compared with). ``pg_baseline``: IDs issued
+from PostgreSQL per request with ``SELECT ... FOR UPDATE SKIP LOCKED`` + ``UPDATE``, the
+way the reference OpenG2P ID Generator issues them (on asyncpg, a faster driver than the
+reference's). uvicorn runs ``bare``, ``bare_asgi`` and ``pg_baseline``; granian runs
+``bare`` (over ASGI) and ``bare_rsgi``, with the options the dispenser uses.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from starlette.routing import Route
 
 from dispenser.app import ROUTES
-from dispenser.fastpath import ALLOCATE_ONE, ALLOCATE_ONE_PATH, path_pattern
+from dispenser.single import ALLOCATE_ONE, ALLOCATE_ONE_PATH, path_pattern
 from shared.domain.settings import ALIAS, ID_TYPE_NAME
 
 

@@ -1,0 +1,94 @@
+"""Every answer to "one ID" (``POST /v1/idgenerator/{id_type}/id``), decided here.
+
+``answer`` takes the path's type segment and the request's headers and gives the whole
+answer (status, headers, body): the API-key check, the Idempotency-Key, the key itself
+(prefetched, minted or popped), the envelope, the error answers, the latency and error
+metrics. It does no I/O of its own beyond the service's, so a unit test drives it
+without a server. Three adapters carry its answer, a few lines each: over RSGI and
+over ASGI in ``dispenser.fastpath`` (before Starlette's stack), and the Starlette
+route in ``dispenser.app`` (for a path the fast path leaves to the router).
+"""
+
+from __future__ import annotations
+
+import re
+from time import perf_counter
+from typing import Final
+
+from dispenser import envelope
+from dispenser.auth import HeaderLookup
+from dispenser.envelope import JSON, Answer, ok_id
+from dispenser.service import Dispenser
+from shared.domain.errors import InvalidInput, KeydispenserError
+from shared.domain.settings import ALIAS
+
+ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
+_OK: Final = [JSON]
+_REPLAYED: Final = [JSON, ("idempotent-replayed", "true")]
+
+
+def path_pattern(template: str, name: re.Pattern[str]) -> re.Pattern[str]:
+    """The paths ``template`` stands for, its ``{id_type}`` a group ``name`` matches.
+
+    Anchored with \\A and \\Z: a $ would also let a path through with a newline after it.
+    """
+    placeholder = re.escape("{id_type}")
+    escaped = re.escape(template)
+    if escaped.count(placeholder) != 1:
+        raise ValueError(f"route template {template!r} must hold {{id_type}} once")
+    group = f"(?P<name>{_unanchored(name)})"
+    return re.compile(r"\A" + escaped.replace(placeholder, group) + r"\Z")
+
+
+def _unanchored(pattern: re.Pattern[str]) -> str:
+    """The body of a ^...$ pattern (ID_TYPE_NAME is anchored: it is also an OpenAPI pattern)."""
+    text = pattern.pattern
+    if not (text.startswith("^") and text.endswith("$")):
+        raise ValueError(f"expected a pattern anchored with ^ and $, got {text!r}")
+    return text[1:-1]
+
+
+# Every well-formed type segment (ALIAS admits every type name too).
+ALLOCATE_ONE_PATH: Final = path_pattern(ALLOCATE_ONE, ALIAS)
+
+
+def idempotency_key(headers: HeaderLookup) -> str | None:
+    """The Idempotency-Key header: 1..255 visible ASCII characters, or absent."""
+    raw = headers.get("idempotency-key")
+    return None if raw is None else checked_idempotency_key(raw)
+
+
+def checked_idempotency_key(raw: str) -> str:
+    """``raw`` when it is an Idempotency-Key (1..255 visible ASCII characters)."""
+    if not 1 <= len(raw) <= 255 or not all(33 <= ord(c) <= 126 for c in raw):
+        raise InvalidInput("Idempotency-Key must be 1..255 visible ASCII characters")
+    return str(raw)
+
+
+async def answer(dispenser: Dispenser, segment: str, headers: HeaderLookup) -> Answer:
+    """The answer to a request for one ID of the type ``segment`` names (its name or an
+    alias). Never raises: a refusal or a crash is an error answer, logged and counted."""
+    started = perf_counter()
+    try:
+        name = dispenser.segments.get(segment, segment)  # an alias -> its type's name
+        client = dispenser.gate.admit(headers, name)
+        once = headers.get("idempotency-key")
+        if once is None:
+            key = dispenser.take_ready(name)  # at hand: answered without waiting
+            if key is None:
+                key = await dispenser.take_one(name, client)
+            result: Answer = (200, _OK, ok_id(key))
+        else:
+            once = checked_idempotency_key(once)
+            popped = await dispenser.take(name, 1, client, once)
+            result = (200, _REPLAYED if popped.replayed else _OK, ok_id(popped.keys[0]))
+    except KeydispenserError as exc:
+        result = envelope.refusal(exc, headers, dispenser.metrics, _path(segment))
+    except Exception:
+        result = envelope.crashed(headers, _path(segment))
+    dispenser.metrics.latency.observe(ALLOCATE_ONE, perf_counter() - started)
+    return result
+
+
+def _path(segment: str) -> str:
+    return ALLOCATE_ONE.replace("{id_type}", segment)

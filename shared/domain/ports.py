@@ -1,0 +1,153 @@
+"""The ports: each process's view of the tiers, as the process needs it.
+
+The stores (``shared.stores``) implement them over PostgreSQL and Redis; the in-memory
+adapters (``shared.stores.memory``) implement them for unit tests of the processes'
+logic (the dispenser's service and coalescer, keygen's loop). A port names only what
+its process calls, and imports only the domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from shared.domain.idtypes import IdType
+from shared.domain.tiers import Depth, LeasedRange, Popped, Pushed, SequenceState, Stamp
+
+# --- the dispenser ---------------------------------------------------------------
+
+
+class HotPool(Protocol):
+    """The dispenser's view of the hot tier: it pops keys and reads depths."""
+
+    async def pop(
+        self,
+        name: str,
+        count: int,
+        clients: Sequence[str] = (),
+        ledger: bool = False,
+        *,
+        on_line: bool = False,
+    ) -> Popped: ...
+
+    async def pop_once(
+        self,
+        name: str,
+        count: int,
+        idempotency_key: str,
+        ttl_s: int,
+        client: str = ...,
+        ledger: bool = False,
+    ) -> Popped: ...
+
+    async def depth(self, name: str) -> int: ...
+
+    async def exhausted(self, name: str) -> bool: ...
+
+    async def refuse_eviction(self) -> None: ...
+
+
+class Nudges(Protocol):
+    """How a dispenser wakes keysync for a type at once."""
+
+    async def nudge(self, name: str) -> None: ...
+
+
+class LedgerWrites(Protocol):
+    """The ledger stream as a dispenser writes it (marks of use) and reads its length."""
+
+    async def backlog(self) -> int: ...
+
+    async def record_used(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> None: ...
+
+
+class LedgerLookup(Protocol):
+    """What the ledger knows of one key (``GET /v1/keys/{type}/{key}``)."""
+
+    async def lookup(self, name: str, key: str) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+# --- keygen ----------------------------------------------------------------------
+
+
+class RangeLeases(Protocol):
+    """keygen's counter ranges: each lease disjoint from every other, ever."""
+
+    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange: ...
+
+
+class KeyInventory(Protocol):
+    """keygen's view of the cold tier: how deep it is, and the keys it adds."""
+
+    async def depth(self, name: str, cap: int) -> int: ...
+
+    async def insert_keys(
+        self,
+        id_type: IdType,
+        leased: LeasedRange,
+        keys: Sequence[str],
+        candidates: int,
+        *,
+        final: bool,
+        before_commit: Callable[[], object] = ...,
+    ) -> None: ...
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState: ...
+
+    async def range_stats(self, name: str) -> dict[str, int]: ...
+
+
+# --- keysync ---------------------------------------------------------------------
+
+
+class OpenBatch(Protocol):
+    """Keys deleted in a transaction still open (``cold_store.OpenTake``)."""
+
+    @property
+    def keys(self) -> list[str]: ...
+
+    @property
+    def stamp(self) -> Stamp: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
+class ColdInventory(Protocol):
+    """keysync's view of the cold tier."""
+
+    async def begin_take(self, name: str, size: int) -> OpenBatch: ...
+
+    async def vouch(self) -> None: ...
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState: ...
+
+    async def wake_keygen(self, name: str) -> None: ...
+
+
+class HotLists(Protocol):
+    """keysync's view of the hot tier."""
+
+    async def observe(self, name: str) -> Depth: ...
+
+    async def push(
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = ...,
+        not_after_ms: int = 0,
+        marker_ttl_s: float = ...,
+    ) -> Pushed: ...
+
+    async def server_time_ms(self) -> int: ...
+
+    async def record_refill(self, name: str, rate: float, at: float) -> None: ...
+
+    async def mark_exhausted(self, name: str) -> None: ...

@@ -1,0 +1,92 @@
+"""The values the tiers hand the processes: what a pop, a push, a depth read, a range
+lease and a guarded statement give back. Plain data, shared by the ports
+(``shared.domain.ports``), the stores that implement them and the processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Refill:
+    """What keysync last observed of a hot list's refill (only read when it is empty)."""
+
+    rate: float  # keys/s
+    at: float  # unix time of the observation
+
+
+@dataclass(frozen=True)
+class Popped:
+    keys: list[str]
+    remaining: int
+    exhausted: bool  # only ever True when ``keys`` is empty
+    discarded: int = 0  # inherited keys a fence discarded during this call
+    replayed: bool = False  # the keys a previous request with the same idempotency key got
+    refill: Refill | None = None  # set only when no key was available
+
+
+@dataclass(frozen=True)
+class Pushed:
+    length: int
+    token: str  # identity of the server that answered: run_id:master_replid
+    # pushed | duplicate | refused | expired, or the stamp's refusal: stale | untrusted |
+    # foreign | halted (push.lua)
+    status: str
+    discarded: int = 0
+
+
+@dataclass(frozen=True)
+class Depth:
+    length: int
+    token: str
+    discarded: int = 0
+
+
+@dataclass(frozen=True)
+class LeasedRange:
+    start: int
+    stop: int
+    fences: int = 0  # the fences the lease was made under (sql.LOCK_FENCES)
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """Counters of a type's domain already leased, and the domain's size."""
+
+    leased_counters: int
+    domain: int
+
+    @property
+    def headroom(self) -> int:
+        return self.domain - self.leased_counters
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """The sync clock after a guarded statement: the history it belongs to (database,
+    timeline, fork), its value, and the fences that history has seen."""
+
+    timeline: int
+    fork: int
+    clock: int
+    database: str = ""  # DATABASE_IDENTITY in sql.py: system identifier / database name
+    fences: int = 0
+
+    def args(self) -> list[object]:
+        """What sync_record.lua's ``record_stamp`` takes (database first)."""
+        return [self.database, self.timeline, self.fork, self.clock]
+
+    @classmethod
+    def of(cls, row: Any) -> Stamp:
+        """From a row holding timeline, fork, clock, fences and database."""
+        return cls(
+            int(row["timeline"]),
+            int(row["fork"]),
+            int(row["clock"]),
+            str(row["database"]),
+            int(row["fences"]),
+        )
+
+
+NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)

@@ -1,0 +1,178 @@
+"""In-memory adapters of the ports (``shared.domain.ports``), for unit tests of the
+processes' logic: the dispenser's service and coalescer, keygen's loop.
+
+They keep the contracts a unit test relies on (a key popped once is gone, a range
+leased once is never leased again, an idempotency record replays its keys to its own
+client) and none of the faults the real stores guard against: no fence, no failover,
+no transaction. Whatever a test proves with them is about the logic above the port;
+what the stores themselves guarantee is proven against real servers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.errors import IdempotencyMismatch, KeyspaceExhausted
+from shared.domain.idtypes import IdType
+from shared.domain.tiers import LeasedRange, Popped, SequenceState
+
+
+@dataclass
+class MemoryHot:
+    """The hot lists (``HotPool``): a deque of keys per type."""
+
+    lists: dict[str, deque[str]] = field(default_factory=dict)
+    exhausted_types: set[str] = field(default_factory=set)
+    # Issues recorded for ledger types: (type, key, client), in pop order.
+    issued: list[tuple[str, str, str]] = field(default_factory=list)
+    pops: list[tuple[str, int]] = field(default_factory=list)  # (type, count) per pop
+    _records: dict[tuple[str, str], tuple[str, Popped]] = field(default_factory=dict)
+
+    def push(self, name: str, keys: Iterable[str]) -> None:
+        self.lists.setdefault(name, deque()).extend(keys)
+
+    async def pop(
+        self,
+        name: str,
+        count: int,
+        clients: Sequence[str] = (),
+        ledger: bool = False,
+        *,
+        on_line: bool = False,
+    ) -> Popped:
+        self.pops.append((name, count))
+        hot = self.lists.setdefault(name, deque())
+        taken = [hot.popleft() for _ in range(min(count, len(hot)))]
+        if ledger:
+            names = list(clients or (ANONYMOUS,))
+            for index, key in enumerate(taken):
+                self.issued.append((name, key, names[index] if len(names) > 1 else names[0]))
+        if not taken:
+            return Popped([], 0, name in self.exhausted_types)
+        return Popped(taken, len(hot), exhausted=False)
+
+    async def pop_once(
+        self,
+        name: str,
+        count: int,
+        idempotency_key: str,
+        ttl_s: int,
+        client: str = ANONYMOUS,
+        ledger: bool = False,
+    ) -> Popped:
+        fingerprint = f"{client}:{name}:{count}"
+        record = self._records.get((client, idempotency_key))
+        if record is not None:
+            made_for, popped = record
+            if made_for != fingerprint:
+                raise IdempotencyMismatch(idempotency_key)
+            return Popped(popped.keys, popped.remaining, popped.exhausted, replayed=True)
+        popped = await self.pop(name, count, (client,), ledger)
+        if popped.keys:
+            self._records[(client, idempotency_key)] = (fingerprint, popped)
+        return popped
+
+    async def depth(self, name: str) -> int:
+        return len(self.lists.get(name, ()))
+
+    async def exhausted(self, name: str) -> bool:
+        return name in self.exhausted_types
+
+    async def refuse_eviction(self) -> None:
+        return None
+
+
+@dataclass
+class MemoryNudges:
+    """keysync's wake list (``Nudges``): the types nudged, in order."""
+
+    nudged: list[str] = field(default_factory=list)
+
+    async def nudge(self, name: str) -> None:
+        self.nudged.append(name)
+
+
+@dataclass
+class MemoryLedger:
+    """The ledger stream and its lookups (``LedgerWrites``, ``LedgerLookup``)."""
+
+    used: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    held: int = 0  # entries not yet drained (what ``backlog`` reports)
+
+    async def backlog(self) -> int:
+        return self.held
+
+    async def record_used(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> None:
+        self.used.extend((name, key, client, admin) for key in keys)
+
+    async def lookup(self, name: str, key: str) -> dict[str, Any]:
+        return {"id_type": name, "key": key, "issued": False, "used": False}
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class MemoryCold:
+    """keygen's cold tier (``KeyInventory`` and ``RangeLeases``): a set of keys per
+    type, and one counter per type from which disjoint ranges are leased."""
+
+    keys: dict[str, set[str]] = field(default_factory=dict)
+    next_counter: dict[str, int] = field(default_factory=dict)
+    ranges: list[tuple[str, int, int]] = field(default_factory=list)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
+        start = self.next_counter.get(id_type.name, 0)
+        if start >= id_type.domain_size:
+            raise KeyspaceExhausted(id_type.name)
+        stop = min(start + id_type.config.range_size, id_type.domain_size)
+        self.next_counter[id_type.name] = stop
+        self.ranges.append((id_type.name, start, stop))
+        self._stats(id_type.name)["leased"] += 1
+        return LeasedRange(start, stop)
+
+    async def depth(self, name: str, cap: int) -> int:
+        return min(len(self.keys.get(name, ())), cap)
+
+    async def insert_keys(
+        self,
+        id_type: IdType,
+        leased: LeasedRange,
+        keys: Sequence[str],
+        candidates: int,
+        *,
+        final: bool,
+        before_commit: Callable[[], object] = lambda: None,
+    ) -> None:
+        stored = self.keys.setdefault(id_type.name, set())
+        if not stored.isdisjoint(keys):
+            raise AssertionError(f"{id_type.name}: a key inserted twice")
+        before_commit()
+        stored.update(keys)
+        stats = self._stats(id_type.name)
+        stats["candidates"] += candidates
+        stats["accepted"] += len(keys)
+        stats["filled"] += 1 if final else 0
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState:
+        return SequenceState(self.next_counter.get(id_type.name, 0), id_type.domain_size)
+
+    async def range_stats(self, name: str) -> dict[str, int]:
+        return dict(self._stats(name))
+
+    def take(self, name: str, count: int) -> list[str]:
+        """Remove up to ``count`` keys (as keysync would), any of them."""
+        stored = self.keys.get(name, set())
+        return [stored.pop() for _ in range(min(count, len(stored)))]
+
+    def _stats(self, name: str) -> dict[str, int]:
+        return self.stats.setdefault(
+            name, {"leased": 0, "filled": 0, "candidates": 0, "accepted": 0}
+        )
