@@ -40,10 +40,10 @@ from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser, Stores
 from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.leases import lease_wait
-from shared.domain.settings import Settings
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.domain.tiers import Popped
 from shared.leasing import LeaseMetrics

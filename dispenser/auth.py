@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.domain.apikeys import ANONYMOUS, digest
+from shared.domain.config import ApiKeyConfig, AuthConfig
 from shared.domain.errors import InvalidInput, KeydispenserError
-from shared.domain.settings import ApiKeyConfig, AuthConfig
 
 
 class Unauthenticated(KeydispenserError):

@@ -12,8 +12,8 @@ from starlette.types import ASGIApp
 from dispenser.app import create_app
 from dispenser.server import granian_options, uvicorn_options
 from shared import logs
+from shared.domain.config import Settings, load_settings
 from shared.domain.errors import StoreUnavailable
-from shared.domain.settings import Settings, load_settings
 from shared.stores.hot_store import HotStore
 
 log = logging.getLogger(__name__)

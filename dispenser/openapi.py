@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.domain.settings import ALIAS, ID_TYPE_NAME, Settings, path_segments
+from shared.domain.config import Settings, path_segments
+from shared.domain.names import ALIAS, ID_TYPE_NAME
 
 Json = dict[str, Any]
 KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,256}$"

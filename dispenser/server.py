@@ -27,7 +27,7 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from shared.domain.settings import DispenserConfig
+from shared.domain.config import DispenserConfig
 
 HEAD_TOO_LARGE = "Request head too large."
 # Seconds a stopping server gives in-flight requests before it cuts them off.

@@ -17,6 +17,7 @@ from dispenser.auth import Gate
 from dispenser.coalesce import STOCKED, Coalescer
 from dispenser.metrics import DispenserMetrics
 from dispenser.snowflake import Snowflakes, no_leases
+from shared.domain.config import Settings, path_segments
 from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
@@ -27,8 +28,8 @@ from shared.domain.errors import (
     UnknownIdType,
 )
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.names import ID_TYPE_NAME
 from shared.domain.ports import HotPool, LedgerLookup, LedgerWrites, Nudges
-from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
 from shared.domain.snowflake import Minter, SnowflakeType
 from shared.domain.tiers import Popped
 

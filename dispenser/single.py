@@ -20,7 +20,7 @@ from dispenser.auth import HeaderLookup
 from dispenser.envelope import JSON, Answer, ok_id
 from dispenser.service import Dispenser
 from shared.domain.errors import InvalidInput, KeydispenserError
-from shared.domain.settings import ALIAS
+from shared.domain.names import ALIAS
 
 ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
 _OK: Final = [JSON]

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from keygen.generation import Generator
 from keygen.headroom import Headroom, HeadroomWatch
 from keygen.metrics import KeygenMetrics
+from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceExhausted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import KeyInventory, RangeLeases
-from shared.domain.settings import Settings
 from shared.domain.tiers import LeasedRange
 from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics

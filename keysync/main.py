@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CollectorRegistry
 
 from keysync.metrics import KeysyncMetrics
+from shared.domain.config import IdTypeConfig, Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import ColdInventory, HotLists, OpenBatch
-from shared.domain.settings import IdTypeConfig, Settings
 from shared.domain.tiers import NO_STAMP, Stamp
 from shared.metrics import FENCE_REFUSALS, Heartbeat
 from shared.metrics import serve as serve_metrics

@@ -30,9 +30,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.domain.config.redis import DEFAULT_NAMESPACE
 from shared.domain.errors import NoMachineIdFree, StoreUnavailable
 from shared.domain.leases import NO_WAIT, LeaseWait, check_pool, check_ttl, safety_margin_s
-from shared.domain.settings import DEFAULT_NAMESPACE
 from shared.stores.machine_leases import Acquired, MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 

@@ -185,9 +185,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_type_may_be_named_like_the_fences_registry",
-        "shared/domain/settings.py",
-        "            if name in RESERVED_TYPE_NAMES:",
-        "            if False:",
+        "shared/domain/config/idtypes.py",
+        "        if name in redis_keys.RESERVED_TYPE_NAMES:",
+        "        if False:",
         ("tests/unit/test_settings.py",),
     ),
     Mutant(
@@ -430,7 +430,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "idempotency_record_not_keyed_on_the_client",
-        "shared/stores/redis_keys.py",
+        "shared/domain/redis_keys.py",
         'digest = hashlib.sha256(f"{client}\\n{key}".encode()).hexdigest()',
         'digest = hashlib.sha256(f"{key}".encode()).hexdigest()',
         IDEMPOTENCY_TESTS,
@@ -486,7 +486,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "fence_shared_by_every_namespace",
-        "shared/stores/redis_keys.py",
+        "shared/domain/redis_keys.py",
         'return f"{namespace}:fence"',
         'return "kd:fence"',
         ("tests/integration/test_namespaces.py", "tests/unit/test_redis_keys.py"),

@@ -7,7 +7,6 @@ wait and ask again (the same request, the same Idempotency-Key), or stop for goo
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -206,7 +205,3 @@ def unreachable(exc: Exception, backoff: Backoff) -> Wait:
 
 def chunks(keys: list[str], size: int) -> list[list[str]]:
     return [keys[i : i + size] for i in range(0, len(keys), size)]
-
-
-def deadline_left(deadline: float, now: float) -> float:
-    return math.inf if deadline == math.inf else max(0.0, deadline - now)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.domain.settings import FilterLimits
+from shared.domain.config import FilterLimits
 
 Profile = Literal["openg2p", "mosip", "none"]
 

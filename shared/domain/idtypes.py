@@ -11,11 +11,12 @@ import numpy.typing as npt
 from shared.domain import permutation
 from shared.domain.arrays import U64, Cols
 from shared.domain.checkdigit import verhoeff_columns, verhoeff_valid
+from shared.domain.config import IdTypeConfig, Settings
+from shared.domain.config.idtypes import BASE62_ALPHABET
 from shared.domain.errors import ConfigError, InvalidInput
 from shared.domain.filters import Rules, rejected_by
 from shared.domain.numeric import ChunkFilter, split_chunks
 from shared.domain.permutation import FeistelPermutation, derive_key, key_digest
-from shared.domain.settings import BASE62_ALPHABET, IdTypeConfig, Settings
 from shared.domain.vfilters import prefilter, reject
 
 _MAX_INPUT = 256

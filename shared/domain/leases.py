@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.domain.errors import ConfigError
-from shared.domain.settings import ID_TYPE_NAME, Settings
+from shared.domain.names import ID_TYPE_NAME
+
+if TYPE_CHECKING:  # the configuration's ID types import MAX_POOL_IDS from here
+    from shared.domain.config import Settings
 
 MAX_POOL_IDS = 4_096  # one acquire scans the range in one script call: a full 4,096-ID
 # pool takes tens of milliseconds of Redis time, which the hot tier shares

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shared.domain.config import Settings, SnowflakeConfig
+from shared.domain.config.idtypes import BASE62_ALPHABET, SNOWFLAKE_BITS
 from shared.domain.errors import (
     ClockBehind,
     InvalidInput,
@@ -26,7 +28,6 @@ from shared.domain.errors import (
     SnowflakeTimeExhausted,
 )
 from shared.domain.idtypes import radix_columns, to_strings
-from shared.domain.settings import BASE62_ALPHABET, SNOWFLAKE_BITS, Settings, SnowflakeConfig
 
 Clock = Callable[[], int]
 _MAX_INPUT = 256

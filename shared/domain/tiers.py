@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The most keys one pop hands back. The pop script takes one API-client name per key as
+# an argument, and Lua's unpack() fails near 8,000 of them (after the keys were popped):
+# dispenser.max_batch stays at or below this.
+MAX_KEYS_PER_POP = 5_000
+
 
 @dataclass(frozen=True)
 class Refill:

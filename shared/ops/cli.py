@@ -23,15 +23,15 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from shared import logs
 from shared.domain.apikeys import config_entry, new_api_key
+from shared.domain.config import Settings, describe, load_settings
 from shared.domain.errors import ConfigError, KeydispenserError
-from shared.domain.settings import Settings, describe, load_settings
 from shared.ops import stack
-from shared.ops.bench import BENCH_PERMUTATION_KEY, TARGETS
+from shared.ops.catalog import BENCHES
 
 Handler = Callable[[Settings, argparse.Namespace], None]
 # Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
@@ -103,7 +103,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     options = Options(
         args.load, tuple(args.processes), args.sync_batch, args.keysyncs, servers, args.rate
     )
-    results = asyncio.run(run(args.target, _with_bench_key(settings), args.seconds, options))
+    results = asyncio.run(run(args.bench, settings, args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
 
@@ -123,10 +123,10 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
             lease_wait=not args.no_lease_wait,
         )
     )
-    _write_json(report, args.json)
+    _write_json(report.as_json(), args.json)
     print(format_table(report))
-    if report["verdict"]:
-        raise KeydispenserError("the drill failed: " + "; ".join(report["verdict"]))
+    if failures := report.failures():
+        raise KeydispenserError("the drill failed: " + "; ".join(failures))
 
 
 def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
@@ -267,7 +267,12 @@ def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = _command(commands, "bench", run_bench, "measure throughput; writes JSON results")
-    bench.add_argument("target", choices=TARGETS, help="what to measure")
+    bench.add_argument(
+        "bench",
+        choices=BENCHES,
+        metavar="BENCH",
+        help="what to measure: " + "; ".join(f"{name}: {what}" for name, what in BENCHES.items()),
+    )
     bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
     bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
     bench.add_argument(
@@ -575,13 +580,6 @@ def _whole(raw: str) -> int:
     if not raw.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {raw!r}")
     return int(raw)
-
-
-def _with_bench_key(settings: Settings) -> Settings:
-    """Benchmarks generate into scratch databases: any key will do when none is set."""
-    if settings.permutation_key is not None:
-        return settings
-    return settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})
 
 
 if __name__ == "__main__":

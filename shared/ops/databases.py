@@ -6,9 +6,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
+from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.stores.schema import migrate
 
 # The database every PostgreSQL server has: scratch databases are created through it.

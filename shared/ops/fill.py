@@ -14,9 +14,9 @@ from tqdm import tqdm
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.runtime import stop_on_signals
 from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore

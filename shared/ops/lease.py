@@ -29,9 +29,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from shared.domain.config import Settings
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import lease_wait, safety_margin_s
-from shared.domain.settings import Settings
 from shared.leasing import LeaseMetrics, MachineLease, default_owner, lease_machine_id
 from shared.metrics import serve
 from shared.stores.machine_leases import Holders, MachineLeases

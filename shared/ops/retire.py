@@ -7,8 +7,9 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.config import Settings, path_segments
 from shared.domain.errors import ConfigError
-from shared.domain.settings import ID_TYPE_NAME, Settings, path_segments
+from shared.domain.names import ID_TYPE_NAME
 from shared.stores import schema
 from shared.stores.hot_store import HotStore
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores import sql
 from shared.stores.binding import bind

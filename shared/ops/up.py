@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
+from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
-from shared.domain.settings import Settings
 from shared.ops import stack
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis

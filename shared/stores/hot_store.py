@@ -10,11 +10,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from shared.domain import redis_keys
 from shared.domain.apikeys import ANONYMOUS
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, IdempotencyMismatch, StoreUnavailable
-from shared.domain.settings import Settings
 from shared.domain.tiers import NO_STAMP, Depth, Popped, Pushed, Refill, Stamp
-from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import (
     RedisPort,

@@ -8,8 +8,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import RedisPort, forget_consumer_keys
 

@@ -23,8 +23,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError, ReadOnlyError, RedisError, TimeoutError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from shared.domain.config import SentinelConfig, Settings
 from shared.domain.errors import StoreUnavailable
-from shared.domain.settings import SentinelConfig, Settings
 
 log = logging.getLogger(__name__)
 _RESOLVE_EVERY_S = 0.05  # at most this often while the primary cannot be found

@@ -22,8 +22,8 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
+from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
-from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
 from shared.stores.script_line import LineScript, ScriptLine
 

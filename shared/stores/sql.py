@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from shared.domain.settings import ID_TYPE_NAME
+from shared.domain.names import ID_TYPE_NAME
 
 
 def ident(name: str) -> str:

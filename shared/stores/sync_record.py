@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.domain.tiers import Stamp
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import RedisPort, record_keys

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.redis_scripts import RedisPort, nudge_keys
 

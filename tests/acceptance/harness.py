@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
-from shared.domain.settings import ApiKeyConfig, AuthConfig, Settings
+from shared.domain.config import ApiKeyConfig, AuthConfig, Settings
 from shared.ops.processes import run_cli
-from shared.stores import redis_keys
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import NS
 
@@ -53,6 +53,31 @@ def test_bench_keysync_refuses_a_redis_database_holding_state(
     refused = run_cli("bench", "keysync", "--seconds", "0.05", env=env, timeout_s=120)
     assert refused.returncode == 2
     assert "scratch database" in refused.stderr
+
+
+def test_every_bench_leaves_its_scratch_redis_database_as_found(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``bench dispense`` runs a whole dispenser (fence, sync record, hot registry); the
+    next bench on the same ``redis_url`` is not refused, and neither leaves a key."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        client.set(f"{NS}:operator-note", "kept")  # what was there stays
+        before = set(client.scan_iter(match=f"{NS}:*"))
+        dispense = run_cli(
+            "bench", "dispense", "--seconds", "1", "--load", "bundled", "--servers", "uvicorn",
+            env=env, timeout_s=300,
+        )  # fmt: skip
+        assert dispense.returncode == 0, dispense.stderr[-3000:]
+        assert set(client.scan_iter(match=f"{NS}:*")) == before
+        keysync = run_cli(
+            "bench", "keysync", "--seconds", "0.05", "--processes", "1", env=env, timeout_s=300
+        )
+        assert keysync.returncode == 0, keysync.stderr[-3000:]
+        assert set(client.scan_iter(match=f"{NS}:*")) == before
+    finally:
+        client.close()
 
 
 def test_bench_client_takes_keys_through_the_client(settings: Settings, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.databases import drop_database, scratch_database
 from shared.ops.processes import run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, write_config

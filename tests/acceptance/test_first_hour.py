@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared.domain.config import default_config_path, load_settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import default_config_path, load_settings
 from shared.ops.embedded import free_port
 from shared.ops.processes import serving, types_not_serving
 

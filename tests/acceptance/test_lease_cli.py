@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.ops.processes import cli_command, run_cli, scrubbed_env
-from shared.stores import redis_keys
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import NS, Servers

@@ -24,10 +24,10 @@ import redis.asyncio as aioredis
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.drill.proxy import standalone
-from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
 from shared.stores.sync_record import SyncRecord
 from tests.acceptance.harness import ChildProcesses, process_env

@@ -19,8 +19,8 @@ import aiohttp
 import asyncpg
 import pytest
 
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.processes import kill_process, run_cli
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore

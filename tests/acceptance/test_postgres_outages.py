@@ -22,9 +22,9 @@ import pytest
 
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
+from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.domain.tiers import LeasedRange
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres

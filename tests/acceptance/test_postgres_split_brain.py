@@ -24,9 +24,9 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import Settings
 from shared.domain.tiers import Stamp
 from shared.ops.databases import run_migrate, scratch_database
 from shared.ops.drill.postgres import PostgresPair

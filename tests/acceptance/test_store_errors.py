@@ -19,8 +19,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import NS
 

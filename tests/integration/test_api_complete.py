@@ -10,9 +10,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
-from shared.domain.settings import Settings
-from shared.stores import redis_keys, sql
+from shared.domain.config import Settings
+from shared.stores import sql
 from shared.stores.hot_store import HotStore
 from tests.conftest import (
     NS,

@@ -21,9 +21,9 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain.config import Settings
 from shared.domain.errors import NamespaceBound, StoreUnavailable
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.processes import run_cli
 from shared.stores import sql
 from shared.stores.binding import bind

@@ -25,8 +25,8 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.embedded import EmbeddedRedis
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
-from shared.domain.settings import MAX_BATCH_LIMIT
+from shared.domain.tiers import MAX_KEYS_PER_POP
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import (
@@ -33,10 +33,10 @@ from tests.conftest import (
 
 
 async def test_a_full_batch_with_one_client_per_key_pops_and_records_all(hot: HotStore) -> None:
-    keys = [f"K{i:06d}" for i in range(MAX_BATCH_LIMIT)]
+    keys = [f"K{i:06d}" for i in range(MAX_KEYS_PER_POP)]
     await hot.push("shortlink", keys, uuid.uuid4().hex)
-    clients = [f"c{i}" for i in range(MAX_BATCH_LIMIT)]
-    popped = await hot.pop("shortlink", MAX_BATCH_LIMIT, clients, ledger=True)
+    clients = [f"c{i}" for i in range(MAX_KEYS_PER_POP)]
+    popped = await hot.pop("shortlink", MAX_KEYS_PER_POP, clients, ledger=True)
     assert popped.keys == keys
 
 

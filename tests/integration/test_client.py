@@ -22,9 +22,9 @@ from shared.client import (
     KeyspaceExhausted,
     RequestRefused,
 )
+from shared.domain import redis_keys
 from shared.domain.apikeys import digest
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain.config import Settings
 from shared.stores.hot_store import HotStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 

@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.domain.tiers import NO_STAMP, Pushed, Stamp
-from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from shared.stores import redis_keys
+from shared.domain import redis_keys
 from shared.stores.hot_store import HotStore
 from tests.conftest import NS
 

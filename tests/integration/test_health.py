@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync, run
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.metrics import Heartbeat, serve
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.embedded import free_port
 from shared.stores.hot_store import HotStore
 from tests.conftest import (

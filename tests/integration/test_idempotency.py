@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.stores.hot_store import HotStore
 from tests.conftest import dispenser_over_http
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import LeaseWait
 from shared.leasing import lease_machine_id
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores import redis_keys
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import NS, end_lease_settling
 from tests.integration.test_replica_fence import replicaof, synced

@@ -10,9 +10,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
-from shared.stores import redis_keys, sql
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import Applied, LedgerDrain, apply, parse

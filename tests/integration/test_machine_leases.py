@@ -16,9 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
 from shared.leasing import LeaseMetrics, SyncMachineLease, lease_machine_id
-from shared.stores import redis_keys
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import NS, Servers

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import redis.asyncio as aioredis
 
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.stores.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 

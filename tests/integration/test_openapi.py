@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from dispenser.app import ROUTES
 from shared.domain.apikeys import new_api_key
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.stores.hot_store import HotStore
 from tests.conftest import (
     Servers,

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.embedded import EmbeddedRedis
 from tests.conftest import Servers, dispenser_over_http, make_settings
 

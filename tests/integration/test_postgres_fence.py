@@ -23,10 +23,11 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import Settings
-from shared.stores import postgres_fence, redis_keys, sql
+from shared.stores import postgres_fence, sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold, settle

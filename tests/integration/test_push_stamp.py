@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.domain.tiers import Stamp
-from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.sync_record import SyncRecord
 from tests.conftest import NS

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint

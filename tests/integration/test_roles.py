@@ -18,11 +18,12 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.status import collect_status
-from shared.stores import redis_keys, sql
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain, LedgerReader

@@ -5,9 +5,9 @@ import hashlib
 import asyncpg
 import pytest
 
+from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings
 from shared.ops.databases import drop_database, scratch_database
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check, latest_version, migrate, migration_files

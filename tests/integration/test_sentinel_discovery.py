@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
-from shared.domain.settings import SentinelConfig
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import Servers
 

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from shared.domain import redis_keys
+from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
-from shared.domain.settings import SentinelConfig
 from shared.ops.drill.topology import MASTER, Topology
-from shared.stores import redis_endpoint, redis_keys
+from shared.stores import redis_endpoint
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 from tests.conftest import NS

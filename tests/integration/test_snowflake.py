@@ -14,14 +14,15 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import Settings
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops import cli
 from shared.ops.databases import run_migrate
 from shared.ops.fill import fill
 from shared.ops.status import collect_status, format_status
-from shared.stores import redis_keys, sql
+from shared.stores import sql
 from tests.conftest import (
     NS,
     Servers,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.up import permutation_key, prepare_data_dir
 from tests.conftest import EMPTY_CONFIG
 
@@ -19,7 +19,7 @@ def mode(path: Path) -> int:
 
 @pytest.fixture
 def keyless() -> Settings:
-    from shared.domain.settings import load_settings
+    from shared.domain.config import load_settings
 
     return load_settings(EMPTY_CONFIG, permutation_key=None)
 

@@ -13,7 +13,7 @@ from dispenser.auth import (
     Unauthenticated,
 )
 from shared.domain.apikeys import ANONYMOUS, digest, new_api_key
-from shared.domain.settings import AuthConfig
+from shared.domain.config import AuthConfig
 
 
 def gate(**client: object) -> tuple[Gate, str]:
@@ -65,7 +65,7 @@ def test_a_key_may_name_its_types_by_alias() -> None:
 
 
 def test_the_settings_accept_an_alias_in_a_keys_types() -> None:
-    from shared.domain.settings import load_settings
+    from shared.domain.config import load_settings
     from tests.conftest import EMPTY_CONFIG
 
     _, hashed = new_api_key()
@@ -102,8 +102,8 @@ def test_a_token_bucket_refills_at_its_rate(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_config_refuses_duplicate_names_and_unknown_types() -> None:
+    from shared.domain.config import load_settings
     from shared.domain.errors import ConfigError
-    from shared.domain.settings import load_settings
     from tests.conftest import EMPTY_CONFIG
 
     _, hashed = new_api_key()

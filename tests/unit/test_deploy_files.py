@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.cli import parser
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.domain import filters as f
+from shared.domain.config import FilterLimits
 from shared.domain.filters import Rules
-from shared.domain.settings import FilterLimits
 from shared.domain.vfilters import prefilter, reject
 
 OPENG2P = Rules.resolve("openg2p", 10, FilterLimits())

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from shared.domain.checkdigit import verhoeff_digit, verhoeff_valid
+from shared.domain.config import IdTypeConfig
+from shared.domain.config.idtypes import BASE62_ALPHABET
 from shared.domain.errors import ConfigError, InvalidInput
 from shared.domain.filters import rejected_by
 from shared.domain.idtypes import IdType
-from shared.domain.settings import BASE62_ALPHABET, IdTypeConfig
 
 SECRET = b"unit-secret"
 

@@ -16,8 +16,8 @@ import pytest
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from shared.domain.config import Settings, load_settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import Settings, load_settings
 from shared.stores.memory import MemoryCold
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 

@@ -10,10 +10,10 @@ import pytest
 
 from keysync.main import Keysync
 from shared import runtime
+from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import OpenBatch
-from shared.domain.settings import Settings
 from shared.domain.tiers import NO_STAMP, Depth, Pushed, SequenceState, Stamp
 
 

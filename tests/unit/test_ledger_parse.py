@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from shared.domain.config import load_settings
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import load_settings
 from shared.stores.ledger import entry_time, parse
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 

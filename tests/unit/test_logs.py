@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from shared import logs
+from shared.domain.config import load_settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import load_settings
 from tests.conftest import EMPTY_CONFIG
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from shared.domain.config import IdTypeConfig
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
-from shared.domain.settings import IdTypeConfig
 from shared.domain.tiers import LeasedRange, Stamp
 from shared.stores.cold_store import ColdStore, OpenTake
 

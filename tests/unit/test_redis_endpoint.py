@@ -39,7 +39,7 @@ def test_other_errors_do_not(exc: Exception) -> None:
 
 async def test_no_client_the_endpoint_builds_retries_by_itself() -> None:
     """redis-py retries a command 10 times by default: that would re-run pops."""
-    from shared.domain.settings import SentinelConfig
+    from shared.domain.config import SentinelConfig
     from shared.stores.redis_endpoint import RedisEndpoint, redis_client
 
     config = SentinelConfig(sentinels=("127.0.0.1:1", "127.0.0.1:2"), password=SecretStr("p"))
@@ -56,7 +56,7 @@ def test_sentinel_tls_and_credentials_reach_servers_and_sentinels() -> None:
     """Sentinel connections used to ignore tls and username: a plaintext side door."""
     from redis.asyncio.connection import SSLConnection
 
-    from shared.domain.settings import SentinelConfig
+    from shared.domain.config import SentinelConfig
     from shared.stores.redis_endpoint import redis_client
 
     config = SentinelConfig(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from shared.stores import redis_keys, redis_scripts
+from shared.domain import redis_keys
+from shared.stores import redis_scripts
 
 
 def builders(module: Any, suffix: str) -> list[Callable[..., Any]]:
@@ -47,5 +49,15 @@ def test_every_public_function_of_the_key_module_is_a_key_builder() -> None:
     """A key function added without the ``_key`` suffix would escape the tests above."""
     public = [n for n in vars(redis_keys) if n[0] != "_" and n not in ("annotations", "hashlib")]
     functions = [n for n in public if inspect.isfunction(getattr(redis_keys, n))]
+    functions.remove("namespace_pattern")  # the pattern of them all (below)
     assert functions and all(name.endswith("_key") for name in functions)
+
+
+@pytest.mark.parametrize("builder", builders(redis_keys, "_key"), ids=lambda f: f.__name__)
+def test_the_namespace_pattern_matches_every_key_of_its_namespace_only(
+    builder: Callable[..., str],
+) -> None:
+    """Benches remove what they made by this pattern: it must reach every key."""
+    assert fnmatch.fnmatchcase(call(builder, "env-a"), redis_keys.namespace_pattern("env-a"))
+    assert not fnmatch.fnmatchcase(call(builder, "env-a"), redis_keys.namespace_pattern("env"))
     assert not hasattr(redis_keys, "PREFIX")  # no module-level namespace

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from dispenser.metrics import DispenserMetrics
 from dispenser.service import Dispenser, Stores
 from keysync.main import RefillMeter
-from shared.domain.settings import load_settings
+from shared.domain.config import load_settings
 from shared.domain.tiers import Popped, Refill
 from shared.stores.memory import MemoryHot, MemoryLedger, MemoryNudges
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types

@@ -21,8 +21,8 @@ from dispenser.metrics import DispenserMetrics
 from dispenser.rsgi import HTTPProtocol, asgi_scope, serve_asgi
 from dispenser.rsgi import Scope as RsgiScope
 from dispenser.service import Dispenser
+from shared.domain.config import AuthConfig
 from shared.domain.errors import PoolEmpty
-from shared.domain.settings import AuthConfig
 
 
 class FakeHeaders:

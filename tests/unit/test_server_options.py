@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dispenser.server import GRANIAN_MIN_HEAD_BYTES, granian_options, uvicorn_options
+from shared.domain.config import DispenserConfig, load_settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import DispenserConfig, load_settings
 from tests.conftest import EMPTY_CONFIG
 
 LIMITS = DispenserConfig(

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.domain.config import load_settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import load_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:

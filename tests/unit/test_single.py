@@ -13,8 +13,8 @@ from dispenser import single
 from dispenser.metrics import DispenserMetrics
 from dispenser.service import Dispenser, Stores
 from shared.domain.apikeys import digest, new_api_key
+from shared.domain.config import load_settings
 from shared.domain.ports import HotPool, KeyInventory, LedgerLookup, LedgerWrites, Nudges
-from shared.domain.settings import load_settings
 from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger, MemoryNudges
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
 

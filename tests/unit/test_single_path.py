@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from dispenser.app import ROUTES
 from dispenser.single import ALLOCATE_ONE, ALLOCATE_ONE_PATH, path_pattern
-from shared.domain.settings import ALIAS, ID_TYPE_NAME
+from shared.domain.names import ALIAS, ID_TYPE_NAME
 
 
 def test_the_fast_path_serves_the_route_it_is_derived_from() -> None:

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shared.domain.config import Settings, SnowflakeConfig, load_settings
+from shared.domain.config.idtypes import SNOWFLAKE_EPOCH_MS
 from shared.domain.errors import (
     ClockBehind,
     ConfigError,
@@ -17,14 +19,6 @@ from shared.domain.errors import (
     SnowflakeTimeExhausted,
 )
 from shared.domain.idtypes import build_id_types
-from shared.domain.leases import MAX_POOL_IDS
-from shared.domain.settings import (
-    MACHINE_RANGE_LIMIT,
-    SNOWFLAKE_EPOCH_MS,
-    Settings,
-    SnowflakeConfig,
-    load_settings,
-)
 from shared.domain.snowflake import (
     BASE62_WIDTH,
     Layout,
@@ -86,10 +80,6 @@ def ids(spans: list[range]) -> list[int]:
 
 
 # --- configuration
-
-
-def test_machine_ranges_fit_a_lease_pool() -> None:
-    assert MACHINE_RANGE_LIMIT == MAX_POOL_IDS
 
 
 def test_defaults_and_epoch_forms() -> None:

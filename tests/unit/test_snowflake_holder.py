@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from dispenser.metrics import DispenserMetrics
 from dispenser.snowflake import Snowflakes
+from shared.domain.config import SnowflakeConfig
 from shared.domain.errors import NoMachineIdFree
-from shared.domain.settings import SnowflakeConfig
 from shared.domain.snowflake import SnowflakeType
 from tests.unit.test_snowflake import FakeLease
 

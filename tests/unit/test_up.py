@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.up import first_keys_note, greeting
 
 BASE = "http://127.0.0.1:8080"

@@ -6,21 +6,18 @@ tests, and tests never assert their figures.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from shared.domain.settings import Settings
+from pydantic import SecretStr
 
-TARGETS = (
-    "keygen",
-    "fence",
-    "dispense",
-    "fastpath",
-    "snowflake",
-    "keysync",
-    "pipeline",
-    "client",
-)
+from shared.domain.config import Settings
+from shared.ops.bench import scratch
+from shared.ops.catalog import BENCHES
+
+POSTGRES_ONLY = frozenset({"keygen"})  # benches that never reach Redis
+
 # Benchmarks generate into scratch databases: any permutation key will do there.
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
 
@@ -37,39 +34,16 @@ class Options:
     rate: float | None = None  # pipeline: keys/s offered (0: full speed; None: its default)
 
 
-async def run(target: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
-    """Run one benchmark; the modules load lazily (the dispense bench needs aiohttp)."""
-    if target == "keygen":
-        from shared.ops.bench import keygen
-
-        return await keygen.run(settings, seconds)
-    if target == "fence":
-        from shared.ops.bench import fence
-
-        return await fence.run(settings, seconds)
-    if target == "dispense":
-        from shared.ops.bench import dispense
-
-        return await dispense.run(settings, seconds, options.load, options.servers)
-    if target == "fastpath":
-        from shared.ops.bench import fastpath
-
-        return await fastpath.run(settings, seconds)
-    if target == "keysync":
-        from shared.ops.bench import keysync
-
-        return await keysync.run(settings, seconds, options.processes, options.sync_batch)
-    if target == "pipeline":
-        from shared.ops.bench import pipeline
-
-        rate = pipeline.DEFAULT_RATE if options.rate is None else options.rate
-        return await pipeline.run(settings, seconds, options.keysyncs, rate)
-    if target == "client":
-        from shared.ops.bench import client
-
-        return await client.run(settings, seconds)
-    if target == "snowflake":
-        from shared.ops.bench import snowflake
-
-        return await snowflake.run(settings, seconds, options.load)
-    raise ValueError(f"unknown benchmark {target!r}")
+async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
+    """Run the benchmark ``name`` (a key of ``catalog.BENCHES``, and the name of its
+    module here), loaded only now (the dispense bench needs aiohttp). Whatever keys it
+    creates under the Redis namespace it removes when it ends (``scratch.as_found``)."""
+    if name not in BENCHES:
+        raise ValueError(f"unknown benchmark {name!r}")
+    bench = importlib.import_module(f"{__name__}.{name}")
+    if settings.permutation_key is None:  # scratch databases: any key will do
+        settings = settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})
+    if name in POSTGRES_ONLY:
+        return cast(dict[str, Any], await bench.run(settings, seconds, options))
+    async with scratch.as_found(settings):
+        return cast(dict[str, Any], await bench.run(settings, seconds, options))

@@ -24,14 +24,14 @@ import redis.asyncio as aioredis
 import yaml
 
 from shared.client import AsyncKeyClient, Buffering, KeyClient
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
-from shared.domain.settings import Settings
-from shared.ops.bench import BENCH_PERMUTATION_KEY
+from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench.dispense import FILL_SCRIPT
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_process
-from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 
@@ -115,7 +115,7 @@ def _config(settings: Settings, work: Path, port: int) -> Path:
     return config
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
     redis_client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     port = free_port()
     process = None

@@ -38,14 +38,14 @@ import asyncpg
 import redis.asyncio as aioredis
 import yaml
 
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
-from shared.domain.settings import Settings
-from shared.ops.bench import BENCH_PERMUTATION_KEY
+from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench import servers as bench_servers
 from shared.ops.databases import ensure_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
-from shared.stores import redis_keys
 from shared.stores.hot_store import HotStore
 from shared.stores.redis_endpoint import RedisEndpoint
 
@@ -555,9 +555,8 @@ def _granian_targets_met(run: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-async def run(
-    settings: Settings, seconds: float, load: str = "auto", servers: tuple[str, ...] = SERVERS
-) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
+    load, servers = options.load, options.servers
     if seconds < 1:
         raise ConfigError("bench dispense --seconds: at least 1")
     unknown = set(servers) - set(SERVERS)

@@ -30,10 +30,10 @@ from dispenser.app import create_app
 from dispenser.fastpath import FastPath
 from dispenser.rsgi import HTTPProtocol
 from dispenser.rsgi import Scope as RsgiScope
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
-from shared.domain.settings import Settings
-from shared.ops.bench import dispense
-from shared.stores import redis_keys
+from shared.ops.bench import Options, dispense
 
 NAME = dispense.DISPENSE_TYPE  # the type, its keys and its hot list: the dispense bench's
 CALLERS = 32  # as the HTTP benches' connections
@@ -113,7 +113,7 @@ async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]
     }
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
     if not 1 <= seconds <= MAX_SECONDS:
         raise ConfigError(f"bench fastpath --seconds: from 1 to {MAX_SECONDS}")
     if settings.redis_sentinel is not None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.domain.settings import Settings
-from shared.stores import redis_keys
+from shared.domain import redis_keys
+from shared.domain.config import Settings
+from shared.ops.bench import Options
 from shared.stores.redis_scripts import fenced_script, load_script, pop_keys
 
 # The ID type whose hot list this bench pops from (one it fills itself).
@@ -59,7 +60,7 @@ def _unfenced_pop() -> str:
     return load_script("ledger") + "\n" + load_script("pop").replace("enforce_fence()", "0")
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
     """Against ``redis_url`` (use a scratch database: the bench writes a list there)."""
     client = aioredis.Redis.from_url(
         settings.redis_url, decode_responses=True, max_connections=CONCURRENCY + 4

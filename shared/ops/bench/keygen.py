@@ -12,8 +12,9 @@ import asyncpg
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from shared.domain.config import Settings
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.settings import Settings
+from shared.ops.bench import Options
 from shared.ops.databases import drop_database, scratch_database
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import migrate
@@ -73,7 +74,7 @@ async def stored(settings: Settings, name: str, seconds: float) -> float:
         await cold.close()
 
 
-async def run(settings: Settings, seconds: float) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
     threads = settings.keygen.threads or os.cpu_count() or 1
     results: dict[str, Any] = {
         "benchmark": "keygen",

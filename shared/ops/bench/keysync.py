@@ -27,12 +27,14 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from keysync.main import Keysync
+from shared.domain import redis_keys
+from shared.domain.config import IdTypeConfig, Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
-from shared.domain.settings import IdTypeConfig, Settings
+from shared.ops.bench import Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.databases import drop_database, scratch_database
-from shared.stores import redis_keys, sql
+from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold
@@ -156,9 +158,8 @@ async def measure(
     }
 
 
-async def run(
-    settings: Settings, seconds: float, processes: tuple[int, ...] = (1, 2), sync_batch: int = 0
-) -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
+    processes, sync_batch = options.processes, options.sync_batch
     keys = max(10_000, round(KEYS_PER_SECOND_SIZING * seconds))
     batch = sync_batch or int(IdTypeConfig.model_fields["sync_batch"].default)
     client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)

@@ -38,14 +38,14 @@ import aiohttp
 import redis.asyncio as aioredis
 import yaml
 
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
-from shared.domain.settings import Settings
-from shared.ops.bench import BENCH_PERMUTATION_KEY
+from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.databases import drop_database, run_migrate, scratch_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
-from shared.stores import redis_keys
 from shared.stores.cold_store import ColdStore
 
 PIPE_TYPE = "kd_bench_pipe"
@@ -328,9 +328,9 @@ class Pipeline:
         }
 
 
-async def run(
-    settings: Settings, seconds: float, keysyncs: int = 1, rate: float = DEFAULT_RATE
-) -> dict[str, Any]:
-    """``rate``: keys/s the clients offer together (0: full speed)."""
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
+    """``options.rate``: keys/s the clients offer together (0: full speed; None: 200,000)."""
+    keysyncs = options.keysyncs
+    rate = DEFAULT_RATE if options.rate is None else options.rate
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
         return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()

@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import redis.asyncio as aioredis
 
+from shared.domain import redis_keys
+from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
-from shared.stores import redis_keys
+
+UNLINK_CHUNK = 1_000  # keys per UNLINK when a bench tidies up
+
+
+@asynccontextmanager
+async def as_found(settings: Settings) -> AsyncIterator[None]:
+    """Leave the Redis database at ``redis_url`` as the bench found it: every key under
+    the namespace that the bench (or the processes it ran) created is removed at the
+    end, whether the bench finished or failed. Keys that were there before stay; the
+    benches that write the fence's or the sync record's keys refuse a database that
+    already holds them (``refuse_unless_scratch``). Nothing to do without ``redis_url``
+    (the benches that need one say so)."""
+    if settings.redis_sentinel is not None:
+        yield
+        return
+    client = aioredis.Redis.from_url(settings.redis_url)
+    pattern = redis_keys.namespace_pattern(settings.redis_namespace)
+    try:
+        found = {key async for key in client.scan_iter(match=pattern, count=1_000)}
+        yield
+        made = [key async for key in client.scan_iter(match=pattern, count=1_000)]
+        left = [key for key in made if key not in found]
+        for start in range(0, len(left), UNLINK_CHUNK):
+            await client.unlink(*left[start : start + UNLINK_CHUNK])
+    finally:
+        await client.aclose()
 
 
 async def refuse_unless_scratch(client: aioredis.Redis, ns: str, bench: str) -> None:

@@ -25,10 +25,11 @@ from typing import Any
 
 import yaml
 
+from shared.domain.config import Settings, SnowflakeConfig
 from shared.domain.errors import ConfigError
-from shared.domain.settings import Settings, SnowflakeConfig
 from shared.domain.snowflake import Minter, SnowflakeType
 from shared.leasing import lease_machine_id
+from shared.ops.bench import Options
 from shared.ops.bench.dispense import BATCH, CONNECTIONS, BenchServer, LoadGenerator, uvicorn_argv
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env
@@ -167,7 +168,8 @@ def report(
     return result
 
 
-async def run(settings: Settings, seconds: float, load: str = "auto") -> dict[str, Any]:
+async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
+    load = options.load
     if seconds < 1:
         raise ConfigError("bench snowflake --seconds: at least 1")
     with tempfile.TemporaryDirectory(prefix="kd-bench-") as work:

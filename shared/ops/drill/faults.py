@@ -1,9 +1,10 @@
 """The drill's faults (Jepsen's nemeses, on loopback): kills, failovers, partitions,
 pauses, restarts without persistence, two PostgreSQL primaries at once.
 
-Each fault is an async method returning its own figures (a dict, merged into its
-round's row); a fault that cannot be injected raises RuntimeError, redis.RedisError
-or OSError, and the round says so.
+Each fault is an async method returning an ``Outcome``: its own figures (merged into
+its round's row) and, where the fault needs it, where its round's discard counts start.
+A fault that cannot be injected raises RuntimeError, redis.RedisError or OSError, and
+the round says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import asyncpg
 import redis
 
+from shared.domain import redis_keys
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.leases import LeaseFaults, worker_pids
 from shared.ops.drill.links import Links
@@ -28,7 +30,7 @@ from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.postgres import PostgresPair
 from shared.ops.drill.topology import Topology
 from shared.ops.embedded import EmbeddedPostgres, children_of
-from shared.stores import redis_keys, sql
+from shared.stores import sql
 
 DRILL_NAMESPACE = "kd"  # the Redis namespace of the drill's own servers
 LAG_WINDOW_S = 2.0  # postgres faults: how long the replica misses commits first
@@ -45,7 +47,20 @@ PARTITION_SIDES = (
 # postgres_split_brain: which process stays on the old primary, in turn; the other
 # goes to the promoted one.
 SPLIT_SIDES = (("keysync", "keygen"), ("keygen", "keysync"))
-Fault = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a fault hands its round: figures for the round's row, and the discard
+    counters as they stood when the fault began, for a fault that does something first
+    (a snapshot) or whose fence is PostgreSQL's (counted apart from Redis's)."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    redis_discarded_before: int | None = None  # None: counted from the round's start
+    postgres_discarded_before: int | None = None  # None: the PostgreSQL fence is not counted
+
+
+Fault = Callable[[], Awaitable[Outcome]]
 
 
 @dataclass
@@ -89,8 +104,8 @@ class Drill:
             "restart_from_old_snapshot": self.restart_from_old_snapshot,
             "kill_dispenser": self._kill_and_restart("dispenser-0"),
             "restart_postgres": self.restart_postgres,
-            "kill_lease_holder": self.lease_faults.kill_lease_holder,
-            "clock_back": self.lease_faults.clock_back,
+            "kill_lease_holder": _figures_only(self.lease_faults.kill_lease_holder),
+            "clock_back": _figures_only(self.lease_faults.clock_back),
             "partition": self.partition,
             "pause": self.pause,
             "redis_restart_empty": self.redis_restart_empty,
@@ -99,19 +114,19 @@ class Drill:
 
     # --- Redis --------------------------------------------------------------------
 
-    async def primary_sigkill(self) -> dict[str, Any]:
+    async def primary_sigkill(self) -> Outcome:
         old = self.topology.primary()
         self.topology.kill(old)
         await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
         self.topology.restart(old)  # comes back empty; Sentinel makes it a replica
         await self.settle_redis()
-        return {}
+        return Outcome()
 
-    async def sentinel_failover(self) -> dict[str, Any]:
+    async def sentinel_failover(self) -> Outcome:
         old = self.topology.primary()
         await self._forced_failover(old.port)  # the old primary stays up: split brain
         await self.settle_redis()
-        return {}
+        return Outcome()
 
     async def _forced_failover(self, away_from: int) -> None:
         """SENTINEL FAILOVER until a new primary is up; Sentinel sometimes aborts one."""
@@ -125,7 +140,7 @@ class Drill:
                 continue
         raise RuntimeError(f"Sentinel would not fail over from port {away_from}")
 
-    async def failback(self) -> dict[str, Any]:
+    async def failback(self) -> Outcome:
         first = self.topology.primary()
         await self.sentinel_failover()
         others = [s for s in self.topology.servers if s.port != first.port]
@@ -140,9 +155,9 @@ class Drill:
                 if server.alive():
                     server.client().config_set("replica-priority", 100)
         await self.settle_redis()
-        return {"returned_to_first_primary": self.topology.primary().port == first.port}
+        return Outcome({"returned_to_first_primary": self.topology.primary().port == first.port})
 
-    async def cut_links_then_sigkill(self) -> dict[str, Any]:
+    async def cut_links_then_sigkill(self) -> Outcome:
         old = self.topology.primary()
         old.command("CLIENT", "KILL", "TYPE", "replica")
         await asyncio.sleep(0.3)  # pops now happen that no replica has seen
@@ -150,9 +165,9 @@ class Drill:
         await asyncio.to_thread(self.topology.wait_for_primary, 30, old.port)
         self.topology.restart(old)
         await self.settle_redis()
-        return {}
+        return Outcome()
 
-    async def restart_from_old_snapshot(self) -> dict[str, Any]:
+    async def restart_from_old_snapshot(self) -> Outcome:
         primary = self.topology.primary()
         baseline = self.discarded()
         self.topology.snapshot(primary, self.snapshot)
@@ -161,18 +176,18 @@ class Drill:
         after = self.load.dispensed - dispensed
         self.topology.restart(primary, snapshot=self.snapshot)
         await self.settle_redis()
-        return {"keys_dispensed_after_snapshot": after, "discarded_baseline": baseline}
+        return Outcome({"keys_dispensed_after_snapshot": after}, redis_discarded_before=baseline)
 
-    async def redis_restart_empty(self) -> dict[str, Any]:
+    async def redis_restart_empty(self) -> Outcome:
         """The primary restarts at once without persistence, before Sentinel notices:
         an empty primary with a new identity, whose replicas then empty themselves."""
         primary = self.topology.primary()
         self.topology.kill(primary)
         self.topology.restart(primary)
         await self.settle_redis()
-        return {"restarted_port": primary.port}
+        return Outcome({"restarted_port": primary.port})
 
-    async def partition(self) -> dict[str, Any]:
+    async def partition(self) -> Outcome:
         """The primary is cut off from the Sentinels, its replicas and half the
         processes; the other half stays with it, cut off from everything else. The
         Sentinels promote a replica; both primaries answer for PARTITION_S; then the
@@ -194,11 +209,11 @@ class Drill:
         finally:
             self.links.heal()
         await self.settle_redis()
-        return {"partition_near": list(near), "old_primary": old.port, "new_primary": new}
+        return Outcome({"partition_near": list(near), "old_primary": old.port, "new_primary": new})
 
     # --- pauses -------------------------------------------------------------------
 
-    async def pause(self) -> dict[str, Any]:
+    async def pause(self) -> Outcome:
         """SIGSTOP a process or a server for PAUSE_S (longer than every TTL and deadline
         the drill configures), then SIGCONT, in turn over PAUSE_TARGETS."""
         target = PAUSE_TARGETS[self._turn("pause") % len(PAUSE_TARGETS)]
@@ -213,7 +228,7 @@ class Drill:
                     os.kill(pid, signal.SIGCONT)
         if target == "redis_primary":
             await self.settle_redis()  # Sentinel failed over meanwhile; the old one rejoins
-        return {"paused": target, "paused_pids": len(pids), "paused_s": PAUSE_S}
+        return Outcome({"paused": target, "paused_pids": len(pids), "paused_s": PAUSE_S})
 
     def _pause_pids(self, target: str) -> list[int]:
         if target in ("keysync", "keygen"):
@@ -229,24 +244,24 @@ class Drill:
     # --- processes ----------------------------------------------------------------
 
     def _kill_and_restart(self, name: str) -> Fault:
-        async def kill_and_restart() -> dict[str, Any]:
+        async def kill_and_restart() -> Outcome:
             self.fleet.kill(name)
             await asyncio.sleep(0.5)
             self.fleet.restart(name)
-            return {}
+            return Outcome()
 
         return kill_and_restart
 
     # --- PostgreSQL ---------------------------------------------------------------
 
-    async def restart_postgres(self) -> dict[str, Any]:
+    async def restart_postgres(self) -> Outcome:
         primary = self.postgres.pair()[0]
         await asyncio.to_thread(primary.stop, "immediate")
         await asyncio.sleep(1.0)
         await asyncio.to_thread(primary.start)
-        return {}
+        return Outcome()
 
-    async def postgres_failover(self) -> dict[str, Any]:
+    async def postgres_failover(self) -> Outcome:
         """The replica falls behind under load, the primary dies, the replica is promoted:
         the new primary lacks leases and batches whose keys were already dispensed."""
         fenced_before = await self.postgres_discarded()
@@ -256,9 +271,9 @@ class Drill:
         in_lag = self.load.dispensed - dispensed
         await self.postgres.fail_over()
         await self.postgres.wait_for_replica()
-        return {"keys_in_lag_window": in_lag, "postgres_fenced_before": fenced_before}
+        return Outcome({"keys_in_lag_window": in_lag}, postgres_discarded_before=fenced_before)
 
-    async def postgres_split_brain(self) -> dict[str, Any]:
+    async def postgres_split_brain(self) -> Outcome:
         """The replica falls behind, then is promoted while the old primary stays up and
         writable: one of keygen and keysync stays on the old primary (its links to the
         new one cut), the other moves to the new one. After SPLIT_S the old primary is
@@ -277,11 +292,10 @@ class Drill:
             await self.postgres.heal()  # the old primary is stopped and rebuilt
             self.links.heal()
         await self.postgres.wait_for_replica()
-        return {
-            "stayed_on_old": stays,
-            "moved_to_new": moves,
-            "postgres_fenced_before": fenced_before,
-        }
+        return Outcome(
+            {"stayed_on_old": stays, "moved_to_new": moves},
+            postgres_discarded_before=fenced_before,
+        )
 
     async def postgres_discarded(self) -> int:
         """Cold keys PostgreSQL fences discarded so far (0 while unreachable)."""
@@ -307,6 +321,15 @@ class Drill:
                     return True
             await asyncio.sleep(0.1)
         return False
+
+
+def _figures_only(fault: Callable[[], Awaitable[dict[str, Any]]]) -> Fault:
+    """A fault with figures only (the lease faults count no discards)."""
+
+    async def figures_only() -> Outcome:
+        return Outcome(await fault())
+
+    return figures_only
 
 
 def postgres_pids(server: EmbeddedPostgres) -> list[int]:

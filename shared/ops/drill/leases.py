@@ -237,18 +237,18 @@ class LeaseFaults:
         if name in CLI_HOLDERS:
             self.fleet.restart(name)  # waits (--wait) for a free ID: only the killed one
         regrant = await self._wait_regrant(held, killed_at)
-        notes = {
+        figures = {
             "killed_worker": f"{name}:{pid}",
             "killed_machine_id": held.machine_id,
             "regranted": regrant is not None,
         }
         if regrant is not None:
             # After its deadline (no overlap), and after Redis let the lease expire.
-            notes["regrant_after_deadline_ms"] = round(regrant.start - held.end, 1)
-            notes["regrant_after_kill_ms"] = round(regrant.start - killed_at, 1)
-            notes["regranted_to"] = f"{regrant.dispenser}:{regrant.pid}"
-        self.kills.append(notes)
-        return notes
+            figures["regrant_after_deadline_ms"] = round(regrant.start - held.end, 1)
+            figures["regrant_after_kill_ms"] = round(regrant.start - killed_at, 1)
+            figures["regranted_to"] = f"{regrant.dispenser}:{regrant.pid}"
+        self.kills.append(figures)
+        return figures
 
     async def _wait_held(self, pid: int) -> Interval:
         deadline = time.monotonic() + REGRANT_DEADLINE_S
@@ -303,25 +303,42 @@ class LeaseFaults:
             await asyncio.sleep(0.2)
         return {"leases_reacquired": False}
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> LeaseReport:
         intervals = read_intervals(self.log_dir)
         found = overlaps(intervals)
-        return {
-            "lease_intervals": len(intervals),
-            # Without renewal lines a killed holder's interval would end at its first
-            # deadline, shorter than it was, and the overlap check would be weaker.
-            "lease_renewals": sum(held.renewals for held in intervals),
-            "lease_overlaps": len(found),
-            "lease_overlap_pairs": found[:20],
-            "lease_holder_exits": {str(k): v for k, v in sorted(self.holder_exits.items())},
-            "lease_holder_unexpected_exits": sum(
+        return LeaseReport(
+            lease_intervals=len(intervals),
+            lease_renewals=sum(held.renewals for held in intervals),
+            lease_overlaps=len(found),
+            lease_overlap_pairs=found[:20],
+            lease_holder_exits={str(k): v for k, v in sorted(self.holder_exits.items())},
+            lease_holder_unexpected_exits=sum(
                 n for status, n in self.holder_exits.items() if status != LOST_LEASE_EXIT
             ),
-            "snowflake_ids": len(self.load.ids),
-            "snowflake_duplicates": self.load.duplicates(),
-            "snowflake_errors": dict(self.load.errors),
-            "snowflake_batches_by_worker": _batches_by_worker(intervals, self.load.batches),
-        }
+            snowflake_ids=len(self.load.ids),
+            snowflake_duplicates=self.load.duplicates(),
+            snowflake_errors=dict(self.load.errors),
+            snowflake_batches_by_worker=_batches_by_worker(intervals, self.load.batches),
+        )
+
+
+@dataclass(frozen=True)
+class LeaseReport:
+    """Machine-ID leases and snowflake IDs over the whole drill (field names are the
+    JSON report's)."""
+
+    lease_intervals: int
+    # Without renewal lines a killed holder's interval would end at its first deadline,
+    # shorter than it was, and the overlap check would be weaker.
+    lease_renewals: int
+    lease_overlaps: int
+    lease_overlap_pairs: list[dict[str, Any]]
+    lease_holder_exits: dict[str, int]  # exit status -> count
+    lease_holder_unexpected_exits: int  # any status but a lost lease's
+    snowflake_ids: int
+    snowflake_duplicates: int
+    snowflake_errors: dict[str, int]
+    snowflake_batches_by_worker: dict[str, Any]
 
 
 def not_observed(rows: list[dict[str, Any]]) -> list[int]:

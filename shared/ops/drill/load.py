@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from shared.domain.settings import SnowflakeConfig
+from shared.domain.config import SnowflakeConfig
 from shared.domain.snowflake import SnowflakeType
 
 

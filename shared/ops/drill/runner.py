@@ -20,10 +20,10 @@ from typing import Any
 
 import redis
 
-from shared.domain.settings import Settings
+from shared.domain.config import Settings
 from shared.ops.databases import scratch_database
 from shared.ops.drill import history, leases
-from shared.ops.drill.faults import DRILL_NAMESPACE, Drill
+from shared.ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.leases import LeaseFaults
 from shared.ops.drill.links import PROCESSES, Links
@@ -70,6 +70,14 @@ REDIS_FAULTS = frozenset(
 FENCE_DEADLINE_S = 15.0  # how long after a Redis fault the fence may take to engage
 
 
+@dataclass(frozen=True)
+class Controls:
+    """The drill's switches that show a hazard: False runs without the mechanism."""
+
+    postgres_fence: bool = True
+    lease_wait: bool = True
+
+
 @dataclass
 class Round:
     """One fault and what followed it; ``figures`` are the fault's own."""
@@ -87,6 +95,7 @@ class Round:
     outage_began_ms: int = 0
     resume_ms: int = 0
     served_after_fault: int = 0
+    fence_engaged: bool | None = None  # after a Redis fault: did the new primary own the fence
 
     def row(self) -> dict[str, Any]:
         """The round as the JSON report shows it (the fault's figures inline)."""
@@ -98,44 +107,72 @@ class Round:
         return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
 
 
-@dataclass
-class Verdict:
-    """Why a drill failed; empty when it passed."""
+@dataclass(frozen=True)
+class DrillReport:
+    """The whole drill: what its JSON file holds (``as_json``) and its verdict
+    (``failures``: empty when every check held; the CLI fails on any)."""
 
-    failures: list[str] = field(default_factory=list)
+    faults: list[dict[str, Any]]  # one row per round (Round.row)
+    by_fault: dict[str, dict[str, Any]]
+    keys_dispensed: int
+    unique_keys: int
+    duplicates: int
+    requests: int
+    errors: dict[str, int]
+    faults_not_injected: int
+    ledger: dict[str, Any]  # history.check_ledger's figures
+    ledger_missing: int
+    ledger_used_missing: int
+    ledger_duplicate_alarms: int
+    fail_closed_s: float
+    fail_closed_by_process: dict[str, float]
+    lease_renewals_unreplicated: int
+    # Rounds whose Redis fault left no new primary owning the fence, or after which no
+    # key was handed out: either fails the drill.
+    fence_not_engaged: list[int]
+    not_resumed: list[int]
+    lease_faults_not_observed: list[int]
+    fault_kinds: list[str]
+    leases: leases.LeaseReport
+    process_exits: list[str]
+    postgres_fence: bool  # the controls: False shows the hazard the fence closes
+    lease_wait: bool
 
-    def require(self, holds: bool, failure: str) -> None:
-        if not holds:
-            self.failures.append(failure)
+    def failures(self) -> list[str]:
+        """What must hold after every drill, each broken check named."""
+        held = self.leases
+        checks = [
+            (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
+            (held.snowflake_duplicates == 0, "snowflake IDs issued twice"),
+            (held.lease_overlaps == 0, f"{held.lease_overlaps} leases overlapped"),
+            (self.ledger_duplicate_alarms == 0, "the ledger raised its duplicate alarm"),
+            (self.ledger_missing == 0, f"{self.ledger_missing} ledger records lost"),
+            (self.ledger_used_missing == 0, f"{self.ledger_used_missing} accepted use marks lost"),
+            (not self.process_exits, f"processes exited: {self.process_exits}"),
+            (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
+            (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
+            (
+                not self.lease_faults_not_observed,
+                f"lease faults not observed in rounds {self.lease_faults_not_observed}",
+            ),
+            (
+                held.lease_holder_unexpected_exits == 0,
+                f"lease holders exited unexpectedly: {held.lease_holder_exits}",
+            ),
+        ]
+        return [failure for holds, failure in checks if not holds]
 
-
-def verdict(report: dict[str, Any]) -> Verdict:
-    """What must hold after every drill (the CLI fails on any)."""
-    found = Verdict()
-    ledger = report["ledger"]
-    found.require(report["duplicates"] == 0, f"{report['duplicates']} keys dispensed twice")
-    found.require(report["snowflake_duplicates"] == 0, "snowflake IDs issued twice")
-    found.require(report["lease_overlaps"] == 0, f"{report['lease_overlaps']} leases overlapped")
-    found.require(ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm")
-    found.require(report["ledger_missing"] == 0, f"{report['ledger_missing']} ledger records lost")
-    found.require(
-        report["ledger_used_missing"] == 0,
-        f"{report['ledger_used_missing']} accepted use marks lost",
-    )
-    found.require(not report["process_exits"], f"processes exited: {report['process_exits']}")
-    found.require(
-        not report["fence_not_engaged"], f"fence did not engage: {report['fence_not_engaged']}"
-    )
-    found.require(not report["not_resumed"], f"no key after rounds {report['not_resumed']}")
-    found.require(
-        not report["lease_faults_not_observed"],
-        f"lease faults not observed in rounds {report['lease_faults_not_observed']}",
-    )
-    found.require(
-        not report["lease_holder_unexpected_exits"],
-        f"lease holders exited unexpectedly: {report['lease_holder_exits']}",
-    )
-    return found
+    def as_json(self) -> dict[str, Any]:
+        fields = asdict(self)
+        lease_fields = fields.pop("leases")
+        fields.pop("ledger_duplicate_alarms")  # it is ledger["duplicate_alarms"]
+        return {
+            "drill": "failover",
+            "rounds": len(self.faults),
+            **fields,
+            **lease_fields,
+            "verdict": self.failures(),
+        }
 
 
 @dataclass
@@ -149,9 +186,9 @@ class Runner:
         before, requests = drill.discarded(), drill.load.requests
         identity = await asyncio.to_thread(drill.topology.identity)
         began, wall = time.monotonic(), time.time()
-        error, figures = None, {}
+        error, outcome = None, Outcome()
         try:
-            figures = await drill.faults()[name]()
+            outcome = await drill.faults()[name]()
         except (RuntimeError, redis.RedisError, OSError) as exc:
             # The fault could not be injected as planned: say so, restore, go on.
             error = str(exc)
@@ -159,27 +196,33 @@ class Runner:
             drill.links.heal()
             await drill.settle_redis()
         ended = time.monotonic()
+        figures = dict(outcome.figures)
+        engaged = None
         if name in REDIS_FAULTS:
-            figures |= await self._identity_figures(identity)
+            identity_figures, engaged = await self._identity_figures(identity)
+            figures |= identity_figures
             # Leases were held through it: every worker must hold a new one.
             figures |= await drill.lease_faults.reacquired(wall * 1000)
         await asyncio.sleep(1.0)  # let the first refill after the fault land
-        baseline = figures.pop("discarded_baseline", before)
-        discarded = max(drill.discarded() - baseline, 0)
-        if "postgres_fenced_before" in figures:
-            fenced = await drill.postgres_discarded() - figures.pop("postgres_fenced_before")
+        if outcome.redis_discarded_before is not None:
+            before = outcome.redis_discarded_before
+        discarded = max(drill.discarded() - before, 0)
+        if outcome.postgres_discarded_before is not None:
+            fenced = await drill.postgres_discarded() - outcome.postgres_discarded_before
             figures["postgres_keys_discarded"] = fenced
             discarded += fenced
         drill.lease_faults.respawn_cli_holders()
         done = Round(
             number, name, began, ended, wall, error, drill.load.requests - requests, discarded
         )
-        done.figures = figures
+        done.figures, done.fence_engaged = figures, engaged
         done.process_exits = drill.fleet.restart_exited()
         self.rounds.append(done)
         log.info("drill_round", extra=done.row())
 
-    async def _identity_figures(self, before: tuple[int, str] | None) -> dict[str, Any]:
+    async def _identity_figures(
+        self, before: tuple[int, str] | None
+    ) -> tuple[dict[str, Any], bool]:
         """After a Redis fault: did the primary change identity, and did the fence engage."""
         after = await asyncio.to_thread(self.drill.topology.identity)
         changed = before is not None and after is not None and after[1] != before[1]
@@ -188,12 +231,12 @@ class Runner:
             and after is not None
             and await self.drill.fence_engaged(after[1], FENCE_DEADLINE_S)
         )
-        return {
+        figures = {
             "primary_port_before": before[0] if before else None,
             "primary_port_after": after[0] if after else None,
             "identity_changed": changed,
-            "fence_engaged": engaged,
         }
+        return figures, engaged
 
     def measure_disruptions(self) -> None:
         """Outage figures per round, from every request the load made (after the drill)."""
@@ -213,18 +256,18 @@ async def run(
     work_dir: Path | None,
     postgres_fence: bool = True,
     lease_wait: bool = True,
-) -> dict[str, Any]:
+) -> DrillReport:
     with tempfile.TemporaryDirectory(prefix="kd-drill-") as tmp:
         base = work_dir or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
-        controls = {"postgres_fence": postgres_fence, "lease_wait": lease_wait}
+        controls = Controls(postgres_fence, lease_wait)
         return await _drill(settings, rounds, only, base, controls)
 
 
 async def _drill(
-    settings: Settings, rounds: int, only: list[str] | None, base: Path, controls: dict[str, bool]
-) -> dict[str, Any]:
+    settings: Settings, rounds: int, only: list[str] | None, base: Path, controls: Controls
+) -> DrillReport:
     """The drill runs its own servers (it kills, pauses, cuts and promotes them): Redis
     with replicas and Sentinels, PostgreSQL with a streaming replica, every link of
     every process through a proxy of its own (links.py)."""
@@ -293,10 +336,10 @@ async def _drill(
         holders_done.set()
         await running
         runner.measure_disruptions()
-        report = await _report(runner, kinds, postgres.dsn(database), base / "logs")
         fleet.stop()  # holders release their leases: every interval ends with its stop
-        report |= lease_faults.report() | {"process_exits": fleet.exits} | controls
-        return report | {"verdict": verdict(report).failures}
+        return await _report(
+            runner, kinds, postgres.dsn(database), base / "logs", lease_faults.report(), controls
+        )
     finally:
         if load is not None:
             load.stop()
@@ -310,7 +353,7 @@ async def _drill(
 
 
 def _fleet(
-    settings: Settings, base: Path, dsn: str, topology: Topology, controls: dict[str, bool]
+    settings: Settings, base: Path, dsn: str, topology: Topology, controls: Controls
 ) -> Fleet:
     config = base / "drill.yaml"
     types = {DRILL_TYPE: DRILL_TYPE_CONFIG, leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG}
@@ -324,7 +367,7 @@ def _fleet(
                 "redis_namespace": DRILL_NAMESPACE,
                 "log_levels": log_levels,
                 "postgres_connect_timeout_s": 1.0,
-                "lease_wait_replicas": 1 if controls["lease_wait"] else 0,
+                "lease_wait_replicas": 1 if controls.lease_wait else 0,
             }
         )
     )
@@ -336,7 +379,7 @@ def _fleet(
         KD_REDIS_SENTINEL=json.dumps(
             {"sentinels": topology.sentinel_addresses(), "master_name": MASTER}
         ),
-        KD_POSTGRES_FENCE=str(controls["postgres_fence"]).lower(),
+        KD_POSTGRES_FENCE=str(controls.postgres_fence).lower(),
     )
     (base / "logs").mkdir(exist_ok=True)
     return Fleet(base / "logs", env)
@@ -347,7 +390,14 @@ def _migrate(fleet: Fleet) -> str:
     return "" if done.returncode == 0 else done.stderr
 
 
-async def _report(runner: Runner, kinds: list[str], dsn: str, logs: Path) -> dict[str, Any]:
+async def _report(
+    runner: Runner,
+    kinds: list[str],
+    dsn: str,
+    logs: Path,
+    lease_report: leases.LeaseReport,
+    controls: Controls,
+) -> DrillReport:
     load = runner.drill.load
     rows = [done.row() for done in runner.rounds]
     windows = history.loss_windows([(r.fault, r.began, r.ended, r.figures) for r in runner.rounds])
@@ -363,59 +413,59 @@ async def _report(runner: Runner, kinds: list[str], dsn: str, logs: Path) -> dic
         entry["rounds"] += 1
         entry["keys_discarded"] += row["keys_discarded"]
         entry["resume_ms_max"] = max(entry["resume_ms_max"], row["resume_ms"])
-    return {
-        "drill": "failover",
-        "rounds": len(rows),
-        "faults": rows,
-        "by_fault": by_fault,
-        "keys_dispensed": load.dispensed,
-        "unique_keys": len(load.keys),
-        "duplicates": load.duplicates,
-        "requests": load.requests,
-        "errors": dict(load.errors),
-        "faults_not_injected": sum(1 for row in rows if row["error"]),
-        "ledger": ledger,
-        "ledger_missing": ledger["missing"],
-        "ledger_used_missing": ledger["used_missing"],
-        "fail_closed_s": round(sum(fail_closed.values()), 3),
-        "fail_closed_by_process": fail_closed,
-        "lease_renewals_unreplicated": history.count_events(logs, "lease_renew_unreplicated"),
-        # Rounds whose Redis fault left no new primary owning the fence, or after which
-        # no key was handed out: either fails the drill.
-        "fence_not_engaged": [
-            row["round"]
-            for row in rows
-            if row["fault"] in REDIS_FAULTS and not row["error"] and not row["fence_engaged"]
+    return DrillReport(
+        faults=rows,
+        by_fault=by_fault,
+        keys_dispensed=load.dispensed,
+        unique_keys=len(load.keys),
+        duplicates=load.duplicates,
+        requests=load.requests,
+        errors=dict(load.errors),
+        faults_not_injected=sum(1 for row in rows if row["error"]),
+        ledger=ledger,
+        ledger_missing=ledger["missing"],
+        ledger_used_missing=ledger["used_missing"],
+        ledger_duplicate_alarms=ledger["duplicate_alarms"],
+        fail_closed_s=round(sum(fail_closed.values()), 3),
+        fail_closed_by_process=fail_closed,
+        lease_renewals_unreplicated=history.count_events(logs, "lease_renew_unreplicated"),
+        fence_not_engaged=[
+            done.number
+            for done in runner.rounds
+            if done.fault in REDIS_FAULTS and not done.error and not done.fence_engaged
         ],
-        "not_resumed": [row["round"] for row in rows if not row["served_after_fault"]],
-        "lease_faults_not_observed": leases.not_observed(rows),
-        "fault_kinds": kinds,
-    }
+        not_resumed=[done.number for done in runner.rounds if not done.served_after_fault],
+        lease_faults_not_observed=leases.not_observed(rows),
+        fault_kinds=kinds,
+        leases=lease_report,
+        process_exits=runner.drill.fleet.exits,
+        postgres_fence=controls.postgres_fence,
+        lease_wait=controls.lease_wait,
+    )
 
 
-def format_table(report: dict[str, Any]) -> str:
+def format_table(report: DrillReport) -> str:
     head = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
     lines = ["{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*head)]
-    for row in report["faults"]:
+    for row in report.faults:
         cells = (
             row[k] for k in ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
         )
         lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*cells))
-    lines.append(f"keys dispensed {report['keys_dispensed']}, duplicates {report['duplicates']}")
+    lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
+    held = report.leases
     lines.append(
-        f"snowflake IDs {report['snowflake_ids']}, duplicates {report['snowflake_duplicates']}; "
-        f"lease intervals {report['lease_intervals']}, overlaps {report['lease_overlaps']}"
+        f"snowflake IDs {held.snowflake_ids}, duplicates {held.snowflake_duplicates}; "
+        f"lease intervals {held.lease_intervals}, overlaps {held.lease_overlaps}"
     )
-    ledger = report["ledger"]
+    ledger = report.ledger
     lines.append(
         f"ledger rows {ledger['rows']}, missing {ledger['missing']}, used marks missing "
         f"{ledger['used_missing']} of {ledger['marked']}, lost with destroyed data "
         f"{sum(ledger['lost_with_data'].values())}, duplicate alarms "
         f"{ledger['duplicate_alarms']}"
     )
-    lines.append(
-        f"fail-closed {report['fail_closed_s']} s; process exits {len(report['process_exits'])}"
-    )
-    for failure in report["verdict"]:
+    lines.append(f"fail-closed {report.fail_closed_s} s; process exits {len(report.process_exits)}")
+    for failure in report.failures():
         lines.append(f"FAILED: {failure}")
     return "\n".join(lines)

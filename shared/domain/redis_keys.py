@@ -10,6 +10,17 @@ from __future__ import annotations
 
 import hashlib
 
+# A type's hot list is "<namespace>:hot:<name>", and "<namespace>:hot:registry" is the
+# set of every hot list the fence discards from: no ID type may take these names.
+HOT_REGISTRY = "registry"
+RESERVED_TYPE_NAMES = frozenset({HOT_REGISTRY})
+
+
+def namespace_pattern(namespace: str) -> str:
+    """A SCAN pattern matching every key of the namespace (and only those: a namespace
+    holds no glob character)."""
+    return f"{namespace}:*"
+
 
 def hot_list_key(namespace: str, name: str) -> str:
     """The hot list of an ID type: keys ready to dispense, FIFO."""
@@ -33,7 +44,7 @@ def fence_key(namespace: str) -> str:
 
 def hot_registry_key(namespace: str) -> str:
     """Set of every hot list name, so a fence can discard them all."""
-    return f"{namespace}:hot:registry"
+    return f"{namespace}:hot:{HOT_REGISTRY}"
 
 
 def discarded_key(namespace: str) -> str:

@@ -1,0 +1,85 @@
+"""The dispenser: its HTTP server and that server's limits, and who may call it."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from shared.domain.config.base import Strict
+from shared.domain.tiers import MAX_KEYS_PER_POP
+
+API_CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# An idempotency record lives at most this long (records are Redis memory).
+IDEMPOTENCY_TTL_LIMIT_S = 7 * 86_400
+
+
+class ApiKeyConfig(Strict):
+    """One API client. Only the SHA-256 of its key is configured, never the key."""
+
+    name: str = Field(pattern=API_CLIENT_NAME.pattern)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # ID types this client may use; "*" for all.
+    id_types: tuple[str, ...] = ("*",)
+    # Requests per second (token bucket, per dispenser process); None: unlimited.
+    rate_per_s: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)  # None: max(1, rate_per_s)
+    # May read every ledger entry and mark any key used, not only the keys issued to it.
+    ledger_admin: bool = False
+
+
+class AuthConfig(Strict):
+    """With no API keys configured, the API is open (every client is anonymous)."""
+
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+    # Whether /metrics, /healthz, /readyz and the health route need a key too.
+    protect_observability: bool = False
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthConfig:
+        names = [k.name for k in self.api_keys]
+        if len(set(names)) != len(names):
+            raise ValueError("api_keys: names must be unique")
+        if len({k.sha256 for k in self.api_keys}) != len(self.api_keys):
+            raise ValueError("api_keys: two clients share one key")
+        return self
+
+
+class DispenserConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    # The HTTP server: uvicorn or granian (dispenser/server.py; how to choose in
+    # docs/operations.md). Both enforce the limits below where they offer them.
+    server: Literal["uvicorn", "granian"] = "uvicorn"
+    # Server worker processes; each coalesces its own requests.
+    workers: int = Field(default=1, ge=1, le=64)
+    max_batch: int = Field(default=1_000, ge=1)
+    # Largest request body read (POST /v1/keys/{t}/used); larger ones get 413 unread.
+    max_body_bytes: int = Field(default=262_144, ge=1_024, le=16_777_216)
+    # Server limits, per worker: connections served at once (uvicorn answers more with
+    # 503, granian leaves them queued), seconds an idle keep-alive connection stays open
+    # (granian: also the time to send a request head), and the largest request head
+    # (request line and headers; granian's bound is at least 8192). docs/security.md.
+    limit_concurrency: int | None = Field(default=4_096, ge=1)
+    timeout_keep_alive_s: int = Field(default=5, ge=1, le=300)
+    max_header_bytes: int = Field(default=16_384, ge=1_024, le=1_048_576)
+    # Ledger types answer 503 (Retry-After) while the ledger stream holds more entries
+    # than this (keysync is not draining it): the audit is never silently incomplete.
+    ledger_max_backlog: int = Field(default=1_000_000, ge=1)
+    # Retry-After of IDG-001 when no recent refill rate is known, and its upper bound.
+    retry_after_s: int = Field(default=1, ge=1)
+    retry_after_max_s: int = Field(default=60, ge=1)
+    nudge_interval_s: float = Field(default=0.05, gt=0)
+    # How long a retried request with the same Idempotency-Key gets the same keys.
+    idempotency_ttl_s: int = Field(default=86_400, ge=1, le=IDEMPOTENCY_TTL_LIMIT_S)
+    auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="after")
+    def _batch_fits_the_pop_script(self) -> DispenserConfig:
+        if self.max_batch > MAX_KEYS_PER_POP:
+            raise ValueError(
+                f"max_batch {self.max_batch} is above {MAX_KEYS_PER_POP}: one pop can return "
+                f"at most {MAX_KEYS_PER_POP} keys (tiers.MAX_KEYS_PER_POP)"
+            )
+        return self

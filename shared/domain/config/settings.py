@@ -1,0 +1,86 @@
+"""``Settings``: the whole configuration, composed of each concern's part."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from shared.domain.config.dispenser import DispenserConfig
+from shared.domain.config.idtypes import (
+    AnyIdTypeConfig,
+    IdTypeConfig,
+    check_type_names,
+    path_segments,
+)
+from shared.domain.config.pipeline import KeygenConfig, KeysyncConfig
+from shared.domain.config.postgres import PostgresSettings
+from shared.domain.config.redis import RedisSettings
+from shared.domain.errors import ConfigError
+
+
+class Settings(BaseSettings, PostgresSettings, RedisSettings):
+    """Everything a process is configured with: a YAML file plus KD_-prefixed environment
+    overrides (env wins). Built once in each process's ``main()`` and passed down."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    permutation_key: SecretStr | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # json: one JSON object per line (what log collectors want); console: one readable
+    # line per event (`keydispenser up` uses it on a terminal).
+    log_format: Literal["json", "console"] = "json"
+    # Per logger (and the loggers below it), overriding log_level: {"shared.leasing":
+    # "DEBUG"} logs every machine-ID lease renewal, for an audit of who held an ID when.
+    log_levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = Field(
+        default_factory=dict
+    )
+    id_types: dict[str, AnyIdTypeConfig] = Field(default_factory=dict)
+    dispenser: DispenserConfig = DispenserConfig()
+    keysync: KeysyncConfig = KeysyncConfig()
+    keygen: KeygenConfig = KeygenConfig()
+
+    @model_validator(mode="after")
+    def _names_are_identifiers(self) -> Settings:
+        check_type_names(self.id_types)
+        for client in self.dispenser.auth.api_keys:
+            unknown = set(client.id_types) - {"*", *path_segments(self.id_types)}
+            if unknown:
+                raise ValueError(
+                    f"dispenser.auth.api_keys.{client.name}.id_types: unknown {sorted(unknown)}"
+                )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Order is priority: explicit arguments, then the environment, then YAML.
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    def pooled(self, name: str) -> IdTypeConfig:
+        """The configuration of pooled (numeric or base62) type ``name``."""
+        config = self.id_types[name]
+        if not isinstance(config, IdTypeConfig):
+            raise ConfigError(f"id_types.{name}: a {config.kind} type, not a pooled one")
+        return config
+
+    def require_permutation_key(self) -> bytes:
+        if self.permutation_key is None or not self.permutation_key.get_secret_value():
+            raise ConfigError(
+                "permutation_key: missing; set KD_PERMUTATION_KEY to a long random secret"
+            )
+        return self.permutation_key.get_secret_value().encode()

@@ -1,0 +1,84 @@
+"""The drill's verdict is a typed report: each broken check named, the JSON as before."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shared.ops.drill.leases import LeaseReport
+from shared.ops.drill.runner import DrillReport, format_table
+
+LEASES = LeaseReport(
+    lease_intervals=4,
+    lease_renewals=9,
+    lease_overlaps=0,
+    lease_overlap_pairs=[],
+    lease_holder_exits={"143": 1},
+    lease_holder_unexpected_exits=0,
+    snowflake_ids=1000,
+    snowflake_duplicates=0,
+    snowflake_errors={},
+    snowflake_batches_by_worker={"dispenser-0": {"1": 3}},
+)
+ROW = {"round": 1, "fault": "pause", "keys_discarded": 0, "outage_began_ms": 0, "resume_ms": 0}
+PASSED = DrillReport(
+    faults=[ROW],
+    by_fault={"pause": {"rounds": 1, "keys_discarded": 0, "resume_ms_max": 0}},
+    keys_dispensed=500,
+    unique_keys=500,
+    duplicates=0,
+    requests=50,
+    errors={},
+    faults_not_injected=0,
+    ledger={"rows": 500, "missing": 0, "used_missing": 0, "marked": 10, "duplicate_alarms": 0,
+            "lost_with_data": {}},
+    ledger_missing=0,
+    ledger_used_missing=0,
+    ledger_duplicate_alarms=0,
+    fail_closed_s=0.0,
+    fail_closed_by_process={},
+    lease_renewals_unreplicated=0,
+    fence_not_engaged=[],
+    not_resumed=[],
+    lease_faults_not_observed=[],
+    fault_kinds=["pause"],
+    leases=LEASES,
+    process_exits=[],
+    postgres_fence=True,
+    lease_wait=True,
+)  # fmt: skip
+
+
+def test_a_drill_where_every_check_held_has_no_failures() -> None:
+    assert PASSED.failures() == []
+    assert "FAILED" not in format_table(PASSED)
+
+
+def test_each_broken_check_is_named() -> None:
+    broken = dataclasses.replace(
+        PASSED,
+        duplicates=3,
+        ledger_missing=2,
+        not_resumed=[1],
+        process_exits=["keysync"],
+        leases=dataclasses.replace(LEASES, lease_overlaps=1, snowflake_duplicates=5),
+    )
+    assert broken.failures() == [
+        "3 keys dispensed twice",
+        "snowflake IDs issued twice",
+        "1 leases overlapped",
+        "2 ledger records lost",
+        "processes exited: ['keysync']",
+        "no key after rounds [1]",
+    ]
+    assert format_table(broken).count("FAILED: ") == 6
+
+
+def test_the_json_report_keeps_its_flat_shape_and_carries_the_verdict() -> None:
+    shown = PASSED.as_json()
+    assert shown["drill"] == "failover" and shown["rounds"] == 1
+    assert shown["lease_overlaps"] == 0 and shown["snowflake_ids"] == 1000  # lease figures inline
+    assert "leases" not in shown and shown["verdict"] == []
+    assert shown["ledger"]["duplicate_alarms"] == 0 and "ledger_duplicate_alarms" not in shown
+    assert dataclasses.replace(PASSED, duplicates=1).as_json()["verdict"] == [
+        "1 keys dispensed twice"
+    ]
