@@ -11,12 +11,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[ops]'
+# The Python client is its own distribution (clients/python): `bench client` runs it.
+CLIENT := clients/python
+
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[ops]' -e $(CLIENT)
 	touch $@
 
-$(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[ops,test]'
+$(TEST_STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[ops,test]' -e $(CLIENT)
 	touch $@ $(STAMP)
 
 up: $(STAMP)

@@ -44,7 +44,7 @@ POSTGRES_FENCE_TESTS = (
 )
 SNOWFLAKE_TESTS = ("tests/unit/test_snowflake.py",)
 IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration/test_isolation.py")
-CLIENT_TESTS = ("tests/integration/test_client.py", "tests/unit/test_client_protocol.py")
+CLIENT_TESTS = ("tests/integration/test_client.py", "clients/python/tests/test_client_protocol.py")
 LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 
@@ -500,7 +500,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "client_retries_with_a_new_idempotency_key",
-        "shared/client/aio.py",
+        "clients/python/keydispenser_client/aio.py",
         "reply = await self._http.post(self._fetch_url, headers=request_headers)",
         "reply = await self._http.post(\n"
         "                    self._fetch_url,\n"
@@ -510,21 +510,21 @@ MUTANTS: Final = (
     ),
     Mutant(
         "client_take_nowait_hands_out_a_key_twice",
-        "shared/client/aio.py",
+        "clients/python/keydispenser_client/aio.py",
         "key = buffer.popleft()",
         "key = buffer[0]",
         CLIENT_TESTS,
     ),
     Mutant(
         "client_ignores_retry_after",
-        "shared/client/protocol.py",
+        "clients/python/keydispenser_client/protocol.py",
         'return Wait(max(waited, 0.0), f"{status} {code}", from_server=True)',
         'return Wait(0.0, f"{status} {code}", from_server=True)',
         CLIENT_TESTS,
     ),
     Mutant(
         "client_410_is_not_exhaustion",
-        "shared/client/protocol.py",
+        "clients/python/keydispenser_client/protocol.py",
         "    if status == 410:",
         "    if False:",
         CLIENT_TESTS,
@@ -655,13 +655,18 @@ def scratch_copy(dest: Path) -> None:
 
 def environment(copy: Path) -> dict[str, str]:
     # No bytecode: a restored file can have the mutant's size and mtime second.
-    return os.environ | {"PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    # The client is a distribution of its own, one folder down.
+    path = os.pathsep.join((str(copy), str(copy / "clients" / "python")))
+    return os.environ | {"PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def imports_from(copy: Path) -> None:
     """Refuse to run when the copy's packages would not shadow the installed ones."""
-    probe = "import shared, keysync, keygen, dispenser; print(shared.__file__)"
-    where = subprocess.run(
+    probe = (
+        "import shared, keysync, keygen, dispenser, keydispenser_client; "
+        "print(shared.__file__); print(keydispenser_client.__file__)"
+    )
+    found = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=copy,
         env=environment(copy),
@@ -669,9 +674,10 @@ def imports_from(copy: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-    ).stdout.strip()
-    if not Path(where).resolve().is_relative_to(copy.resolve()):
-        raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
+    ).stdout.split()
+    for where in found:
+        if not Path(where).resolve().is_relative_to(copy.resolve()):
+            raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
 
 
 def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str]:

@@ -162,7 +162,7 @@ def test_commands_run_beside_up_reach_its_stack(stack: Stack) -> None:
 
 
 CLIENT = """
-from shared.client import KeyClient
+from keydispenser_client import KeyClient
 with KeyClient("{base}", "shortlink") as keys:
     print(keys.take(), keys.take(), keys.take())
 """

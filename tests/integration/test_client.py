@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared.client import (
+from keydispenser_client import (
     AsyncKeyClient,
     Buffering,
     KeyClient,
@@ -33,7 +33,7 @@ RETRY_AFTER_S = 7  # the dispenser's Retry-After for an empty pool, in these tes
 API_KEY = "kd_client_test_key"
 TAKER = """
 import json, sys
-from shared.client import Buffering, KeyClient
+from keydispenser_client import Buffering, KeyClient
 url, count = sys.argv[1], int(sys.argv[2])
 with KeyClient(url, "farmer", buffering=Buffering(batch=250)) as client:
     keys = client.take_many(count, timeout_s=20)

@@ -1,5 +1,5 @@
 """``keydispenser bench client``: keys per second one caller process takes through the
-Python client (``shared.client``), sync and async.
+Python client (``keydispenser_client``), sync and async.
 
 A real dispenser process serves a hot list filled with synthetic keys (the dispenser
 never looks inside keys) in the Redis database at ``redis_url`` (a scratch one: the
@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import yaml
 
-from shared.client import AsyncKeyClient, Buffering, KeyClient
+from keydispenser_client import AsyncKeyClient, Buffering, KeyClient
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError

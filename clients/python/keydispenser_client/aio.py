@@ -16,8 +16,15 @@ from types import TracebackType
 
 import httpx
 
-from shared.client import protocol
-from shared.client.protocol import Backoff, Buffering, ClientError, Keys, KeysUnavailable, Stop
+from keydispenser_client import protocol
+from keydispenser_client.protocol import (
+    Backoff,
+    Buffering,
+    ClientError,
+    Keys,
+    KeysUnavailable,
+    Stop,
+)
 
 DEFAULT_TAKE_TIMEOUT_S = 30.0
 

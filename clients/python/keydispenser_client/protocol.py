@@ -18,7 +18,6 @@ MAX_DELAY_S = 2.0
 # A Retry-After the client will not wait beyond (the dispenser caps its own at 60 s).
 MAX_RETRY_AFTER_S = 300.0
 WAIT_STATUSES = frozenset({429, 503})
-MAX_BATCH = 5_000  # the dispenser's own ceiling of dispenser.max_batch
 
 
 class ClientError(Exception):
@@ -81,8 +80,10 @@ class Buffering:
     fetchers: int = 1
 
     def __post_init__(self) -> None:
-        if not 1 <= self.batch <= MAX_BATCH:
-            raise ValueError(f"batch must be 1..{MAX_BATCH}, got {self.batch}")
+        # Its upper bound is the dispenser's (dispenser.max_batch): it refuses a larger
+        # batch with 422 IDG-004, which the client raises as RequestRefused.
+        if self.batch < 1:
+            raise ValueError(f"batch must be at least 1, got {self.batch}")
         if not 1 <= self.fetchers <= 16:
             raise ValueError(f"fetchers must be 1..16, got {self.fetchers}")
         if self.low < 0 or (self.high and self.high <= self.mark_low):
