@@ -250,3 +250,16 @@ async def test_a_crash_on_the_fast_path_is_a_500_envelope_and_logged(
     assert status == 500 and body["errors"][0]["errorCode"] == envelope.INTERNAL_ERROR
     assert headers["x-request-id"] == "req-1"
     assert "request_crashed" in caplog.text and "boom" in caplog.text
+
+
+def test_granians_protocol_object_has_every_method_this_app_calls() -> None:
+    """dispenser.rsgi types granian's untyped RSGIHTTPProtocol with a Protocol of its
+    own: this fails, naming the method, when granian drops or renames one."""
+    from granian.rsgi import HTTPProtocol as GranianProtocol
+
+    from dispenser.rsgi import HTTPProtocol
+
+    used = [name for name in vars(HTTPProtocol) if not name.startswith("_") or name == "__aiter__"]
+    assert {"__aiter__", "response_bytes", "response_empty", "client_disconnect"} <= set(used)
+    for name in used:
+        assert callable(getattr(GranianProtocol, name, None)), name

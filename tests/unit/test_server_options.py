@@ -46,3 +46,24 @@ def test_granian_gets_the_same_limits_in_its_terms() -> None:
 def test_granian_head_bound_is_never_below_what_hyper_accepts() -> None:
     small = DispenserConfig(max_header_bytes=2_048)
     assert granian_options(small)["http1_settings"].max_buffer_size == GRANIAN_MIN_HEAD_BYTES
+
+
+def test_uvicorns_httptools_protocol_still_has_what_the_head_bound_builds_on() -> None:
+    """BoundedHttpTools subclasses a class uvicorn does not document: it overrides three
+    of its callbacks and uses its ``config``, ``logger``, ``transport`` and
+    ``send_400_response``. This fails, naming the missing part, when uvicorn changes them."""
+    import inspect
+
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    assert HTTP_PROTOCOLS["httptools"].endswith(":HttpToolsProtocol")
+    for name in ("data_received", "on_headers_complete", "on_message_complete"):
+        assert callable(getattr(HttpToolsProtocol, name, None)), name
+    assert list(inspect.signature(HttpToolsProtocol.send_400_response).parameters) == [
+        "self",
+        "msg",
+    ]
+    init = inspect.getsource(HttpToolsProtocol.__init__)
+    for attribute in ("self.config", "self.logger", "self.transport"):
+        assert attribute in init, attribute
