@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispenser import envelope, openg2p, single
+from dispenser import envelope, mosip, openg2p, single
 from dispenser.clock_hook import arm as arm_clock_hook
 from dispenser.clock_hook import clock_from_environment
 from dispenser.envelope import BodyTooLarge, ClientGone
@@ -254,6 +254,37 @@ async def lookup(request: Request) -> Response:
     return JSONResponse(entry)
 
 
+def _mosip_type(request: Request, path: str) -> str:
+    """The ID type a MOSIP path serves; 404 when ``dispenser.mosip`` does not name one."""
+    configured = _dispenser(request).settings.dispenser.mosip
+    name = getattr(configured, path, None) if configured is not None else None
+    if name is None:
+        raise HTTPException(404, f"MOSIP's /v1/idgenerator/{path} is not configured")
+    return str(name)
+
+
+async def mosip_uin(request: Request) -> Response:
+    """MOSIP's ``GET`` (one UIN) and ``PUT`` (a UIN's status) on one path."""
+    dispenser, name = _dispenser(request), _mosip_type(request, "uin")
+    if request.method == "GET":
+        return envelope.response(await mosip.get_uin(dispenser, name, request.headers))
+    if request.method != "PUT":
+        return envelope.response(mosip.method_not_allowed("GET, PUT"))
+    try:
+        raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
+    except BodyTooLarge as exc:
+        return envelope.response(mosip.body_refused(exc))
+    return envelope.response(await mosip.put_uin(dispenser, name, request.headers, raw))
+
+
+async def mosip_vid(request: Request) -> Response:
+    dispenser, name = _dispenser(request), _mosip_type(request, "vid")
+    if request.method != "GET":
+        return envelope.response(mosip.method_not_allowed("GET"))
+    expiry = request.query_params.get(mosip.VID_EXPIRY_PARAM)
+    return envelope.response(await mosip.get_vid(dispenser, name, request.headers, expiry))
+
+
 async def health(request: Request) -> Response:
     """OpenG2P's health route (behind protect_observability; probes use /healthz, /readyz):
     503 IDG-005 until start-up is complete, 503 IDG-006 when the store check fails."""
@@ -401,10 +432,14 @@ class WholeRoute(Route):
         self.path_regex = re.compile(pattern[:-1] + r"\Z")
 
 
+EVERY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ROUTES = [
     WholeRoute("/v1/idgenerator/health", health, methods=["GET"]),
     WholeRoute("/v1/idgenerator/version", version, methods=["GET"]),
     WholeRoute("/v1/idgenerator/config", config, methods=["GET"]),
+    # Every method: a wrong one is answered in MOSIP's wrapper.
+    WholeRoute(mosip.UIN_PATH, mosip_uin, methods=EVERY_METHOD),
+    WholeRoute(mosip.VID_PATH, mosip_vid, methods=EVERY_METHOD),
     WholeRoute(single.ALLOCATE_ONE, allocate_one, methods=["POST"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/validate/{id_value}", validate, methods=["GET"]),
     WholeRoute("/v1/idgenerator/{id_type}/id/{id_value}/used", mark_used, methods=["POST"]),
@@ -453,6 +488,7 @@ def create_app(
             ledger=LedgerReader(settings.postgres_dsn),
         )
         app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)
+        await dispenser.gate.start()  # the identity providers' keys, when OIDC is on
         await snowflakes.start(FIRST_LEASE_WAIT_S)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
         app.state.build = openg2p.build_info(os.environ)

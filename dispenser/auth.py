@@ -1,11 +1,12 @@
-"""Optional API keys: who is calling, which ID types it may use, how fast.
+"""Optional API keys and OIDC tokens: who is calling, which ID types it may use, how fast.
 
 Keys are configured as SHA-256 digests only. A key arrives as ``Authorization:
-Bearer <key>`` or ``X-API-Key: <key>``. Rate limits are token buckets held in each
-dispenser process, charged one token per key asked for (a batch of 100 costs 100), so
-``rate_per_s`` bounds keys per second, not requests; a batch larger than the client's
-``burst`` is refused (422). With N replicas (or workers) a client's total is up to N
-times its ``rate_per_s``.
+Bearer <key>`` or ``X-API-Key: <key>``; an OIDC token (``dispenser.oidc``) as
+``Authorization: Bearer <jwt>`` or the cookie ``Authorization``. Rate limits are token
+buckets held in each dispenser process, charged one token per key asked for (a batch of
+100 costs 100), so ``rate_per_s`` bounds keys per second, not requests; a batch larger
+than the client's ``burst`` is refused (422). With N replicas (or workers) a client's
+total is up to N times its ``rate_per_s``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dispenser.oidc import Principal, TokenForbidden, TokenRefused, Verifier, presented_token
 from shared.domain.apikeys import ANONYMOUS, digest
 from shared.domain.config import ApiKeyConfig, AuthConfig
 from shared.domain.errors import InvalidInput, KeydispenserError
+
+# Token clients whose rate bucket and ledger permission are remembered; beyond this
+# the oldest are forgotten first (a forgotten bucket starts full again).
+MAX_TOKEN_CLIENTS = 10_000
 
 
 class Unauthenticated(KeydispenserError):
@@ -76,12 +82,21 @@ class Client:
 class Gate:
     """Answers "who is this, and may it do this now" for a request."""
 
-    def __init__(self, config: AuthConfig, segments: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: AuthConfig,
+        segments: Mapping[str, str] | None = None,
+        verifier: Verifier | None = None,
+    ) -> None:
         """``segments``: each type name and alias -> the type's name (an API key may
-        name a type by either; requests are checked against the type's name)."""
-        self.enabled = bool(config.api_keys)
-        self.protect_observability = config.protect_observability
+        name a type by either; requests are checked against the type's name).
+        ``verifier``: OIDC tokens (default: one for ``config.oidc`` when set)."""
         names = segments or {}
+        self.verifier = verifier
+        if self.verifier is None and config.oidc is not None:
+            self.verifier = Verifier(config.oidc, names)
+        self.enabled = bool(config.api_keys) or self.verifier is not None
+        self.protect_observability = config.protect_observability
         self._clients = {
             c.sha256: Client(
                 c,
@@ -91,6 +106,7 @@ class Gate:
             for c in config.api_keys
         }
         self._by_name = {c.config.name: c for c in self._clients.values()}
+        self._token_clients: dict[str, tuple[bool, TokenBucket | None]] = {}
 
     def admit(self, headers: HeaderLookup, name: str | None = None, cost: int = 1) -> str:
         """The calling client's name, ``cost`` keys charged to its rate limit.
@@ -100,26 +116,74 @@ class Gate:
         """
         if not self.enabled:
             return ANONYMOUS
-        client = self._clients.get(digest(_presented_key(headers)))
+        bearer = _bearer(headers)
+        if self.verifier is not None:
+            token = presented_token(bearer, headers.get("cookie"))
+            if token is not None:
+                return self._admit_token(token, name, cost)
+        client = self._clients.get(digest(bearer or headers.get("x-api-key") or ""))
         if client is None:
             raise Unauthenticated("missing or unknown API key")
         if name is not None and not client.may_use(name):
             raise Forbidden(f"API client '{client.config.name}' may not use id_type '{name}'")
-        if client.bucket is not None:
-            if cost > client.bucket.burst:
-                raise InvalidInput(
-                    f"count {cost} exceeds the burst of API client '{client.config.name}' "
-                    f"({int(client.bucket.burst)} keys)"
-                )
-            wait = client.bucket.take(cost)
-            if wait:
-                raise RateLimited(client.config.name, max(1, math.ceil(wait)))
+        _charge(client.config.name, client.bucket, cost)
         return client.config.name
 
+    def _admit_token(self, token: str, name: str | None, cost: int) -> str:
+        assert self.verifier is not None
+        try:
+            principal = self.verifier.verify(token)
+        except TokenRefused as exc:
+            raise Unauthenticated(str(exc)) from exc
+        except TokenForbidden as exc:
+            raise Forbidden(str(exc)) from exc
+        if name is not None and not principal.may_use(name):
+            raise Forbidden(f"token client '{principal.client}' may not use id_type '{name}'")
+        _charge(principal.client, self._remember(principal), cost)
+        return principal.client
+
+    def _remember(self, principal: Principal) -> TokenBucket | None:
+        """The token client's rate bucket; its ledger permission remembered."""
+        known = self._token_clients.pop(principal.client, None)
+        bucket = known[1] if known else None
+        oidc = self.verifier.config if self.verifier else None
+        if bucket is None and oidc is not None and oidc.rate_per_s is not None:
+            bucket = TokenBucket(oidc.rate_per_s, oidc.burst or max(1, int(oidc.rate_per_s)))
+        if len(self._token_clients) >= MAX_TOKEN_CLIENTS:
+            del self._token_clients[next(iter(self._token_clients))]
+        self._token_clients[principal.client] = (principal.ledger_admin, bucket)
+        return bucket
+
+    async def start(self) -> None:
+        """Fetch the identity providers' signing keys, then keep them fresh."""
+        if self.verifier is not None:
+            await self.verifier.keys.start()
+
+    async def close(self) -> None:
+        if self.verifier is not None:
+            await self.verifier.keys.close()
+
     def ledger_admin(self, client: str) -> bool:
-        """Whether ``client`` may read and mark every ledger entry, not only its own."""
+        """Whether ``client`` may read and mark every ledger entry, not only its own (an
+        API key's setting, or the roles of the token client's last token)."""
         found = self._by_name.get(client)
-        return found is not None and found.config.ledger_admin
+        if found is not None:
+            return found.config.ledger_admin
+        token_client = self._token_clients.get(client)
+        return token_client is not None and token_client[0]
+
+
+def _charge(client: str, bucket: TokenBucket | None, cost: int) -> None:
+    """Take ``cost`` tokens of ``client``'s bucket (none: unlimited)."""
+    if bucket is None:
+        return
+    if cost > bucket.burst:
+        raise InvalidInput(
+            f"count {cost} exceeds the burst of API client '{client}' ({int(bucket.burst)} keys)"
+        )
+    wait = bucket.take(cost)
+    if wait:
+        raise RateLimited(client, max(1, math.ceil(wait)))
 
 
 def _bucket(config: ApiKeyConfig) -> TokenBucket:
@@ -127,9 +191,8 @@ def _bucket(config: ApiKeyConfig) -> TokenBucket:
     return TokenBucket(rate, config.burst or max(1, int(rate)))
 
 
-def _presented_key(headers: HeaderLookup) -> str:
+def _bearer(headers: HeaderLookup) -> str:
+    """The value of ``Authorization: Bearer <value>``, or ""."""
     authorization = headers.get("authorization") or ""
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return headers.get("x-api-key") or ""
+    scheme, _, value = authorization.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""

@@ -160,6 +160,45 @@ SCHEMAS: Json = {
             "used": {"type": "boolean"},
             "used_at": {"type": "string", "format": "date-time", "nullable": True},
             "used_by": {"type": "string", "nullable": True},
+            "released": {"type": "boolean"},
+            "released_at": {"type": "string", "format": "date-time", "nullable": True},
+            "released_by": {"type": "string", "nullable": True},
+        },
+    },
+    # MOSIP's ResponseWrapper (docs/api.md, "MOSIP"): errors, when any, with a null response.
+    "MosipResponse": {
+        "type": "object",
+        "required": ["id", "version", "responsetime", "metadata", "response", "errors"],
+        "properties": {
+            "id": {"type": "string", "nullable": True},
+            "version": {"type": "string", "nullable": True},
+            "responsetime": {"type": "string"},
+            "metadata": {"nullable": True},
+            "response": {"type": "object", "nullable": True},
+            "errors": {
+                "type": "array",
+                "nullable": True,
+                "minItems": 1,
+                "items": {"$ref": "#/components/schemas/Error"},
+            },
+        },
+    },
+    "MosipUinStatus": {
+        "type": "object",
+        "required": ["request"],
+        "properties": {
+            "id": {"type": "string"},
+            "version": {"type": "string"},
+            "requesttime": {"type": "string"},
+            "metadata": {"type": "object", "nullable": True},
+            "request": {
+                "type": "object",
+                "required": ["uin", "status"],
+                "properties": {
+                    "uin": {"type": "string"},
+                    "status": {"type": "string", "enum": ["ASSIGNED", "UNASSIGNED"]},
+                },
+            },
         },
     },
 }
@@ -366,7 +405,7 @@ def document(settings: Settings, version: str) -> Json:
             "description": "Never-repeated IDs over HTTP: pre-generated keys and "
             "time-ordered snowflake IDs. ID types: " + (", ".join(types) or "(none configured)"),
         },
-        "paths": _paths(),
+        "paths": _paths() | _mosip_paths(settings),
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {
@@ -375,7 +414,7 @@ def document(settings: Settings, version: str) -> Json:
             },
         },
     }
-    if settings.dispenser.auth.api_keys:
+    if settings.dispenser.auth.api_keys or settings.dispenser.auth.oidc:
         doc["security"] = [{"bearer": []}, {"apiKey": []}]
     for operations in doc["paths"].values():
         for operation in operations.values():
@@ -384,6 +423,73 @@ def document(settings: Settings, version: str) -> Json:
                 for p in operation.get("parameters", [])
             ]
     return doc
+
+
+def _mosip_paths(settings: Settings) -> Json:
+    """MOSIP's paths, when ``dispenser.mosip`` serves them: every answer in MOSIP's
+    wrapper, service errors with HTTP 200 as MOSIP answers them."""
+    configured = settings.dispenser.mosip
+    if configured is None:
+        return {}
+
+    def answers(what: str, *statuses: int) -> Json:
+        found = {"200": _json(_ref("MosipResponse"), what + "; or MOSIP's error codes")}
+        for status in statuses:
+            found[str(status)] = _json(
+                _ref("MosipResponse"),
+                MOSIP_ERRORS[status],
+                RETRY_AFTER if status == 429 else None,
+            )
+        return found
+
+    paths: Json = {}
+    if configured.uin is not None:
+        paths["/v1/idgenerator/uin"] = {
+            "get": {
+                "summary": f"One UIN (MOSIP kernel ID generator), of id type {configured.uin}",
+                "responses": answers(
+                    "the UIN, or KER-UIG-001 when none is available", 401, 403, 429
+                ),
+            },
+            "put": {
+                "summary": "A UIN's status: ASSIGNED (used) or UNASSIGNED (given back)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("MosipUinStatus")}},
+                },
+                "responses": answers(
+                    "the UIN's status, or KER-UIG-001/003/004/005", 401, 403, 413, 429
+                ),
+            },
+        }
+    if configured.vid is not None:
+        paths["/v1/idgenerator/vid"] = {
+            "get": {
+                "summary": f"One VID (MOSIP kernel ID generator), of id type {configured.vid}",
+                "parameters": [
+                    {
+                        "name": "videxpiry",
+                        "in": "query",
+                        "required": False,
+                        "description": "yyyy-MM-dd'T'HH:mm:ss.SSS'Z', checked as MOSIP "
+                        "checks it (KER-VID-002..004) and not kept",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": answers(
+                    "the VID, or KER-VID-001 when none is available", 401, 403, 429
+                ),
+            }
+        }
+    return paths
+
+
+MOSIP_ERRORS: dict[int, str] = {
+    401: "KER-ATH-401: no valid token or API key",
+    403: "KER-ATH-403: the client may not use this id type",
+    413: "KER-UIG-005: request body over dispenser.max_body_bytes",
+    429: "IDG-010: rate limit exceeded; see Retry-After",
+}
 
 
 def _configured(parameter: Json, types: list[str], max_batch: int) -> Json:

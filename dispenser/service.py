@@ -317,6 +317,7 @@ class Dispenser:
         return states | self.snowflakes.states()
 
     async def close(self) -> None:
+        await self.gate.close()
         self.coalescer.drop_stock()
         await self.snowflakes.close()
         await asyncio.gather(*self._nudges, return_exceptions=True)

@@ -50,6 +50,41 @@ SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 
 MUTANTS: Final = (
     Mutant(
+        "token_audience_not_checked",
+        "dispenser/oidc.py",
+        'options={"require": ["exp", "iss", "aud"]},',
+        'options={"require": ["exp", "iss"], "verify_aud": False},',
+        ("tests/integration/test_oidc.py",),
+    ),
+    Mutant(
+        "token_expiry_not_checked",
+        "dispenser/oidc.py",
+        'options={"require": ["exp", "iss", "aud"]},',
+        'options={"require": ["exp", "iss", "aud"], "verify_exp": False},',
+        ("tests/integration/test_oidc.py",),
+    ),
+    Mutant(
+        "remembered_token_outlives_its_expiry",
+        "dispenser/oidc.py",
+        "if known.expires > now - self.config.leeway_s:",
+        "if True:",
+        ("tests/unit/test_oidc.py",),
+    ),
+    Mutant(
+        "released_key_reissued_without_the_opt_in",
+        "shared/stores/ledger.py",
+        "reissue=name in batch.reissue",
+        "reissue=True",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
+        "released_key_still_marked_used",
+        "shared/stores/sql.py",
+        "WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL\n  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n\"\"\"\n\n# $1 keys, $2 release",
+        "WHERE l.key = u.key AND l.used_at IS NULL\n  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n\"\"\"\n\n# $1 keys, $2 release",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
         "fence_runs_on_a_replica",
         "shared/stores/lua/fence.lua",
         "if string.match(replication, 'role:(%a+)') ~= 'master' then",

@@ -12,7 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import Depth, LeasedRange, Popped, Pushed, SequenceState, Stamp
+from shared.domain.tiers import (
+    Depth,
+    KeyStatus,
+    LeasedRange,
+    Popped,
+    Pushed,
+    SequenceState,
+    Stamp,
+)
 
 # --- the dispenser ---------------------------------------------------------------
 
@@ -54,19 +62,30 @@ class Nudges(Protocol):
 
 
 class LedgerWrites(Protocol):
-    """The ledger stream as a dispenser writes it (marks of use) and reads its length."""
+    """The ledger stream as a dispenser writes it (marks of use, releases) and reads it:
+    its length, and whether keysync has applied it up to an entry."""
 
     async def backlog(self) -> int: ...
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False
-    ) -> None: ...
+    ) -> str: ...
+
+    async def record_released(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> str: ...
+
+    async def newest_entry(self) -> str | None: ...
+
+    async def applied(self, entry: str) -> bool: ...
 
 
 class LedgerLookup(Protocol):
     """What the ledger knows of one key (``GET /v1/keys/{type}/{key}``)."""
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]: ...
+
+    async def status(self, name: str, key: str) -> KeyStatus: ...
 
     async def close(self) -> None: ...
 

@@ -5,7 +5,7 @@ lease and a guarded statement give back. Plain data, shared by the ports
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 # The most keys one pop hands back. The pop script takes one API-client name per key as
 # an argument, and Lua's unpack() fails near 8,000 of them (after the keys were popped):
@@ -95,3 +95,14 @@ class Stamp:
 
 
 NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    """What the ledger says of one key now: never issued (``unknown``), issued, marked
+    used (``assigned``) or given back by its client (``released``; ``reissued``: put
+    back in the cold tier to be issued again)."""
+
+    state: Literal["unknown", "issued", "assigned", "released"]
+    client: str | None = None  # the client it was issued to
+    reissued: bool = False

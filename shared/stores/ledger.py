@@ -7,6 +7,10 @@ acknowledges (then deletes) entries only after their transaction commits.
 A redelivered entry is recognised by its stream ID; any other key issued twice hits the
 table's primary key and raises the duplicate alarm (metric + error log).
 
+A "release" entry (MOSIP's UNASSIGNED) records a key given back unused; for a type
+with ``reissue_released`` its issue row moves to ``kd_ledger_history`` and the key goes
+back to the cold table, in the same statement.
+
 Applying is order-independent: two keysyncs (or one restarted, whose pending entries
 another claims) may apply a key's "used" entry before its "issue" entry. Such a mark
 waits in ``kd_ledger_early_marks`` and is applied in the transaction that inserts the
@@ -26,6 +30,7 @@ import asyncpg
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
+from shared.domain.tiers import KeyStatus
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated
 from shared.stores.ledger_stream import LedgerEntry, LedgerStream
@@ -59,6 +64,8 @@ class Used:
 class Batch:
     issued: dict[str, Issued] = field(default_factory=lambda: defaultdict(Issued))
     used: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
+    released: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
+    reissue: set[str] = field(default_factory=set)  # types whose released keys go back
     duplicates: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     skipped: int = 0
 
@@ -71,13 +78,15 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
         name, op = fields.get("type", ""), fields.get("op", "")
         id_type = types.get(name)
         keys = fields.get("keys", "").split()
-        if id_type is None or not id_type.config.ledger or op not in ("issue", "used"):
+        if id_type is None or not id_type.config.ledger or op not in ("issue", "used", "release"):
             batch.skipped += 1
             log.warning("ledger_entry_skipped", extra={"entry": entry_id, "id_type": name})
             continue
         when = entry_time(entry_id)
-        if op == "used":
-            used = batch.used[name]
+        if op in ("used", "release"):
+            used = batch.used[name] if op == "used" else batch.released[name]
+            if op == "release" and id_type.config.reissue_released:
+                batch.reissue.add(name)
             used.keys.extend(keys)
             used.times.extend([when] * len(keys))
             used.clients.extend([fields.get("clients") or ANONYMOUS] * len(keys))
@@ -107,6 +116,7 @@ class Applied:
     duplicates: dict[str, list[str]]
     used_unknown: int  # marks of keys not (yet) issued: they wait for their issue row
     used_refused: int = 0  # marks by a client the key was not issued to (not applied)
+    released: int = 0  # keys given back (and put back in the cold tier when reissued)
 
 
 # The advisory lock every ledger drain takes in its transaction ("kdlg").
@@ -153,7 +163,31 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
         await _keep_early_marks(conn, name, marks, missing)
         unknown += len(missing)
         refused += len(foreign)
-    return Applied(issued, used, {k: v for k, v in duplicates.items() if v}, unknown, refused)
+    released = 0
+    for name, marks in batch.released.items():
+        released += await _release(conn, name, marks, reissue=name in batch.reissue)
+    dups = {k: v for k, v in duplicates.items() if v}
+    return Applied(issued, used, dups, unknown, refused, released)
+
+
+async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:
+    """Record keys given back (issued, neither used nor released, by their client or one
+    with ledger permission); with ``reissue`` they go back to the cold table once."""
+    arrays = (marks.keys, marks.times, marks.clients, marks.admin)
+    if reissue:
+        rows = await conn.fetch(sql.for_type(sql.RELEASE_TO_COLD, name), name, *arrays)
+    else:
+        rows = await conn.fetch(sql.for_type(sql.RELEASE_LEDGER, name), *arrays)
+    done = {r["key"] for r in rows}
+    if done:
+        log.info(
+            "keys_released",
+            extra={"id_type": name, "count": len(done), "back_to_cold": reissue},
+        )
+    rest = sorted(set(marks.keys) - done)
+    if rest:  # used or released already, another client's, or never issued
+        log.warning("release_not_applied", extra={"id_type": name, "keys": rest[:10]})
+    return len(done)
 
 
 async def _apply_early_marks(
@@ -251,7 +285,30 @@ class LedgerReader:
             "used": row["used_at"] is not None,
             "used_at": _iso(row["used_at"]),
             "used_by": row["used_by"],
+            "released": row["released_at"] is not None,
+            "released_at": _iso(row["released_at"]),
+            "released_by": row["released_by"],
         }
+
+    async def status(self, name: str, key: str) -> KeyStatus:
+        """The key's state now: its current issue row, else its last issue that was
+        released back to the cold tier, else never issued."""
+        if self._store is None:
+            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
+        async with self._store.connection() as conn, translated("ledger_status"):
+            row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
+            past = None
+            if row is None:
+                past = await conn.fetchrow(sql.SELECT_LEDGER_HISTORY, name, key)
+        if row is not None:
+            if row["used_at"] is not None:
+                return KeyStatus("assigned", row["client"])
+            if row["released_at"] is not None:
+                return KeyStatus("released", row["client"])
+            return KeyStatus("issued", row["client"])
+        if past is not None:
+            return KeyStatus("released", past["client"], reissued=True)
+        return KeyStatus("unknown")
 
     async def close(self) -> None:
         if self._store is not None:

@@ -27,24 +27,49 @@ class LedgerStream(RedisPort):
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False
-    ) -> None:
-        """Append a "used" event to the stream (applied by keysync's drain).
+    ) -> str:
+        """Append a "used" event to the stream (applied by keysync's drain); its entry ID.
 
         The drain applies it only to keys issued to ``client``, unless ``admin`` (the
         client has ledger permission), and records ``client`` as who marked each key.
         """
-        fields: dict[Any, Any] = {
-            "op": "used",
-            "type": name,
-            "keys": " ".join(keys),
-            "clients": client,
-        }
+        return await self._record("used", name, keys, client, admin)
+
+    async def record_released(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> str:
+        """Append a "release" event: keys ``client`` gives back unused (applied, as a
+        mark of use is, only to keys issued to it unless ``admin``); its entry ID."""
+        return await self._record("release", name, keys, client, admin)
+
+    async def _record(
+        self, op: str, name: str, keys: Sequence[str], client: str, admin: bool
+    ) -> str:
+        fields: dict[Any, Any] = {"op": op, "type": name, "keys": " ".join(keys), "clients": client}
         if admin:
             fields["admin"] = "1"
-        async with self._guard("record_used"):
-            await (await self._endpoint.client()).xadd(
+        async with self._guard(f"record_{op}"):
+            entry = await (await self._endpoint.client()).xadd(
                 redis_keys.ledger_stream_key(self.namespace), fields
             )
+        return _entry_id(entry)
+
+    async def newest_entry(self) -> str | None:
+        """The ID of the newest entry not yet applied (None: keysync has applied all)."""
+        async with self._guard("ledger_newest"):
+            found = await (await self._endpoint.client()).xrevrange(
+                redis_keys.ledger_stream_key(self.namespace), count=1
+            )
+        return _entry_id(found[0][0]) if found else None
+
+    async def applied(self, entry: str) -> bool:
+        """Whether keysync has applied every entry up to ``entry`` (applied entries are
+        deleted from the stream, so none of them is left)."""
+        async with self._guard("ledger_applied"):
+            left = await (await self._endpoint.client()).xrange(
+                redis_keys.ledger_stream_key(self.namespace), "-", entry, count=1
+            )
+        return not left
 
     async def beat(self, consumer: str) -> None:
         """This consumer is alive (``ledger_consumer_key``, CONSUMER_HEARTBEAT_MS)."""
@@ -134,3 +159,7 @@ class LedgerStream(RedisPort):
                     redis_keys.ledger_stream_key(self.namespace)
                 )
             )
+
+
+def _entry_id(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -18,7 +18,7 @@ from typing import Any
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import IdempotencyMismatch, KeyspaceExhausted
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import LeasedRange, Popped, SequenceState
+from shared.domain.tiers import KeyStatus, LeasedRange, Popped, SequenceState
 
 
 @dataclass
@@ -101,6 +101,7 @@ class MemoryLedger:
     """The ledger stream and its lookups (``LedgerWrites``, ``LedgerLookup``)."""
 
     used: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    released: list[tuple[str, str, str, bool]] = field(default_factory=list)
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
 
     async def backlog(self) -> int:
@@ -108,11 +109,27 @@ class MemoryLedger:
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False
-    ) -> None:
+    ) -> str:
         self.used.extend((name, key, client, admin) for key in keys)
+        return f"0-{len(self.used)}"
+
+    async def record_released(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> str:
+        self.released.extend((name, key, client, admin) for key in keys)
+        return f"1-{len(self.released)}"
+
+    async def newest_entry(self) -> str | None:
+        return None  # applied at once
+
+    async def applied(self, entry: str) -> bool:
+        return True
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
         return {"id_type": name, "key": key, "issued": False, "used": False}
+
+    async def status(self, name: str, key: str) -> KeyStatus:
+        return KeyStatus("unknown")
 
     async def close(self) -> None:
         return None

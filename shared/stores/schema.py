@@ -100,6 +100,7 @@ async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
     await conn.execute(sql.for_type(cold, id_type.name))
     await conn.execute(sql.for_type(sql.CREATE_LEDGER_TABLE, id_type.name))
     await conn.execute(sql.for_type(sql.ADD_LEDGER_USED_BY, id_type.name))
+    await conn.execute(sql.for_type(sql.ADD_LEDGER_RELEASED, id_type.name))
     stored = await _stored_fingerprint(conn, id_type.name)
     fingerprint = json.dumps(id_type.fingerprint.as_dict(), sort_keys=True)
     if stored is None:

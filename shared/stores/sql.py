@@ -132,12 +132,19 @@ CREATE TABLE IF NOT EXISTS {ledger} (
     idempotency_key text,
     entry_id text NOT NULL,
     used_at timestamptz,
-    used_by text
+    used_by text,
+    released_at timestamptz,
+    released_by text
 )
 """
 
 # Ledger tables created before mark-used recorded who marked a key.
 ADD_LEDGER_USED_BY: Final = "ALTER TABLE {ledger} ADD COLUMN IF NOT EXISTS used_by text"
+# Ledger tables created before keys could be released (migration 5 adds them too).
+ADD_LEDGER_RELEASED: Final = (
+    "ALTER TABLE {ledger} ADD COLUMN IF NOT EXISTS released_at timestamptz, "
+    "ADD COLUMN IF NOT EXISTS released_by text"
+)
 
 # $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays).
 # Returns the keys inserted; the others were already in the ledger.
@@ -160,8 +167,47 @@ SELECT_LEDGER_ENTRIES: Final = (
 UPDATE_LEDGER_USED: Final = """
 UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[]) AS u(key, used_at, client, admin)
-WHERE l.key = u.key AND l.used_at IS NULL AND (u.admin OR l.client = u.client)
+WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
+  AND (u.admin OR l.client = u.client)
 RETURNING l.key
+"""
+
+# $1 keys, $2 release times, $3 releasing clients, $4 whether each may release any key
+# (arrays). A key neither used nor released yet, by the client it was issued to (or one
+# with ledger permission), is recorded released; returns the keys released now.
+RELEASE_LEDGER: Final = """
+UPDATE {ledger} AS l SET released_at = u.released_at, released_by = u.client
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[])
+    AS u(key, released_at, client, admin)
+WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
+  AND (u.admin OR l.client = u.client)
+RETURNING l.key
+"""
+
+# $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4. A type with reissue_released: the
+# issue row moves to kd_ledger_history (released) and the key goes back to the cold
+# table, in one statement: a key goes back at most once per issue. Returns the keys
+# put back.
+RELEASE_TO_COLD: Final = """
+WITH released AS (
+    DELETE FROM {ledger} AS l
+    USING unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[])
+        AS u(key, released_at, client, admin)
+    WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
+      AND (u.admin OR l.client = u.client)
+    RETURNING l.key, l.issued_at, l.client, l.idempotency_key, l.entry_id,
+              u.released_at, u.client AS released_by
+),
+kept AS (
+    INSERT INTO kd_ledger_history
+        (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by)
+    SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by
+    FROM released
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {cold} (key) SELECT key FROM released
+ON CONFLICT (key) DO NOTHING
+RETURNING key
 """
 
 # $1: lock id. Serialises ledger drains (one transaction per stream batch): an issue
@@ -221,8 +267,16 @@ COUNT_EARLY_MARKS: Final = (
 
 # $1: key. One key's ledger row.
 SELECT_LEDGER_KEY: Final = (
-    "SELECT issued_at, client, idempotency_key, used_at, used_by FROM {ledger} WHERE key = $1"
+    "SELECT issued_at, client, idempotency_key, used_at, used_by, released_at, released_by "
+    "FROM {ledger} WHERE key = $1"
 )
+
+# $1: id type, $2: key. Its latest issue that was released and put back in the cold
+# tier (reissue_released), if any.
+SELECT_LEDGER_HISTORY: Final = """
+SELECT issued_at, client, released_at, released_by FROM kd_ledger_history
+WHERE id_type = $1 AND key = $2 ORDER BY released_at DESC LIMIT 1
+"""
 
 # No parameters. State of a type's sequence: last value handed out and whether any was.
 SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"

@@ -12,9 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 from starlette.routing import Route
 
+from dispenser import mosip
 from dispenser.app import ROUTES
 from shared.domain.apikeys import new_api_key
-from shared.domain.config import Settings
 from shared.stores.hot_store import HotStore
 from tests.conftest import (
     Servers,
@@ -35,7 +35,15 @@ CHECKS = ",".join(
 )
 
 
-async def test_every_route_is_documented(settings: Settings) -> None:
+@pytest.mark.parametrize("with_mosip", [False, True])
+async def test_every_route_is_documented(
+    servers: Servers, database: str, redis_client: aioredis.Redis, with_mosip: bool
+) -> None:
+    """MOSIP's paths are documented (with the methods they serve) when configured."""
+    types = small_types()
+    types["farmer"]["ledger"] = types["shortlink"]["ledger"] = True
+    extra = {"mosip": {"uin": "farmer", "vid": "shortlink"}} if with_mosip else {}
+    settings = make_settings(servers, database, id_types=types, dispenser=extra)
     async with dispenser_over_http(settings) as client:
         doc = (await client.get("/openapi.json")).json()
     assert doc["openapi"].startswith("3.")
@@ -43,16 +51,20 @@ async def test_every_route_is_documented(settings: Settings) -> None:
     served = {
         (route.path, method)
         for route in ROUTES
-        if isinstance(route, Route)
+        if isinstance(route, Route) and route.path not in mosip.METHODS
         for method in route.methods or ()
         if method != "HEAD"
     }
+    if with_mosip:
+        served |= {(path, m) for path, methods in mosip.METHODS.items() for m in methods}
     assert served == documented
     id_type = doc["paths"]["/v1/keys/{id_type}"]["post"]["parameters"][0]
     assert id_type["schema"]["enum"] == ["farmer", "shortlink"]
 
 
-@pytest.mark.parametrize("auth", ["open", "with-api-key", "without-api-key", "rate-limited"])
+@pytest.mark.parametrize(
+    "auth", ["open", "with-api-key", "without-api-key", "rate-limited", "mosip"]
+)
 async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     servers: Servers,
     database: str,
@@ -68,13 +80,17 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     types = small_types()
     types["shortlink"]["ledger"] = True
     types["events"] = {"kind": "snowflake"}  # minted: validate, decode, 503 until leased
+    extra: dict[str, object] = {}
+    if auth == "mosip":  # MOSIP's paths too (no keysync here: a PUT waits briefly)
+        types["farmer"]["ledger"] = True
+        extra = {"mosip": {"uin": "farmer", "vid": "shortlink", "ledger_wait_s": 0.2}}
     key, key_digest = new_api_key()
     fuzzer: dict[str, object] = {"name": "fuzzer", "sha256": key_digest}
     if auth == "rate-limited":
         fuzzer |= {"rate_per_s": 20, "burst": 10}
-    clients = [] if auth == "open" else [fuzzer]
+    clients = [] if auth in ("open", "mosip") else [fuzzer]
     settings = make_settings(
-        servers, database, id_types=types, dispenser={"auth": {"api_keys": clients}}
+        servers, database, id_types=types, dispenser={"auth": {"api_keys": clients}, **extra}
     )
     headers = ["--header", f"X-API-Key: {key}"] if auth in ("with-api-key", "rate-limited") else []
     await hot.push("farmer", [f"{i:010d}" for i in range(5_000)], uuid.uuid4().hex)

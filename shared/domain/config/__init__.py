@@ -9,7 +9,13 @@
   saying what is wrong with it.
 """
 
-from shared.domain.config.dispenser import ApiKeyConfig, AuthConfig, DispenserConfig
+from shared.domain.config.dispenser import (
+    ApiKeyConfig,
+    AuthConfig,
+    DispenserConfig,
+    MosipConfig,
+    OidcConfig,
+)
 from shared.domain.config.idtypes import (
     FilterLimits,
     IdTypeConfig,
@@ -30,6 +36,8 @@ __all__ = [
     "IdTypeConfig",
     "KeygenConfig",
     "KeysyncConfig",
+    "MosipConfig",
+    "OidcConfig",
     "SentinelConfig",
     "Settings",
     "SnowflakeConfig",

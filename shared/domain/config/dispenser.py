@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -29,10 +31,92 @@ class ApiKeyConfig(Strict):
     ledger_admin: bool = False
 
 
+# What a token may be signed with: public-key algorithms only (an HMAC secret shared
+# with the identity provider, or "none", would let anyone who has it mint tokens).
+ASYMMETRIC_ALGORITHMS: tuple[str, ...] = (
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+)  # fmt: skip
+
+
+class OidcProvider(Strict):
+    """An identity provider: tokens whose ``iss`` is ``issuer`` are verified with the
+    keys published at ``jwks_url`` (Keycloak: <realm URL>/protocol/openid-connect/certs)."""
+
+    issuer: str = Field(min_length=1)
+    jwks_url: str
+
+    @model_validator(mode="after")
+    def _fetched_safely(self) -> OidcProvider:
+        parts = urlsplit(self.jwks_url)
+        if parts.scheme == "https" and parts.hostname:
+            return self
+        if parts.scheme == "http" and _loopback(parts.hostname or ""):
+            return self
+        raise ValueError(
+            f"jwks_url {self.jwks_url!r}: must be https (http only on a loopback host)"
+        )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class OidcRole(Strict):
+    """What a token carrying this role may do."""
+
+    id_types: tuple[str, ...] = ("*",)  # names or aliases; "*" for all
+    ledger_admin: bool = False  # read and mark every ledger entry, as an API key may
+
+
+class OidcConfig(Strict):
+    """Bearer tokens of an OIDC identity provider (Keycloak), beside API keys."""
+
+    providers: tuple[OidcProvider, ...] = Field(min_length=1)
+    # A token must name one of these in ``aud`` (Keycloak: add an audience mapper).
+    audiences: tuple[str, ...] = Field(min_length=1)
+    algorithms: tuple[str, ...] = ("RS256", "ES256")
+    # Where the token's roles are: a dotted path to a list (realm_access.roles,
+    # resource_access.<client>.roles) or to a space-separated string (scope).
+    roles_claim: str = Field(default="realm_access.roles", min_length=1)
+    roles: dict[str, OidcRole] = Field(min_length=1)
+    # The claim that names the client (ledger, rate limits, idempotency records).
+    client_claim: Literal["azp", "client_id", "sub"] = "azp"
+    leeway_s: float = Field(default=30.0, ge=0, le=300)  # for exp and nbf
+    jwks_refresh_s: float = Field(default=300.0, ge=1, le=86_400)
+    # An unknown kid fetches the issuer's keys again, at most this often.
+    jwks_min_refetch_s: float = Field(default=10.0, ge=0.1, le=3_600)
+    # Keys per second per token client (token bucket, per dispenser process).
+    rate_per_s: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _asymmetric_and_unique(self) -> OidcConfig:
+        weak = [a for a in self.algorithms if a not in ASYMMETRIC_ALGORITHMS]
+        if weak or not self.algorithms:
+            raise ValueError(
+                f"algorithms: {weak or 'none'} not allowed; use public-key ones "
+                f"({', '.join(ASYMMETRIC_ALGORITHMS)})"
+            )
+        if len(set(self.issuers)) != len(self.providers):
+            raise ValueError("providers: each issuer once")
+        return self
+
+    @property
+    def issuers(self) -> tuple[str, ...]:
+        return tuple(p.issuer for p in self.providers)
+
+
 class AuthConfig(Strict):
-    """With no API keys configured, the API is open (every client is anonymous)."""
+    """With neither API keys nor OIDC configured, the API is open (every client is
+    anonymous)."""
 
     api_keys: tuple[ApiKeyConfig, ...] = ()
+    oidc: OidcConfig | None = None
     # Whether /metrics, /healthz, /readyz and the health route need a key too.
     protect_observability: bool = False
 
@@ -44,6 +128,17 @@ class AuthConfig(Strict):
         if len({k.sha256 for k in self.api_keys}) != len(self.api_keys):
             raise ValueError("api_keys: two clients share one key")
         return self
+
+
+class MosipConfig(Strict):
+    """MOSIP's kernel ID generator API (``/v1/idgenerator/uin``, ``/v1/idgenerator/vid``),
+    each path served from a configured ID type (which keeps a ledger)."""
+
+    uin: str | None = None  # the type GET/PUT /v1/idgenerator/uin serve
+    vid: str | None = None  # the type GET /v1/idgenerator/vid serves
+    # How long a PUT waits for the ledger to hold the key's issue and then its new
+    # status (keysync applies both): a PUT right after its GET finds the UIN issued.
+    ledger_wait_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class DispenserConfig(Strict):
@@ -74,6 +169,7 @@ class DispenserConfig(Strict):
     # How long a retried request with the same Idempotency-Key gets the same keys.
     idempotency_ttl_s: int = Field(default=86_400, ge=1, le=IDEMPOTENCY_TTL_LIMIT_S)
     auth: AuthConfig = AuthConfig()
+    mosip: MosipConfig | None = None
 
     @model_validator(mode="after")
     def _batch_fits_the_pop_script(self) -> DispenserConfig:

@@ -83,6 +83,10 @@ class IdTypeConfig(Strict):
     # and process. None: DEFAULT_PREFETCH, or 0 for a ledger type (its keys are
     # recorded to the client that asked at the pop itself).
     prefetch: int | None = Field(default=None, ge=0, le=1_000)
+    # A key released by its client (MOSIP's UNASSIGNED) goes back to the cold tier,
+    # once, and may be issued again (the ledger keeps both issues). False: a released
+    # key is recorded and never issued again.
+    reissue_released: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -120,6 +124,12 @@ class IdTypeConfig(Strict):
             for name in ("first_equals_last", "first_equals_reverse"):
                 if getattr(self.filters, name) > self.length:
                     raise ValueError(f"filters.{name} must not exceed length for profile mosip")
+        return self
+
+    @model_validator(mode="after")
+    def _reissue_needs_a_ledger(self) -> IdTypeConfig:
+        if self.reissue_released and not self.ledger:
+            raise ValueError("reissue_released: needs ledger: true (releases are ledger records)")
         return self
 
     @model_validator(mode="after")

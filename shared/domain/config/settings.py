@@ -51,13 +51,37 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
     @model_validator(mode="after")
     def _names_are_identifiers(self) -> Settings:
         check_type_names(self.id_types)
+        known = {"*", *path_segments(self.id_types)}
         for client in self.dispenser.auth.api_keys:
-            unknown = set(client.id_types) - {"*", *path_segments(self.id_types)}
+            unknown = set(client.id_types) - known
             if unknown:
                 raise ValueError(
                     f"dispenser.auth.api_keys.{client.name}.id_types: unknown {sorted(unknown)}"
                 )
+        oidc = self.dispenser.auth.oidc
+        for role, grant in (oidc.roles if oidc else {}).items():
+            unknown = set(grant.id_types) - known
+            if unknown:
+                raise ValueError(
+                    f"dispenser.auth.oidc.roles.{role}.id_types: unknown {sorted(unknown)}"
+                )
+        self._mosip_types_keep_a_ledger()
         return self
+
+    def _mosip_types_keep_a_ledger(self) -> None:
+        mosip = self.dispenser.mosip
+        for path, name in (("uin", mosip.uin), ("vid", mosip.vid)) if mosip else ():
+            if name is None:
+                continue
+            where = f"dispenser.mosip.{path}"
+            config = self.id_types.get(name)
+            if config is None:
+                raise ValueError(f"{where}: unknown id type {name!r}")
+            if not isinstance(config, IdTypeConfig) or not config.ledger:
+                raise ValueError(
+                    f"{where}: id type {name!r} must be a pooled type with ledger: true "
+                    "(MOSIP's status changes are ledger records)"
+                )
 
     @classmethod
     def settings_customise_sources(

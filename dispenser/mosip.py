@@ -1,0 +1,316 @@
+"""MOSIP's kernel ID generator API (``kernel-idgenerator-service``), served from
+configured ID types (``dispenser.mosip``).
+
+- ``GET /v1/idgenerator/uin``: one UIN, popped as any other key (coalesced, fenced,
+  ledgered), in MOSIP's response wrapper.
+- ``PUT /v1/idgenerator/uin`` with ``{request: {uin, status}}``: ``ASSIGNED`` marks an
+  issued UIN used; ``UNASSIGNED`` releases it (recorded, and never issued again unless
+  the type sets ``reissue_released``, when it goes back to the cold tier once). Only an
+  ISSUED UIN changes status; asking again for the status it has is answered as the
+  first time. The ledger is written by keysync: a PUT waits (``ledger_wait_s``) until
+  the UIN's issue is in it, appends the change to the ledger stream, and waits until
+  keysync applied it; the ledger then says what happened.
+- ``GET /v1/idgenerator/vid``: one VID; ``videxpiry`` is checked as MOSIP checks it,
+  and not kept (keydispenser never expires nor releases a VID).
+
+Every answer on these paths is MOSIP's wrapper ``{id, version, responsetime, metadata,
+response, errors}`` with MOSIP's codes, and with MOSIP's HTTP status: 200, errors
+included, but for 401/403 (MOSIP's auth adapter), 413 and 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from dispenser import envelope
+from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
+from dispenser.envelope import JSON, Answer, BodyTooLarge
+from dispenser.service import Dispenser
+from shared.domain.errors import (
+    InvalidInput,
+    KeydispenserError,
+    KeyspaceExhausted,
+    LedgerBacklogFull,
+    PoolEmpty,
+    StoreUnavailable,
+)
+from shared.domain.tiers import KeyStatus
+
+log = logging.getLogger(__name__)
+
+UIN_PATH: Final = "/v1/idgenerator/uin"
+VID_PATH: Final = "/v1/idgenerator/vid"
+# The methods each path serves (any other is answered 405 in MOSIP's wrapper).
+METHODS: Final = {UIN_PATH: ("GET", "PUT"), VID_PATH: ("GET",)}
+# MOSIP's statuses of a UIN.
+ISSUED, ASSIGNED, UNASSIGNED, UNUSED = "ISSUED", "ASSIGNED", "UNASSIGNED", "UNUSED"
+# MOSIP's error codes and texts (UinGeneratorErrorCode, VIDGeneratorErrorCode, and the
+# auth adapter's).
+UIN_NOT_FOUND: Final = ("KER-UIG-001", "UIN could not be found")
+UIN_STATUS_NOT_FOUND: Final = ("KER-UIG-003", "Given UIN status not found")
+UIN_NOT_ISSUED: Final = ("KER-UIG-004", "Given UIN is not in ISSUED status")
+UIN_INTERNAL: Final = ("KER-UIG-005", "Internal Server Error")
+VID_NOT_AVAILABLE: Final = ("KER-VID-001", "VID not available for allocation")
+VID_EXPIRY_EMPTY: Final = ("KER-VID-002", "Vid expiry date is empty")
+VID_EXPIRY_PAST: Final = ("KER-VID-003", "Vid expiry date is before current utc time")
+VID_EXPIRY_PATTERN: Final = (
+    "KER-VID-004",
+    "Vid expiry date pattern is invalid, should be in yyyy-MM-dd'T'HH:mm:ss.SSS'Z' pattern",
+)
+VID_INTERNAL: Final = ("KER-VID-005", "Internal Server Error")
+AUTH_FAILED: Final = "KER-ATH-401"
+AUTH_FORBIDDEN: Final = "KER-ATH-403"
+VID_EXPIRY_PARAM: Final = "videxpiry"
+VID_EXPIRY_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+WANTED: Final = {ASSIGNED: "assigned", UNASSIGNED: "released"}  # MOSIP's -> the ledger's
+LEDGER_POLL_S: Final = 0.02  # how often a PUT looks whether keysync has caught up
+
+
+class Refused(Exception):
+    """A MOSIP error answer: (HTTP status, code, message), with headers."""
+
+    def __init__(
+        self, code: tuple[str, str], status: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(code[1])
+        self.code, self.status, self.headers = code, status, headers or {}
+
+
+def wrapper(
+    response: Any,
+    errors: list[dict[str, str]] | None,
+    request_id: Any = None,
+    version: Any = None,
+) -> dict[str, Any]:
+    """MOSIP's ResponseWrapper, field for field (nulls as MOSIP writes them)."""
+    return {
+        "id": request_id,
+        "version": version,
+        "responsetime": envelope.response_time(),
+        "metadata": None,
+        "response": response,
+        "errors": errors,
+    }
+
+
+def _answer(
+    content: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> Answer:
+    body = json.dumps(content, separators=(",", ":")).encode()
+    extra = [(name.lower(), value) for name, value in (headers or {}).items()]
+    return status, [JSON, *extra], body
+
+
+def _error(
+    code: tuple[str, str],
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    request: dict[str, Any] | None = None,
+) -> Answer:
+    """An error in MOSIP's wrapper; a PUT's id and version are echoed, as MOSIP does."""
+    ident, version = (request or {}).get("id"), (request or {}).get("version")
+    errors = [{"errorCode": code[0], "message": code[1]}]
+    return _answer(wrapper(None, errors, _text(ident), _text(version)), status, headers)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _refusal(
+    exc: KeydispenserError, not_available: tuple[str, str], internal: tuple[str, str]
+) -> Refused:
+    """A domain error as MOSIP's answer on these paths."""
+    if isinstance(exc, Unauthenticated):
+        return Refused((AUTH_FAILED, str(exc)), 401, {"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, Forbidden):
+        return Refused((AUTH_FORBIDDEN, str(exc)), 403)
+    if isinstance(exc, RateLimited):
+        return Refused(("IDG-010", str(exc)), 429, {"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, PoolEmpty):
+        return Refused(not_available, 200, {"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, KeyspaceExhausted):
+        return Refused(not_available)
+    if isinstance(exc, BodyTooLarge):
+        return Refused((internal[0], str(exc)), 413)
+    if isinstance(exc, InvalidInput):
+        return Refused((internal[0], str(exc)))
+    if isinstance(exc, StoreUnavailable | LedgerBacklogFull):
+        return Refused(internal, 200, {"Retry-After": "1"})
+    return Refused(internal)
+
+
+async def get_uin(dispenser: Dispenser, name: str, headers: HeaderLookup) -> Answer:
+    return await _get_one(dispenser, name, headers, "uin", UIN_NOT_FOUND, UIN_INTERNAL)
+
+
+async def get_vid(
+    dispenser: Dispenser, name: str, headers: HeaderLookup, expiry: str | None
+) -> Answer:
+    try:
+        _check_expiry(expiry)
+    except Refused as refused:
+        return _error(refused.code, refused.status, refused.headers)
+    return await _get_one(dispenser, name, headers, "vid", VID_NOT_AVAILABLE, VID_INTERNAL)
+
+
+def _check_expiry(raw: str | None) -> None:
+    """``videxpiry`` as MOSIP checks it (its value is not kept: VIDs never expire here)."""
+    if raw is None:
+        return
+    if not raw.strip():
+        raise Refused(VID_EXPIRY_EMPTY)
+    try:
+        expiry = datetime.strptime(raw, VID_EXPIRY_FORMAT).replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise Refused(VID_EXPIRY_PATTERN) from exc
+    if expiry < datetime.now(UTC):
+        raise Refused(VID_EXPIRY_PAST)
+
+
+async def _get_one(
+    dispenser: Dispenser,
+    name: str,
+    headers: HeaderLookup,
+    field: str,
+    not_available: tuple[str, str],
+    internal: tuple[str, str],
+) -> Answer:
+    try:
+        client = dispenser.gate.admit(headers, name)
+        key = await dispenser.take_one(name, client)
+        result = _answer(wrapper({field: key}, None))
+    except KeydispenserError as exc:
+        refused = _refusal(exc, not_available, internal)
+        dispenser.metrics.errors.labels(refused.code[0]).inc()
+        result = _error(refused.code, refused.status, refused.headers)
+    except Exception:
+        log.exception("request_crashed", extra={"path": f"/v1/idgenerator/{field}"})
+        dispenser.metrics.errors.labels(internal[0]).inc()
+        result = _error(internal)
+    return result
+
+
+async def put_uin(dispenser: Dispenser, name: str, headers: HeaderLookup, raw: bytes) -> Answer:
+    """A status change of an issued UIN, answered when the ledger shows its outcome."""
+    request: dict[str, Any] = {}
+    try:
+        request = _parsed(raw)
+        client = dispenser.gate.admit(headers, name)
+        uin, status = _uin_and_status(request)
+        final = await _change(dispenser, name, uin, status, client)
+    except Refused as refused:
+        return _error(refused.code, refused.status, refused.headers, request)
+    except KeydispenserError as exc:
+        mapped = _refusal(exc, UIN_NOT_FOUND, UIN_INTERNAL)
+        dispenser.metrics.errors.labels(mapped.code[0]).inc()
+        return _error(mapped.code, mapped.status, mapped.headers, request)
+    except Exception:
+        log.exception("request_crashed", extra={"path": UIN_PATH})
+        return _error(UIN_INTERNAL, request=request)
+    response = {"uin": uin, "status": final}
+    return _answer(wrapper(response, None, _text(request.get("id")), _text(request.get("version"))))
+
+
+def body_refused(exc: KeydispenserError) -> Answer:
+    """A PUT body refused before it was read whole (over ``max_body_bytes``)."""
+    mapped = _refusal(exc, UIN_NOT_FOUND, UIN_INTERNAL)
+    return _error(mapped.code, mapped.status, mapped.headers)
+
+
+def method_not_allowed(allowed: str) -> Answer:
+    return _error(
+        (UIN_INTERNAL[0], f"method not allowed here (allowed: {allowed})"), 405, {"Allow": allowed}
+    )
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Refused((UIN_INTERNAL[0], "request body is not JSON")) from exc
+    if not isinstance(body, dict):
+        raise Refused((UIN_INTERNAL[0], "request body must be a JSON object"))
+    return body
+
+
+def _uin_and_status(request: dict[str, Any]) -> tuple[str, Any]:
+    inner = request.get("request")
+    if not isinstance(inner, dict) or not isinstance(inner.get("uin"), str):
+        raise Refused((UIN_INTERNAL[0], "request.uin is missing"))
+    return inner["uin"], inner.get("status")
+
+
+async def _change(dispenser: Dispenser, name: str, uin: str, status: Any, client: str) -> str:
+    """Apply ``status`` to ``uin`` through the ledger; the status MOSIP reports after it."""
+    id_type = dispenser.ledger_type(name)
+    if not id_type.validate(uin):
+        raise Refused(UIN_NOT_FOUND)
+    deadline = time.monotonic() + _wait_s(dispenser)
+    admin = dispenser.gate.ledger_admin(client)
+    await _caught_up(dispenser, await dispenser.ledger_stream.newest_entry(), deadline)
+    found = _visible(await dispenser.ledger.status(name, uin), client, admin)
+    wanted = (
+        {ASSIGNED: "assigned", UNASSIGNED: "released"}.get(status)
+        if isinstance(status, str)
+        else None
+    )
+    if found.state == "unknown":
+        raise Refused(UIN_NOT_FOUND)
+    if found.state != "issued":
+        if wanted is not None and found.state == wanted:
+            return _reported(found)  # asked again: answered as the first time
+        raise Refused(UIN_NOT_ISSUED)
+    if wanted is None:
+        raise Refused(UIN_STATUS_NOT_FOUND)
+    await dispenser.ledger_open(id_type)
+    if wanted == "assigned":
+        entry = await dispenser.ledger_stream.record_used(name, [uin], client, admin)
+    else:
+        entry = await dispenser.ledger_stream.record_released(name, [uin], client, admin)
+    await _caught_up(dispenser, entry, deadline)
+    after = _visible(await dispenser.ledger.status(name, uin), client, admin)
+    if after.state != wanted:
+        raise Refused(UIN_NOT_ISSUED)  # another change came first
+    return _reported(after)
+
+
+def _visible(found: KeyStatus, client: str, admin: bool) -> KeyStatus:
+    """A key issued to another client is, to a client without ledger permission, a key
+    never issued (as for ``GET /v1/keys/{type}/{key}``)."""
+    if found.state != "unknown" and found.client != client and not admin:
+        return KeyStatus("unknown")
+    return found
+
+
+def _reported(found: KeyStatus) -> str:
+    """MOSIP's name of the status: a released UIN that may be issued again is UNUSED
+    (MOSIP's pool status), one that never will be is UNASSIGNED."""
+    if found.state == "assigned":
+        return ASSIGNED
+    return UNUSED if found.reissued else UNASSIGNED
+
+
+def _wait_s(dispenser: Dispenser) -> float:
+    mosip = dispenser.settings.dispenser.mosip
+    return mosip.ledger_wait_s if mosip is not None else 5.0
+
+
+async def _caught_up(dispenser: Dispenser, entry: str | None, deadline: float) -> None:
+    """Wait until keysync has applied every ledger entry up to ``entry``."""
+    if entry is None:
+        return
+    while not await dispenser.ledger_stream.applied(entry):
+        if time.monotonic() >= deadline:
+            log.warning("mosip_ledger_behind", extra={"entry": entry})
+            raise Refused(
+                (UIN_INTERNAL[0], "the ledger is behind (is keysync running?); retry later"),
+                200,
+                {"Retry-After": "1"},
+            )
+        await asyncio.sleep(LEDGER_POLL_S)
