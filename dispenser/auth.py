@@ -144,12 +144,14 @@ class Gate:
 
     def _remember(self, principal: Principal) -> TokenBucket | None:
         """The token client's rate bucket; its ledger permission remembered."""
-        known = self._token_clients.pop(principal.client, None)
+        known = self._token_clients.get(principal.client)
+        if known is not None and known[0] == principal.ledger_admin:
+            return known[1]  # the common case: nothing changed
         bucket = known[1] if known else None
         oidc = self.verifier.config if self.verifier else None
         if bucket is None and oidc is not None and oidc.rate_per_s is not None:
             bucket = TokenBucket(oidc.rate_per_s, oidc.burst or max(1, int(oidc.rate_per_s)))
-        if len(self._token_clients) >= MAX_TOKEN_CLIENTS:
+        if known is None and len(self._token_clients) >= MAX_TOKEN_CLIENTS:
             del self._token_clients[next(iter(self._token_clients))]
         self._token_clients[principal.client] = (principal.ledger_admin, bucket)
         return bucket

@@ -80,8 +80,10 @@ MUTANTS: Final = (
     Mutant(
         "released_key_still_marked_used",
         "shared/stores/sql.py",
-        "WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL\n  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n\"\"\"\n\n# $1 keys, $2 release",
-        "WHERE l.key = u.key AND l.used_at IS NULL\n  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n\"\"\"\n\n# $1 keys, $2 release",
+        "WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL\n"
+        '  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n"""\n\n# $1 keys, $2 release',
+        "WHERE l.key = u.key AND l.used_at IS NULL\n"
+        '  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n"""\n\n# $1 keys, $2 release',
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 import jwt
@@ -23,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from keydispenser_client import AsyncKeyClient, Buffering, ClientCredentials
 from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
@@ -91,6 +93,21 @@ def idp() -> Iterator[IdentityProvider]:
                 self.send_error(503)
                 return
             body = provider.jwks()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            """The token endpoint: client credentials -> a token for that client."""
+            length = int(self.headers.get("Content-Length", "0"))
+            form = parse_qs(self.rfile.read(length).decode())
+            if form.get("client_secret") != ["s3cret"]:
+                self.send_error(401)
+                return
+            token = provider.token(azp=form["client_id"][0])
+            body = json.dumps({"access_token": token, "expires_in": 300}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -319,3 +336,17 @@ async def test_mosips_paths_take_the_token_from_mosips_cookie(
     body = refused.json()
     assert body["response"] is None and body["errors"][0]["errorCode"] == "KER-ATH-401"
     assert (await http.get("/v1/idgenerator/uin")).json()["errors"][0]["errorCode"] == "KER-ATH-401"
+
+
+async def test_the_python_client_gets_its_token_by_client_credentials(
+    http: httpx.AsyncClient, idp: IdentityProvider
+) -> None:
+    """Keycloak's service-account flow: the client asks the token endpoint, then the
+    dispenser, with the token it got."""
+    token_url = idp.url.replace("/certs", "/token")
+    auth = ClientCredentials(token_url, "mosip-regproc", "s3cret")
+    async with AsyncKeyClient(
+        str(http.base_url), "farmer", auth=auth, buffering=Buffering(batch=5)
+    ) as keys:
+        taken = await keys.take_many(7)
+    assert len(set(taken)) == 7

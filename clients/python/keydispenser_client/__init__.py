@@ -5,6 +5,7 @@ only httpx and imports nothing of the server. docs/client.md describes it.
 """
 
 from keydispenser_client.aio import AsyncKeyClient
+from keydispenser_client.auth import BearerToken, ClientCredentials
 from keydispenser_client.protocol import (
     Buffering,
     ClientError,
@@ -16,7 +17,9 @@ from keydispenser_client.sync import KeyClient
 
 __all__ = [
     "AsyncKeyClient",
+    "BearerToken",
     "Buffering",
+    "ClientCredentials",
     "ClientError",
     "KeyClient",
     "KeysUnavailable",

@@ -32,8 +32,8 @@ DEFAULT_TAKE_TIMEOUT_S = 30.0
 class AsyncKeyClient:
     """Keys of one ID type from a keydispenser, buffered locally; use ``async with``.
 
-    ``sleep`` replaces the waits between retries (tests). ``transport`` is passed to
-    ``httpx.AsyncClient``.
+    ``api_key`` or ``auth`` authenticate, as for ``KeyClient``. ``sleep`` replaces the
+    waits between retries (tests). ``transport`` is passed to ``httpx.AsyncClient``.
     """
 
     def __init__(
@@ -42,6 +42,7 @@ class AsyncKeyClient:
         id_type: str,
         *,
         api_key: str | None = None,
+        auth: httpx.Auth | None = None,
         buffering: Buffering | None = None,
         timeout_s: float = 10.0,
         idempotent: bool = True,
@@ -64,6 +65,7 @@ class AsyncKeyClient:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             headers=protocol.headers(api_key),
+            auth=auth,
             timeout=timeout_s,
             transport=transport,
             limits=httpx.Limits(max_connections=self._buffering.fetchers + 4),

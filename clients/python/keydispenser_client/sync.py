@@ -33,8 +33,10 @@ IDLE_CHECK_S = 1.0  # how often an idle fetcher looks at the stop flag (close al
 class KeyClient:
     """Keys of one ID type from a keydispenser, buffered locally.
 
-    ``sleep`` replaces the waits between retries (tests); by default they end early
-    when the client is closed. ``transport`` is passed to ``httpx.Client``.
+    ``api_key`` or ``auth`` (an OIDC token: ``BearerToken``, ``ClientCredentials``)
+    authenticate when the dispenser asks for it. ``sleep`` replaces the waits between
+    retries (tests); by default they end early when the client is closed.
+    ``transport`` is passed to ``httpx.Client``.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class KeyClient:
         id_type: str,
         *,
         api_key: str | None = None,
+        auth: httpx.Auth | None = None,
         buffering: Buffering | None = None,
         timeout_s: float = 10.0,
         idempotent: bool = True,
@@ -63,6 +66,7 @@ class KeyClient:
         self._http = httpx.Client(
             base_url=base_url,
             headers=protocol.headers(api_key),
+            auth=auth,
             timeout=timeout_s,
             transport=transport,
             limits=httpx.Limits(max_connections=self._buffering.fetchers + 4),

@@ -22,6 +22,7 @@ databases (the bench fills a hot list there, and a table in PostgreSQL, then dro
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -43,6 +44,7 @@ from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench import servers as bench_servers
+from shared.ops.bench.tokens import LocalIssuer
 from shared.ops.databases import ensure_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
@@ -118,15 +120,17 @@ class LoadGenerator:
                 extra={"load_generator": self.name, "hint": "apt-get install wrk"},
             )
 
-    async def run(self, url: str) -> dict[str, float]:
+    async def run(self, url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
         self.announce()
         if self.wrk:
-            return await asyncio.to_thread(self._wrk, url)
-        return await self._bundled(url)
+            return await asyncio.to_thread(self._wrk, url, headers or {})
+        return await self._bundled(url, headers or {})
 
-    def _wrk(self, url: str) -> dict[str, float]:
+    def _wrk(self, url: str, headers: dict[str, str]) -> dict[str, float]:
         with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
             script.write('wrk.method = "POST"\n')
+            for name, value in headers.items():
+                script.write(f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}\n")
         try:
             out = subprocess.run(
                 [
@@ -150,7 +154,7 @@ class LoadGenerator:
             os.unlink(script.name)
         return parse_wrk(out)
 
-    async def _bundled(self, url: str) -> dict[str, float]:
+    async def _bundled(self, url: str, headers: dict[str, str]) -> dict[str, float]:
         latencies: list[float] = []
         errors = 0
         deadline = time.perf_counter() + self.seconds
@@ -161,7 +165,7 @@ class LoadGenerator:
                 nonlocal errors
                 while time.perf_counter() < deadline:
                     started = time.perf_counter()
-                    async with session.post(url) as reply:
+                    async with session.post(url, headers=headers) as reply:
                         await reply.read()
                         errors += reply.status >= 300
                     latencies.append(time.perf_counter() - started)
@@ -333,17 +337,20 @@ class Bench:
         self.batch_seconds = min(seconds, BATCH_SECONDS)
         self.batch_load = LoadGenerator(self.batch_seconds, load)
         self.config = work / "bench.yaml"
-        self.config.write_text(
-            yaml.safe_dump(
-                {
-                    "postgres_dsn": settings.postgres_dsn,
-                    "redis_url": settings.redis_url,
-                    "redis_namespace": settings.redis_namespace,  # the hot list fill() fills
-                    "log_level": "WARNING",
-                    "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
-                }
-            )
-        )
+        config = {
+            "postgres_dsn": settings.postgres_dsn,
+            "redis_url": settings.redis_url,
+            "redis_namespace": settings.redis_namespace,  # the hot list fill() fills
+            "log_level": "WARNING",
+            "id_types": {DISPENSE_TYPE: DISPENSE_TYPE_CONFIG},
+        }
+        self.config.write_text(yaml.safe_dump(config))
+        # The single-ID route with an OIDC token per request (the issuer serves its keys
+        # from this process while the bench runs).
+        self.issuer = LocalIssuer()
+        self.token_config = work / "bench-token.yaml"
+        token_auth = {"dispenser": {"auth": {"oidc": self.issuer.oidc()}}}
+        self.token_config.write_text(yaml.safe_dump(config | token_auth))
         if settings.redis_sentinel is not None:
             raise ConfigError("redis_sentinel: bench dispense needs redis_url (a scratch database)")
 
@@ -363,7 +370,10 @@ class Bench:
         keys: int,
         server: str = "uvicorn",
         load: LoadGenerator | None = None,
+        token: str | None = None,
     ) -> Any:
+        """A dispenser under load; with ``token``, configured for OIDC tokens of the
+        bench's issuer and every request carrying it."""
         before = await self.fill(client, keys)
         port = free_port()
         env = self._env(
@@ -371,8 +381,13 @@ class Bench:
             KD_DISPENSER__WORKERS=str(workers),
             KD_DISPENSER__SERVER=server,
         )
+        headers = {}
+        if token is not None:
+            env["KD_CONFIG"] = str(self.token_config)
+            headers = {"Authorization": f"Bearer {token}"}
         with BenchServer(cli_command("dispenser"), env, port, ready_path="/healthz"):
-            result = await (load or self.load).run(f"http://127.0.0.1:{port}{path}")
+            url = f"http://127.0.0.1:{port}{path}"
+            result = await (load or self.load).run(url, headers)
         after = int(
             await client.llen(redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE))
         )
@@ -385,6 +400,7 @@ class Bench:
         client = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
         runs: dict[str, Any] = {}
         try:
+            self.issuer.__enter__()
             await self._prepare_baseline()
             for workers in sorted({1, cores}):
                 runs[f"workers_{workers}"] = await self._round(client, workers)
@@ -394,6 +410,7 @@ class Bench:
             )
             await client.aclose()
             await self._drop_baseline()
+            self.issuer.__exit__(None, None, None)
         return self._report(runs, cores)
 
     async def bare(self, app: str, workers: int) -> dict[str, float]:
@@ -404,17 +421,24 @@ class Bench:
         with BenchServer(argv, self._env(), port):
             return await self.load.run(f"http://127.0.0.1:{port}/v1/idgenerator/{DISPENSE_TYPE}/id")
 
-    async def single(self, client: aioredis.Redis, server: str, workers: int) -> Any:
+    async def single(
+        self, client: aioredis.Redis, server: str, workers: int, token: str | None = None
+    ) -> Any:
         keys = int(60_000 * workers * self.seconds) + 100_000
         path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
-        return await self.dispenser(client, workers, path, keys, server)
+        return await self.dispenser(client, workers, path, keys, server, token=token)
 
     async def _granian_round(self, client: aioredis.Redis, workers: int) -> dict[str, Any]:
         """a. and b. on granian, in the same terms as uvicorn's."""
         bare = await self.bare("granian", workers)
         rsgi = await self.bare("granian_rsgi", workers)
         single = await self.single(client, "granian", workers)
+        with_token = await self.single(client, "granian", workers, self.issuer.token())
         return {
+            "granian_single_token_rps": round(with_token["rps"]),
+            "granian_single_token_p99_ms": round(with_token["p99_ms"], 3),
+            "granian_single_token_vs_single": round(with_token["rps"] / max(single["rps"], 1), 3),
+            "granian_single_token_non_2xx": with_token["non_2xx"],
             "granian_bare_rps": round(bare["rps"]),
             "granian_bare_p99_ms": round(bare["p99_ms"], 3),
             "granian_bare_rsgi_rps": round(rsgi["rps"]),
@@ -512,7 +536,13 @@ class Bench:
         # Each server against its own ceiling (one worker).
         report["uvicorn_single_vs_bare_asgi"] = first["single_vs_bare_asgi"]
         if self.with_granian:
-            for key in ("bare_rsgi_rps", "single_vs_bare_rsgi", "single_p99_vs_bare_rsgi"):
+            for key in (
+                "bare_rsgi_rps",
+                "single_vs_bare_rsgi",
+                "single_p99_vs_bare_rsgi",
+                "single_token_rps",
+                "single_token_vs_single",
+            ):
                 report[f"granian_{key}"] = first[f"granian_{key}"]
         return report
 

@@ -12,7 +12,9 @@ Results: ``requests`` answered in ``--seconds`` after a warm-up, ``cpu_us_per_re
 (this process's CPU time, Redis's not included), ``wall_us_per_request``,
 ``keys_per_pop`` (keys one coalesced Redis call took: for the requests waiting and
 for the type's prefetch stock) and ``non_200`` (answers other than 200: must be 0, or
-the figures are not the single-ID route's).
+the figures are not the single-ID route's). The same measure is then made with every
+request carrying an OIDC bearer token (an identity provider on loopback, ``tokens``):
+the ``token_`` fields, and ``token_cost_us`` (CPU per request over the one without).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
 from shared.ops.bench import Options, dispense
+from shared.ops.bench.tokens import LocalIssuer
 
 NAME = dispense.DISPENSE_TYPE  # the type, its keys and its hot list: the dispense bench's
 CALLERS = 32  # as the HTTP benches' connections
@@ -72,10 +75,12 @@ def _pops(registry: CollectorRegistry) -> tuple[float, float]:
     return count, registry.get_sample_value("kd_pop_requests_sum") or 0.0
 
 
-async def _measure(app: FastPath, seconds: float, budget: int) -> dict[str, Any]:
+async def _measure(
+    app: FastPath, seconds: float, budget: int, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     starlette = app.app
     answers = _Answers()
-    scope = cast(RsgiScope, _Request(f"/v1/idgenerator/{NAME}/id"))
+    scope = cast(RsgiScope, _Request(f"/v1/idgenerator/{NAME}/id", headers=headers or {}))
     protocol = cast(HTTPProtocol, answers)
 
     async def one() -> None:
@@ -130,6 +135,19 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         app = create_app(bench_settings)
         # Its own uvloop, as the servers run the app on; this thread's loop only waits.
         result = await asyncio.to_thread(uvloop.run, _measure(app, seconds, budget))
+        with LocalIssuer() as issuer:
+            auth = {"oidc": issuer.oidc()}
+            values["dispenser"] = values["dispenser"] | {"auth": auth}
+            token_app = create_app(Settings.model_validate(values))
+            headers = {"authorization": f"Bearer {issuer.token()}"}
+            await dispense.fill(settings, client, budget)
+            tokens = await asyncio.to_thread(
+                uvloop.run, _measure(token_app, seconds, budget, headers)
+            )
+        result |= {f"token_{name}": value for name, value in tokens.items() if name != "callers"}
+        result["token_cost_us"] = round(
+            tokens["cpu_us_per_request"] - result["cpu_us_per_request"], 2
+        )
     finally:
         hot_list = redis_keys.hot_list_key(settings.redis_namespace, NAME)
         await client.delete(hot_list)
