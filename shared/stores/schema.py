@@ -154,6 +154,7 @@ async def retire(conn: asyncpg.Connection, name: str, *, drop_ledger: bool = Fal
         ledger_dropped = drop_ledger and await _exists(conn, sql.ledger_table(name))
         if ledger_dropped:
             await conn.execute(sql.for_type(sql.DROP_LEDGER_TABLE, name))
+            await conn.execute(sql.DELETE_LEDGER_HISTORY, name)
         if await conn.fetchval(sql.SELECT_RETIRED, name) is not None:
             return Retired(name, True, True, ledger_dropped=ledger_dropped)
         has_cold = await _exists(conn, sql.cold_table(name))

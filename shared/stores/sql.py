@@ -96,6 +96,8 @@ WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_fact
 DROP_COLD_TABLE: Final = "DROP TABLE IF EXISTS {cold}"
 DROP_SEQUENCE: Final = "DROP SEQUENCE IF EXISTS {seq}"
 DROP_LEDGER_TABLE: Final = "DROP TABLE IF EXISTS {ledger}"
+# $1: id type. Its released issues (kept with its ledger, dropped with it).
+DELETE_LEDGER_HISTORY: Final = "DELETE FROM kd_ledger_history WHERE id_type = $1"
 # No parameters. Every key left in a cold table.
 COUNT_COLD: Final = "SELECT count(*) FROM {cold}"
 
