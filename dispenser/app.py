@@ -170,32 +170,28 @@ async def mark_used(request: Request) -> Response:
     updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client = dispenser.gate.admit(request.headers, name)
+    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
     id_type = dispenser.any_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
     if not isinstance(id_type, IdType) or not id_type.config.ledger:
         dispenser.metrics.used_unrecorded.labels(name).inc()
         return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
     await dispenser.ledger_open(id_type)
-    await dispenser.ledger_stream.record_used(
-        name, [value], client, dispenser.gate.ledger_admin(client)
-    )
+    await dispenser.ledger_stream.record_used(name, [value], client, admin)
     return envelope.ok({"id": value, "status": "ACCEPTED"}, status=202)
 
 
 async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client = dispenser.gate.admit(request.headers, name)
+    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
     raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
     keys = _keys_body(raw, dispenser.settings.dispenser.max_batch)
     for key in keys:
         _well_formed(id_type, key)
     await dispenser.ledger_open(id_type)
-    await dispenser.ledger_stream.record_used(
-        name, keys, client, dispenser.gate.ledger_admin(client)
-    )
+    await dispenser.ledger_stream.record_used(name, keys, client, admin)
     return JSONResponse({"accepted": len(keys)}, status_code=202)
 
 
@@ -244,12 +240,12 @@ async def lookup(request: Request) -> Response:
     """
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client = dispenser.gate.admit(request.headers, name)
+    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
     id_type.core(key)  # refuses values that cannot be keys of any type
     entry = await dispenser.ledger.lookup(name, key)
-    if entry["issued"] and entry["client"] != client and not dispenser.gate.ledger_admin(client):
+    if entry["issued"] and entry["client"] != client and not admin:
         entry = not_issued(name, key)
     return JSONResponse(entry)
 

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dispenser.oidc import Principal, TokenForbidden, TokenRefused, Verifier, presented_token
+from dispenser.oidc import TokenForbidden, TokenRefused, Verifier, presented_token
 from shared.domain.apikeys import ANONYMOUS, digest
 from shared.domain.config import ApiKeyConfig, AuthConfig
 from shared.domain.errors import InvalidInput, KeydispenserError
 
-# Token clients whose rate bucket and ledger permission are remembered; beyond this
-# the oldest are forgotten first (a forgotten bucket starts full again).
+# Token clients whose rate bucket is kept; beyond this the oldest are forgotten first (a
+# forgotten bucket starts full again).
 MAX_TOKEN_CLIENTS = 10_000
 
 
@@ -106,7 +106,7 @@ class Gate:
             for c in config.api_keys
         }
         self._by_name = {c.config.name: c for c in self._clients.values()}
-        self._token_clients: dict[str, tuple[bool, TokenBucket | None]] = {}
+        self._token_buckets: dict[str, TokenBucket] = {}
 
     def admit(self, headers: HeaderLookup, name: str | None = None, cost: int = 1) -> str:
         """The calling client's name, ``cost`` keys charged to its rate limit.
@@ -114,8 +114,15 @@ class Gate:
         Raises Unauthenticated, Forbidden, RateLimited, or InvalidInput when ``cost``
         exceeds the client's burst (it could never pass).
         """
+        return self.admit_with_rights(headers, name, cost)[0]
+
+    def admit_with_rights(
+        self, headers: HeaderLookup, name: str | None = None, cost: int = 1
+    ) -> tuple[str, bool]:
+        """``admit``, and whether this request's credentials carry ledger permission
+        (an API key's ``ledger_admin``, or a role of this very token that grants it)."""
         if not self.enabled:
-            return ANONYMOUS
+            return ANONYMOUS, False
         bearer = _bearer(headers)
         if self.verifier is not None:
             token = presented_token(bearer, headers.get("cookie"))
@@ -127,9 +134,9 @@ class Gate:
         if name is not None and not client.may_use(name):
             raise Forbidden(f"API client '{client.config.name}' may not use id_type '{name}'")
         _charge(client.config.name, client.bucket, cost)
-        return client.config.name
+        return client.config.name, client.config.ledger_admin
 
-    def _admit_token(self, token: str, name: str | None, cost: int) -> str:
+    def _admit_token(self, token: str, name: str | None, cost: int) -> tuple[str, bool]:
         assert self.verifier is not None
         try:
             principal = self.verifier.verify(token)
@@ -137,23 +144,28 @@ class Gate:
             raise Unauthenticated(str(exc)) from exc
         except TokenForbidden as exc:
             raise Forbidden(str(exc)) from exc
+        if principal.client in self._by_name:
+            # One name, two identities: refused rather than sharing the API key's ledger
+            # entries, idempotency records and rate.
+            raise Unauthenticated(
+                f"token client '{principal.client}' is the name of an API key client"
+            )
         if name is not None and not principal.may_use(name):
             raise Forbidden(f"token client '{principal.client}' may not use id_type '{name}'")
-        _charge(principal.client, self._remember(principal), cost)
-        return principal.client
+        _charge(principal.client, self._bucket_of(principal.client), cost)
+        return principal.client, principal.ledger_admin
 
-    def _remember(self, principal: Principal) -> TokenBucket | None:
-        """The token client's rate bucket; its ledger permission remembered."""
-        known = self._token_clients.get(principal.client)
-        if known is not None and known[0] == principal.ledger_admin:
-            return known[1]  # the common case: nothing changed
-        bucket = known[1] if known else None
+    def _bucket_of(self, client: str) -> TokenBucket | None:
+        """A token client's rate bucket (none: unlimited)."""
         oidc = self.verifier.config if self.verifier else None
-        if bucket is None and oidc is not None and oidc.rate_per_s is not None:
+        if oidc is None or oidc.rate_per_s is None:
+            return None
+        bucket = self._token_buckets.get(client)
+        if bucket is None:
+            if len(self._token_buckets) >= MAX_TOKEN_CLIENTS:
+                del self._token_buckets[next(iter(self._token_buckets))]
             bucket = TokenBucket(oidc.rate_per_s, oidc.burst or max(1, int(oidc.rate_per_s)))
-        if known is None and len(self._token_clients) >= MAX_TOKEN_CLIENTS:
-            del self._token_clients[next(iter(self._token_clients))]
-        self._token_clients[principal.client] = (principal.ledger_admin, bucket)
+            self._token_buckets[client] = bucket
         return bucket
 
     async def start(self) -> None:
@@ -164,15 +176,6 @@ class Gate:
     async def close(self) -> None:
         if self.verifier is not None:
             await self.verifier.keys.close()
-
-    def ledger_admin(self, client: str) -> bool:
-        """Whether ``client`` may read and mark every ledger entry, not only its own (an
-        API key's setting, or the roles of the token client's last token)."""
-        found = self._by_name.get(client)
-        if found is not None:
-            return found.config.ledger_admin
-        token_client = self._token_clients.get(client)
-        return token_client is not None and token_client[0]
 
 
 def _charge(client: str, bucket: TokenBucket | None, cost: int) -> None:

@@ -201,9 +201,9 @@ async def put_uin(dispenser: Dispenser, name: str, headers: HeaderLookup, raw: b
     request: dict[str, Any] = {}
     try:
         request = _parsed(raw)
-        client = dispenser.gate.admit(headers, name)
+        client, admin = dispenser.gate.admit_with_rights(headers, name)
         uin, status = _uin_and_status(request)
-        final = await _change(dispenser, name, uin, status, client)
+        final = await _change(dispenser, name, uin, status, client, admin)
     except Refused as refused:
         return _error(refused.code, refused.status, refused.headers, request)
     except KeydispenserError as exc:
@@ -246,13 +246,14 @@ def _uin_and_status(request: dict[str, Any]) -> tuple[str, Any]:
     return inner["uin"], inner.get("status")
 
 
-async def _change(dispenser: Dispenser, name: str, uin: str, status: Any, client: str) -> str:
+async def _change(
+    dispenser: Dispenser, name: str, uin: str, status: Any, client: str, admin: bool
+) -> str:
     """Apply ``status`` to ``uin`` through the ledger; the status MOSIP reports after it."""
     id_type = dispenser.ledger_type(name)
     if not id_type.validate(uin):
         raise Refused(UIN_NOT_FOUND)
     deadline = time.monotonic() + _wait_s(dispenser)
-    admin = dispenser.gate.ledger_admin(client)
     await _caught_up(dispenser, await dispenser.ledger_stream.newest_entry(), deadline)
     found = _visible(await dispenser.ledger.status(name, uin), client, admin)
     wanted = (

@@ -48,6 +48,17 @@ Fetch = Callable[[str], bytes]
 class SigningKey:
     jwk: PyJWK
     algorithm: str | None  # the JWKS's "alg" for it, when it names one
+    kty: str  # its key type: which algorithms it can verify at all
+
+    def verifies(self, algorithm: str) -> bool:
+        """Whether a token signed with ``algorithm`` may be checked with this key."""
+        if self.algorithm is not None:
+            return algorithm == self.algorithm
+        return algorithm.startswith(KEY_FAMILIES.get(self.kty, ("-",)))
+
+
+# Which algorithms each JWK key type verifies (when the JWKS names none for a key).
+KEY_FAMILIES: Final = {"RSA": ("RS", "PS"), "EC": ("ES",), "OKP": ("EdDSA",)}
 
 
 class TokenRefused(KeydispenserError):
@@ -166,7 +177,8 @@ def _signing_keys(document: Any) -> dict[str, SigningKey]:
         if not isinstance(kid, str) or not kid:
             continue
         try:
-            found[kid] = SigningKey(PyJWK(entry), declared if isinstance(declared, str) else None)
+            algorithm = declared if isinstance(declared, str) else None
+            found[kid] = SigningKey(PyJWK(entry), algorithm, str(entry.get("kty")))
         except jwt.PyJWTError:
             log.warning("jwks_key_skipped", extra={"kid": kid, "kty": entry.get("kty")})
     return found
@@ -224,7 +236,7 @@ class Verifier:
         key = self.keys.key(issuer, kid if isinstance(kid, str) else None)
         if key is None:
             raise TokenRefused("token signing key is not known (kid)")
-        if key.algorithm not in (algorithm, None):
+        if not key.verifies(algorithm):
             raise TokenRefused("token algorithm does not match its key")
         try:
             claims = jwt.decode(
@@ -244,7 +256,7 @@ class Verifier:
             raise TokenRefused("token audience is not accepted") from exc
         except jwt.InvalidIssuerError as exc:
             raise TokenRefused("token issuer is not accepted") from exc
-        except jwt.PyJWTError as exc:
+        except (jwt.PyJWTError, TypeError, ValueError) as exc:  # PyJWT's own, or a key
             raise TokenRefused(f"token not accepted: {type(exc).__name__}") from exc
         return self._principal(claims)
 
@@ -295,7 +307,6 @@ def presented_token(bearer: str, cookie_header: str | None) -> str | None:
     for part in cookie_header.split(";"):
         name, _, value = part.strip().partition("=")
         if name == "Authorization":
-            value = value.strip().strip('"')
-            value = value.removeprefix("Bearer ").strip()
-            return value or None
+            value = value.strip().strip('"').removeprefix("Bearer ").strip()
+            return value if looks_like_a_token(value) else None  # else: an API key's turn
     return None

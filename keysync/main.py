@@ -47,7 +47,9 @@ from shared.stores.wake import WakeChannel
 log = logging.getLogger(__name__)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
 LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
-PRUNE_EVERY_S = 60.0  # how often long-waiting ledger marks are looked for
+# How often long-waiting ledger marks, and released keys due back in the cold table,
+# are looked for.
+PRUNE_EVERY_S = 60.0
 # How long the next batch's open transaction waits for the push before it is rolled back.
 NEXT_BATCH_HOLD_S = 1.0
 
@@ -306,6 +308,7 @@ async def drain_ledger(
             applied = await drain.drain_once(block_ms=500)
             if time.monotonic() >= next_prune:
                 metrics.ledger_marks_expired.inc(await drain.prune(early_mark_ttl_s))
+                await drain.requeue_released()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outage.succeeded()
         except StoreUnavailable as exc:

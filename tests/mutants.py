@@ -78,12 +78,40 @@ MUTANTS: Final = (
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(
+        "a_redelivered_release_gives_back_the_next_issue",
+        "shared/stores/sql.py",
+        "      AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)\n"
+        "    RETURNING l.key, l.issued_at",
+        "      AND (u.admin OR l.client = u.client)\n    RETURNING l.key, l.issued_at",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
+        "released_key_requeued_at_once",
+        "shared/stores/sql.py",
+        "      AND released_at <= now() - make_interval(secs => $2::double precision)",
+        "      AND true",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
+        "a_jwks_key_without_alg_verifies_any_algorithm",
+        "dispenser/oidc.py",
+        'return algorithm.startswith(KEY_FAMILIES.get(self.kty, ("-",)))',
+        "return True",
+        ("tests/integration/test_oidc.py",),
+    ),
+    Mutant(
+        "a_redelivered_mark_uses_the_next_issue",
+        "shared/stores/sql.py",
+        "  AND u.used_at >= l.issued_at AND (u.admin OR l.client = u.client)",
+        "  AND (u.admin OR l.client = u.client)",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
         "released_key_still_marked_used",
         "shared/stores/sql.py",
         "WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL\n"
-        '  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n"""\n\n# $1 keys, $2 release',
-        "WHERE l.key = u.key AND l.used_at IS NULL\n"
-        '  AND (u.admin OR l.client = u.client)\nRETURNING l.key\n"""\n\n# $1 keys, $2 release',
+        "  AND u.used_at >= l.issued_at AND",
+        "WHERE l.key = u.key AND l.used_at IS NULL\n  AND u.used_at >= l.issued_at AND",
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(

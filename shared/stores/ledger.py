@@ -8,8 +8,11 @@ A redelivered entry is recognised by its stream ID; any other key issued twice h
 table's primary key and raises the duplicate alarm (metric + error log).
 
 A "release" entry (MOSIP's UNASSIGNED) records a key given back unused; for a type
-with ``reissue_released`` its issue row moves to ``kd_ledger_history`` and the key goes
-back to the cold table, in the same statement.
+with ``reissue_released`` its issue row moves to ``kd_released_issues``, and the key
+goes back to the cold table, once, when the release is older than the type's
+``reissue_after_s`` (``requeue_released``). A mark of use or a release applies only to
+an issue row older than itself: an entry applied again (redelivered) after its key was
+given back and issued again does nothing to the new issue.
 
 Applying is order-independent: two keysyncs (or one restarted, whose pending entries
 another claims) may apply a key's "used" entry before its "issue" entry. Such a mark
@@ -172,17 +175,18 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
 
 async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:
     """Record keys given back (issued, neither used nor released, by their client or one
-    with ledger permission); with ``reissue`` they go back to the cold table once."""
+    with ledger permission); with ``reissue`` their issue rows move to
+    kd_released_issues, from which ``requeue_released`` puts them back later."""
     arrays = (marks.keys, marks.times, marks.clients, marks.admin)
     if reissue:
-        rows = await conn.fetch(sql.for_type(sql.RELEASE_TO_COLD, name), name, *arrays)
+        rows = await conn.fetch(sql.for_type(sql.RELEASE_TO_HISTORY, name), name, *arrays)
     else:
         rows = await conn.fetch(sql.for_type(sql.RELEASE_LEDGER, name), *arrays)
     done = {r["key"] for r in rows}
     if done:
         log.info(
             "keys_released",
-            extra={"id_type": name, "count": len(done), "back_to_cold": reissue},
+            extra={"id_type": name, "count": len(done), "to_be_reissued": reissue},
         )
     rest = sorted(set(marks.keys) - done)
     if rest:  # used or released already, another client's, or never issued
@@ -233,11 +237,17 @@ async def _not_marked(
         r["key"]: r for r in await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), rest)
     }
     missing = set(rest) - set(known)
+    if missing:  # given back (the issue row moved away): refused, never kept waiting
+        given_back = await conn.fetch(sql.SELECT_RELEASED_KEYS, name, sorted(missing))
+        released = {r["key"] for r in given_back}
+        missing -= released
+    else:
+        released = set()
     foreign = {
         key
         for key, client, admin in zip(marks.keys, marks.clients, marks.admin, strict=True)
         if key in known and key not in updated and not admin and known[key]["client"] != client
-    }
+    } | released
     if missing:
         log.info(
             "used_mark_waits_for_its_issue",
@@ -299,7 +309,7 @@ class LedgerReader:
             row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
             past = None
             if row is None:
-                past = await conn.fetchrow(sql.SELECT_LEDGER_HISTORY, name, key)
+                past = await conn.fetchrow(sql.SELECT_RELEASED_ISSUE, name, key)
         if row is not None:
             if row["used_at"] is not None:
                 return KeyStatus("assigned", row["client"])
@@ -354,6 +364,21 @@ class LedgerDrain:
                 "used_key_never_issued", extra={"id_type": row["id_type"], "count": row["marks"]}
             )
         return sum(int(row["marks"]) for row in rows)
+
+    async def requeue_released(self) -> dict[str, int]:
+        """Put keys given back longer ago than their type's ``reissue_after_s`` back in
+        the cold table (types with ``reissue_released``), each once; how many per type."""
+        requeued: dict[str, int] = {}
+        for name, id_type in self._types.items():
+            if not (id_type.config.ledger and id_type.config.reissue_released):
+                continue
+            statement = sql.for_type(sql.REQUEUE_RELEASED, name)
+            async with self._cold.connection() as conn, translated("ledger_requeue"):
+                rows = await conn.fetch(statement, name, id_type.config.reissue_after_s)
+            if rows:
+                requeued[name] = len(rows)
+                log.info("released_keys_requeued", extra={"id_type": name, "count": len(rows)})
+        return requeued
 
     async def drain_once(self, block_ms: int) -> Applied | None:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""

@@ -93,6 +93,11 @@ def _compare(id_type: IdType, stored: dict[str, object]) -> None:
 
 
 async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
+    if id_type.name in sql.LEDGER_PREFIX_TABLES:
+        raise SchemaError(
+            f"id_types.{id_type.name}: the name is taken by the table "
+            f"kd_ledger_{id_type.name}; choose another"
+        )
     await _refuse_retired(conn, id_type.name)
     numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
     await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
@@ -154,7 +159,7 @@ async def retire(conn: asyncpg.Connection, name: str, *, drop_ledger: bool = Fal
         ledger_dropped = drop_ledger and await _exists(conn, sql.ledger_table(name))
         if ledger_dropped:
             await conn.execute(sql.for_type(sql.DROP_LEDGER_TABLE, name))
-            await conn.execute(sql.DELETE_LEDGER_HISTORY, name)
+            await conn.execute(sql.DELETE_RELEASED_ISSUES, name)
         if await conn.fetchval(sql.SELECT_RETIRED, name) is not None:
             return Retired(name, True, True, ledger_dropped=ledger_dropped)
         has_cold = await _exists(conn, sql.cold_table(name))

@@ -97,7 +97,10 @@ DROP_COLD_TABLE: Final = "DROP TABLE IF EXISTS {cold}"
 DROP_SEQUENCE: Final = "DROP SEQUENCE IF EXISTS {seq}"
 DROP_LEDGER_TABLE: Final = "DROP TABLE IF EXISTS {ledger}"
 # $1: id type. Its released issues (kept with its ledger, dropped with it).
-DELETE_LEDGER_HISTORY: Final = "DELETE FROM kd_ledger_history WHERE id_type = $1"
+DELETE_RELEASED_ISSUES: Final = "DELETE FROM kd_released_issues WHERE id_type = $1"
+# Tables of every type's ledger share the kd_ledger_ prefix: a type may not take the
+# name of a table that is not a type's (kd_ledger_early_marks).
+LEDGER_PREFIX_TABLES: Final = frozenset({"early_marks"})
 # No parameters. Every key left in a cold table.
 COUNT_COLD: Final = "SELECT count(*) FROM {cold}"
 
@@ -165,52 +168,70 @@ SELECT_LEDGER_ENTRIES: Final = (
 
 # $1 keys, $2 use times, $3 marking clients, $4 whether each marker may mark any key
 # (arrays). Only the client a key was issued to, or one with ledger permission, marks it;
-# the first use wins; returns keys newly marked used.
+# the first use wins; a mark older than the issue row (one that belonged to an earlier
+# issue of a key given back and issued again, applied twice) does nothing; returns keys
+# newly marked used.
 UPDATE_LEDGER_USED: Final = """
 UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[]) AS u(key, used_at, client, admin)
 WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
-  AND (u.admin OR l.client = u.client)
+  AND u.used_at >= l.issued_at AND (u.admin OR l.client = u.client)
 RETURNING l.key
 """
 
 # $1 keys, $2 release times, $3 releasing clients, $4 whether each may release any key
 # (arrays). A key neither used nor released yet, by the client it was issued to (or one
-# with ledger permission), is recorded released; returns the keys released now.
+# with ledger permission), is recorded released (never by a release older than its
+# issue row); returns the keys released now.
 RELEASE_LEDGER: Final = """
 UPDATE {ledger} AS l SET released_at = u.released_at, released_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[])
     AS u(key, released_at, client, admin)
 WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
-  AND (u.admin OR l.client = u.client)
+  AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
 RETURNING l.key
 """
 
 # $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4. A type with reissue_released: the
-# issue row moves to kd_ledger_history (released) and the key goes back to the cold
-# table, in one statement: a key goes back at most once per issue. Returns the keys
-# put back.
-RELEASE_TO_COLD: Final = """
+# issue row moves to kd_released_issues (REQUEUE_RELEASED puts the key back in the cold
+# table later). Returns the keys released now.
+RELEASE_TO_HISTORY: Final = """
 WITH released AS (
     DELETE FROM {ledger} AS l
     USING unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[])
         AS u(key, released_at, client, admin)
     WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
-      AND (u.admin OR l.client = u.client)
+      AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
     RETURNING l.key, l.issued_at, l.client, l.idempotency_key, l.entry_id,
               u.released_at, u.client AS released_by
-),
-kept AS (
-    INSERT INTO kd_ledger_history
-        (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by)
-    SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by
-    FROM released
-    ON CONFLICT DO NOTHING
 )
-INSERT INTO {cold} (key) SELECT key FROM released
+INSERT INTO kd_released_issues
+    (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by)
+SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by
+FROM released
+ON CONFLICT DO NOTHING
+RETURNING key
+"""
+
+# $1: id type, $2: seconds. Releases older than that go back to the cold table, each
+# once (requeued_at is set in the same statement). Returns the keys put back.
+REQUEUE_RELEASED: Final = """
+WITH due AS (
+    UPDATE kd_released_issues SET requeued_at = now()
+    WHERE id_type = $1 AND requeued_at IS NULL
+      AND released_at <= now() - make_interval(secs => $2::double precision)
+    RETURNING key
+)
+INSERT INTO {cold} (key) SELECT key FROM due
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 """
+
+# $1: id type, $2: keys. Those of them whose last issue was given back and moved to
+# kd_released_issues (a mark of use for them is refused, never kept waiting).
+SELECT_RELEASED_KEYS: Final = (
+    "SELECT DISTINCT key FROM kd_released_issues WHERE id_type = $1 AND key = ANY($2::text[])"
+)
 
 # $1: lock id. Serialises ledger drains (one transaction per stream batch): an issue
 # row and a "used" mark of its key, applied by two keysyncs at once, never both miss
@@ -239,7 +260,7 @@ WITH early AS (
 chosen AS (
     SELECT DISTINCT ON (early.key) early.key, early.used_at, early.used_by
     FROM early JOIN {ledger} AS l ON l.key = early.key
-    WHERE early.admin OR l.client = early.used_by
+    WHERE (early.admin OR l.client = early.used_by) AND early.used_at >= l.issued_at
     ORDER BY early.key, early.used_at, early.used_by
 ),
 applied AS (
@@ -273,10 +294,9 @@ SELECT_LEDGER_KEY: Final = (
     "FROM {ledger} WHERE key = $1"
 )
 
-# $1: id type, $2: key. Its latest issue that was released and put back in the cold
-# tier (reissue_released), if any.
-SELECT_LEDGER_HISTORY: Final = """
-SELECT issued_at, client, released_at, released_by FROM kd_ledger_history
+# $1: id type, $2: key. Its latest issue that was given back (reissue_released), if any.
+SELECT_RELEASED_ISSUE: Final = """
+SELECT issued_at, client, released_at, released_by FROM kd_released_issues
 WHERE id_type = $1 AND key = $2 ORDER BY released_at DESC LIMIT 1
 """
 

@@ -13,15 +13,17 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from shared.domain.config import Settings
+from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.ops.databases import run_migrate
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain
+from shared.stores.ledger import LedgerDrain, apply, parse
 from shared.stores.ledger_stream import LedgerStream
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
@@ -32,6 +34,8 @@ WRAPPER_FIELDS = ["id", "version", "responsetime", "metadata", "response", "erro
 def mosip_settings(servers: Servers, database: str, reissue: bool = False) -> Settings:
     types = small_types()
     types["farmer"] |= {"ledger": True, "filter_profile": "mosip", "reissue_released": reissue}
+    if reissue:
+        types["farmer"]["reissue_after_s"] = 0.5
     types["shortlink"]["ledger"] = True
     return make_settings(
         servers,
@@ -44,7 +48,7 @@ def mosip_settings(servers: Servers, database: str, reissue: bool = False) -> Se
 @contextlib.asynccontextmanager
 async def stack(
     servers: Servers, database: str, hot: HotStore, reissue: bool = False
-) -> AsyncIterator[tuple[httpx.AsyncClient, list[str], Settings]]:
+) -> AsyncIterator[tuple[httpx.AsyncClient, list[str], Settings, LedgerDrain]]:
     """A dispenser over HTTP, keysync's ledger drain running, and the UINs in the hot list."""
     settings = mosip_settings(servers, database, reissue)
     await run_migrate(settings)
@@ -63,7 +67,7 @@ async def stack(
     task = asyncio.create_task(draining())
     try:
         async with dispenser_over_http(settings) as http:
-            yield http, uins, settings
+            yield http, uins, settings, drain
     finally:
         stop.set()
         await task
@@ -126,7 +130,7 @@ async def count(settings: Settings, query: str, *args: Any) -> int:
 async def test_get_then_assigned_marks_the_uin_used_in_the_ledger(
     servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    async with stack(servers, database, hot) as (http, uins, settings):
+    async with stack(servers, database, hot) as (http, uins, settings, _):
         uin = await get_uin(http)
         assert uin in uins
         body = await put(http, uin, "ASSIGNED")  # at once: it waits for the ledger
@@ -143,7 +147,7 @@ async def test_get_then_assigned_marks_the_uin_used_in_the_ledger(
 async def test_unassigned_is_recorded_and_never_issued_again_by_default(
     servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    async with stack(servers, database, hot) as (http, _, settings):
+    async with stack(servers, database, hot) as (http, _, settings, _):
         uin = await get_uin(http)
         body = await put(http, uin, "UNASSIGNED")
         assert body["response"] == {"uin": uin, "status": "UNASSIGNED"}
@@ -162,17 +166,24 @@ async def test_unassigned_is_recorded_and_never_issued_again_by_default(
 async def test_a_released_uin_goes_back_to_the_cold_tier_once_when_the_type_opts_in(
     servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    async with stack(servers, database, hot, reissue=True) as (http, _, settings):
+    async with stack(servers, database, hot, reissue=True) as (http, _, settings, drain):
         uin = await get_uin(http)
         body = await put(http, uin, "UNASSIGNED")
         assert body["response"] == {"uin": uin, "status": "UNUSED"}  # back in the pool
         again = await put(http, uin, "UNASSIGNED")
         assert again["response"] == {"uin": uin, "status": "UNUSED"}
         cold = "SELECT count(*) FROM {cold} WHERE key = $1"
-        history = "SELECT count(*) FROM kd_ledger_history WHERE id_type = 'farmer' AND key = $1"
+        released = "SELECT count(*) FROM kd_released_issues WHERE id_type = 'farmer' AND key = $1"
+        assert await count(settings, released, uin) == 1
+        assert await ledger_row(settings, uin) is None  # its issue row moved there
+        # It waits reissue_after_s before going back, so a late retry of the release
+        # finds it released, never its next issue.
+        assert await drain.requeue_released() == {}
+        assert await count(settings, cold, uin) == 0
+        await asyncio.sleep(0.6)
+        assert await drain.requeue_released() == {"farmer": 1}
+        assert await drain.requeue_released() == {}  # once
         assert await count(settings, cold, uin) == 1
-        assert await count(settings, history, uin) == 1
-        assert await ledger_row(settings, uin) is None  # its issue row moved to the history
         # Issued again (keysync would move it to the hot list): the ledger holds both.
         await hot.push("farmer", [uin], uuid.uuid4().hex)
         for _ in range(25):
@@ -181,15 +192,62 @@ async def test_a_released_uin_goes_back_to_the_cold_tier_once_when_the_type_opts
         else:
             raise AssertionError("the released UIN was not issued again")
         assert (await put(http, uin, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
-        assert await count(settings, history, uin) == 1
+        assert await count(settings, released, uin) == 1
         row = await ledger_row(settings, uin)
         assert row is not None and row["used_at"] is not None
+
+
+async def test_an_entry_applied_again_never_touches_the_keys_next_issue(
+    servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    """A release or a mark of use redelivered (its ack lost, or claimed by a second
+    keysync) after its key was given back and issued again does nothing to the new
+    issue: it is older than the issue row."""
+    settings = mosip_settings(servers, database, reissue=True)
+    await run_migrate(settings)
+    types = build_id_types(settings)
+    key = types["farmer"].generate(0, 100)[0][0]
+
+    def entry(ms: int, op: str, **fields: str) -> tuple[str, dict[str, str]]:
+        return f"{ms}-0", {"op": op, "type": "farmer", "keys": key, "clients": "c", **fields}
+
+    first_issue, release, old_mark = (
+        entry(1_000, "issue"),
+        entry(2_000, "release"),
+        entry(2_500, "used"),
+    )
+    second_issue = entry(3_000, "issue")
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        for entries in ([first_issue], [release], [second_issue], [release, old_mark]):
+            async with conn.transaction():
+                await apply(conn, parse(entries, types))
+        row = await conn.fetchrow(
+            sql.for_type("SELECT * FROM {ledger} WHERE key = $1", "farmer"), key
+        )
+        assert row is not None and row["entry_id"] == "3000-0"  # the second issue
+        assert row["released_at"] is None and row["used_at"] is None  # untouched
+        moved = await conn.fetchval("SELECT count(*) FROM kd_released_issues WHERE key = $1", key)
+        assert moved == 1
+        early = await conn.fetchval("SELECT count(*) FROM kd_ledger_early_marks")
+        assert early == 0  # the old mark was refused, not kept waiting
+    finally:
+        await conn.close()
+
+
+async def test_a_type_may_not_take_the_name_of_a_ledger_table(
+    servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    types = small_types() | {"early_marks": small_types()["farmer"]}
+    settings = make_settings(servers, database, id_types=types)
+    with pytest.raises(SchemaError, match="kd_ledger_early_marks"):
+        await run_migrate(settings)
 
 
 async def test_mosip_errors_come_in_mosips_wrapper_with_mosips_codes(
     servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    async with stack(servers, database, hot) as (http, _, settings):
+    async with stack(servers, database, hot) as (http, _, settings, _):
         never = build_id_types(settings)["farmer"].generate(5_000, 6_000)[0][0]
         assert error_code(await put(http, never, "ASSIGNED")) == "KER-UIG-001"  # never issued
         assert error_code(await put(http, "12", "ASSIGNED")) == "KER-UIG-001"  # not a UIN
@@ -215,7 +273,7 @@ async def test_mosip_errors_come_in_mosips_wrapper_with_mosips_codes(
 async def test_vid_is_served_and_its_expiry_checked_as_mosip_does(
     servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
 ) -> None:
-    async with stack(servers, database, hot) as (http, _, _settings):
+    async with stack(servers, database, hot) as (http, _, _settings, _):
         reply = await http.get("/v1/idgenerator/vid")
         assert reply.status_code == 200
         body = reply.json()

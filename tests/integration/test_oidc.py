@@ -44,6 +44,7 @@ class IdentityProvider:
     algorithms: dict[str, str] = field(default_factory=dict)  # kid -> alg
     up: bool = True
     fetches: int = 0
+    no_alg: set[str] = field(default_factory=set)  # kids published without an "alg"
     server: ThreadingHTTPServer | None = None
 
     def add(self, kid: str, algorithm: str) -> None:
@@ -58,7 +59,10 @@ class IdentityProvider:
         for kid, key in self.keys.items():
             maker = ECAlgorithm if self.algorithms[kid].startswith("ES") else RSAAlgorithm
             jwk = json.loads(maker.to_jwk(key.public_key()))
-            published.append(jwk | {"kid": kid, "use": "sig", "alg": self.algorithms[kid]})
+            jwk |= {"kid": kid, "use": "sig"}
+            if kid not in self.no_alg:
+                jwk["alg"] = self.algorithms[kid]
+            published.append(jwk)
         return json.dumps({"keys": published}).encode()
 
     def token(self, kid: str = "rsa-1", **claims: Any) -> str:
@@ -350,3 +354,53 @@ async def test_the_python_client_gets_its_token_by_client_credentials(
     ) as keys:
         taken = await keys.take_many(7)
     assert len(set(taken)) == 7
+
+
+async def test_a_token_signed_for_another_key_type_is_a_401_not_a_crash(
+    servers: Servers, database: str, hot: HotStore, idp: IdentityProvider
+) -> None:
+    """A JWKS that names no "alg" for an RSA key, and a token claiming ES256 with that
+    key's kid: refused (PyJWT itself would raise a TypeError on the RSA key)."""
+    idp.no_alg.add("rsa-1")
+    forged = jwt.encode(
+        {"iss": ISSUER, "aud": AUDIENCE, "azp": "x", "exp": int(time.time()) + 60},
+        idp.keys["ec-1"],
+        "ES256",
+        headers={"kid": "rsa-1"},
+    )
+    async with dispenser_over_http(oidc_settings(servers, database, idp)) as http:
+        reply = await allocate(http, bearer(forged))
+        assert reply.status_code == 401 and "does not match its key" in reply.text
+        # The RSA key itself still verifies RS256 tokens (its family, without an alg).
+        await hot.push(
+            "farmer",
+            build_id_types(oidc_settings(servers, database, idp))["farmer"].generate(0, 100)[0][:3],
+            uuid.uuid4().hex,
+        )
+        assert (await allocate(http, bearer(idp.token("rsa-1")))).status_code == 200
+
+
+async def test_ledger_permission_is_this_tokens_not_the_last_one_of_its_client(
+    http: httpx.AsyncClient, idp: IdentityProvider, redis_client: aioredis.Redis
+) -> None:
+    """Users of one frontend share its azp: an admin's request must not lend its rights
+    to the next request of another user of that client."""
+    admin = bearer(idp.token(azp="portal", realm_access={"roles": ["ID_REPOSITORY"]}))
+    user = bearer(idp.token(azp="portal"))
+    key = (await allocate(http, admin)).json()["response"]["id"]
+    assert (
+        await http.post(f"/v1/idgenerator/farmer/id/{key}/used", headers=admin)
+    ).status_code == 202
+    assert (
+        await http.post(f"/v1/idgenerator/farmer/id/{key}/used", headers=user)
+    ).status_code == 202
+    stream = redis_keys.ledger_stream_key(NS)
+    marks = [f for _, f in await redis_client.xrange(stream) if f.get("op") == "used"]
+    assert [m.get("admin") for m in marks] == ["1", None]
+
+
+async def test_a_token_client_named_like_an_api_key_client_is_refused(
+    http: httpx.AsyncClient, idp: IdentityProvider
+) -> None:
+    reply = await allocate(http, bearer(idp.token(azp="batch-job")))
+    assert reply.status_code == 401 and "name of an API key client" in reply.text

@@ -112,6 +112,7 @@ def test_the_token_comes_from_the_bearer_or_the_cookie() -> None:
     assert presented_token("", "lang=en; Authorization=a.b.c") == "a.b.c"
     assert presented_token("", 'Authorization="Bearer a.b.c"') == "a.b.c"
     assert presented_token("", "Other=1") is None
+    assert presented_token("", "Authorization=kd_apikey") is None  # an API key's turn
 
 
 @pytest.mark.parametrize(

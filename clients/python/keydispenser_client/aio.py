@@ -16,7 +16,7 @@ from types import TracebackType
 
 import httpx
 
-from keydispenser_client import protocol
+from keydispenser_client import http, protocol
 from keydispenser_client.protocol import (
     Backoff,
     Buffering,
@@ -63,18 +63,9 @@ class AsyncKeyClient:
         self._cause = ""
         self._sleep = sleep or asyncio.sleep
         self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=protocol.headers(api_key),
-            auth=auth,
-            timeout=timeout_s,
-            transport=transport,
-            limits=httpx.Limits(max_connections=self._buffering.fetchers + 4),
+            transport=transport, **http.options(base_url, api_key, auth, timeout_s, self._buffering)
         )
-        # Built once: httpx merging the base URL and the query on every request costs
-        # about as much CPU as parsing the batch it fetches.
-        self._fetch_url = self._http.build_request(
-            "POST", protocol.fetch_path(id_type), params={"count": self._buffering.batch}
-        ).url
+        self._fetch_url = http.fetch_url(self._http, id_type, self._buffering)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> AsyncKeyClient:

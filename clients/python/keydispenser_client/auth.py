@@ -17,6 +17,12 @@ from keydispenser_client.protocol import ClientError
 
 # A token is refreshed this long before it expires (or at half its life, if shorter).
 REFRESH_MARGIN_S = 30.0
+TOKEN_TIMEOUT_S = 10.0  # the token request's own bound (the client's covers its requests)
+
+
+class TokenUnavailable(httpx.TransportError):
+    """The token endpoint answered 429 or 5xx: asked again, as any request that got no
+    answer (the clients back off and retry transport errors)."""
 
 
 class BearerToken(httpx.Auth):
@@ -74,10 +80,18 @@ class ClientCredentials(httpx.Auth):
 
     def _fetch(self) -> Generator[httpx.Request, httpx.Response, None]:
         asked = self._clock()
-        answer = yield httpx.Request("POST", self._token_url, data=self._form)
+        request = httpx.Request(
+            "POST",
+            self._token_url,
+            data=self._form,
+            extensions={"timeout": httpx.Timeout(TOKEN_TIMEOUT_S).as_dict()},
+        )
+        answer = yield request
         self._keep(answer, asked)
 
     def _keep(self, answer: httpx.Response, asked: float) -> None:
+        if answer.status_code == 429 or answer.status_code >= 500:
+            raise TokenUnavailable(f"token endpoint answered {answer.status_code}")
         if answer.status_code != 200:
             raise ClientError(f"token endpoint answered {answer.status_code}: {answer.text[:200]}")
         try:

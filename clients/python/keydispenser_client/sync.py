@@ -15,7 +15,7 @@ from types import TracebackType
 
 import httpx
 
-from keydispenser_client import protocol
+from keydispenser_client import http, protocol
 from keydispenser_client.protocol import (
     Backoff,
     Buffering,
@@ -64,18 +64,9 @@ class KeyClient:
         self._cause = ""  # the last transient failure, for KeysUnavailable
         self._sleep = sleep or self._stop.wait
         self._http = httpx.Client(
-            base_url=base_url,
-            headers=protocol.headers(api_key),
-            auth=auth,
-            timeout=timeout_s,
-            transport=transport,
-            limits=httpx.Limits(max_connections=self._buffering.fetchers + 4),
+            transport=transport, **http.options(base_url, api_key, auth, timeout_s, self._buffering)
         )
-        # Built once: httpx merging the base URL and the query on every request costs
-        # about as much CPU as parsing the batch it fetches.
-        self._fetch_url = self._http.build_request(
-            "POST", protocol.fetch_path(id_type), params={"count": self._buffering.batch}
-        ).url
+        self._fetch_url = http.fetch_url(self._http, id_type, self._buffering)
         self._threads = [
             threading.Thread(target=self._run, name=f"keyclient-{id_type}-{i}", daemon=True)
             for i in range(self._buffering.fetchers)

@@ -110,3 +110,26 @@ def test_a_token_endpoint_that_refuses_stops_the_client_with_its_answer() -> Non
         pytest.raises(Exception, match="token endpoint answered 401"),
     ):
         keys.take(timeout_s=5)
+
+
+def test_a_token_endpoint_that_is_down_is_asked_again() -> None:
+    server = Server()
+    calls = {"token": 0}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == TOKEN_URL:
+            calls["token"] += 1
+            if calls["token"] < 3:
+                return httpx.Response(503)
+            assert request.extensions["timeout"]["read"] == 10.0  # bounded on its own
+        return server(request)
+
+    with KeyClient(
+        "http://kd.test",
+        "farmer",
+        auth=ClientCredentials(TOKEN_URL, "regproc", "s3cret"),
+        transport=httpx.MockTransport(flaky),
+        sleep=lambda seconds: None,
+    ) as keys:
+        assert keys.take(timeout_s=5) == "k0"
+    assert calls["token"] == 3

@@ -87,6 +87,10 @@ class IdTypeConfig(Strict):
     # once, and may be issued again (the ledger keeps both issues). False: a released
     # key is recorded and never issued again.
     reissue_released: bool = False
+    # How long a released key waits before it goes back (keysync looks every minute):
+    # longer than any client retries a release, so that a late retry of the release
+    # finds it released rather than releasing its next issue.
+    reissue_after_s: float = Field(default=3_600.0, ge=0, le=30 * 86_400)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,10 +21,11 @@ BEGIN
 END
 $$;
 
--- Issues of keys that were released and put back in the cold tier (reissue_released):
--- the issue row moves here in the transaction that puts the key back, so that its next
--- issue gets a row of its own and the ledger keeps both.
-CREATE TABLE IF NOT EXISTS kd_ledger_history (
+-- Issues of keys given back by a type with reissue_released: the issue row moves here
+-- when the release is applied (so that the key's next issue gets a row of its own and
+-- the ledger keeps both), and the key goes back to the cold table once the release is
+-- older than the type's reissue_after_s (requeued_at: when; once per release).
+CREATE TABLE IF NOT EXISTS kd_released_issues (
     id_type          text NOT NULL,
     key              text NOT NULL,
     issued_at        timestamptz NOT NULL,
@@ -33,5 +34,8 @@ CREATE TABLE IF NOT EXISTS kd_ledger_history (
     entry_id         text NOT NULL,
     released_at      timestamptz NOT NULL,
     released_by      text NOT NULL,
+    requeued_at      timestamptz,
     PRIMARY KEY (id_type, key, entry_id)
 );
+CREATE INDEX IF NOT EXISTS kd_released_issues_due
+    ON kd_released_issues (id_type, released_at) WHERE requeued_at IS NULL;
