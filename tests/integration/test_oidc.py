@@ -395,7 +395,8 @@ async def test_ledger_permission_is_this_tokens_not_the_last_one_of_its_client(
         await http.post(f"/v1/idgenerator/farmer/id/{key}/used", headers=user)
     ).status_code == 202
     stream = redis_keys.ledger_stream_key(NS)
-    marks = [f for _, f in await redis_client.xrange(stream) if f.get("op") == "used"]
+    entries: Any = await redis_client.xrange(stream)
+    marks = [fields for _, fields in entries if fields.get("op") == "used"]
     assert [m.get("admin") for m in marks] == ["1", None]
 
 
