@@ -322,21 +322,25 @@ async def test_a_use_that_waited_too_long_for_its_issue_is_forgotten(
 
 
 async def test_an_early_foreign_mark_never_hides_the_owners(
-    drain: LedgerDrain, redis_client: aioredis.Redis, cold_store: ColdStore
+    settings: Settings, cold_store: ColdStore
 ) -> None:
-    """Both marks came before the issue: another client's first, then the owner's. The
-    owner's is applied; the other is refused."""
-    stream = redis_keys.ledger_stream_key(NS)
-    for client in ("intruder", "owner"):
-        used: dict[Any, Any] = {"op": "used", "type": "shortlink", "keys": "L000015"}
-        await redis_client.xadd(stream, used | {"clients": client})
-    await drain_all(drain)
-    issue: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000015"}
-    await redis_client.xadd(stream, issue | {"clients": "owner"})
-    applied = await drain_all(drain)
-    assert sum(a.used for a in applied) == 1 and sum(a.used_refused for a in applied) == 1
+    """Both marks were applied before the issue (two keysyncs draining out of order):
+    another client's first, then the owner's. The owner's is applied; the other is
+    refused. (Each mark's stream entry is, as always, later than the issue's.)"""
+    types = build_id_types(settings)
+
+    def entry(ms: int, op: str, client: str) -> tuple[str, dict[str, str]]:
+        return f"{ms}-0", {"op": op, "type": "shortlink", "keys": "L000015", "clients": client}
+
+    marks = [entry(2_000, "used", "intruder"), entry(2_001, "used", "owner")]
+    issue = [entry(1_000, "issue", "owner")]
+    applied = []
     async with cold_store.connection() as conn:
+        for batch in (marks, issue):
+            async with conn.transaction():
+                applied.append(await apply(conn, parse(batch, types)))
         row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000015")
+    assert sum(a.used for a in applied) == 1 and sum(a.used_refused for a in applied) == 1
     assert row is not None and row["used_by"] == "owner"
 
 
