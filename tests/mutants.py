@@ -745,9 +745,9 @@ def imports_from(copy: Path) -> None:
             raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
 
 
-def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str]:
-    """pytest's exit code (0 all passed, 1 some failed, anything else an error) and the
-    first failed test's id."""
+def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str, str]:
+    """pytest's exit code (0 all passed, 1 some failed, anything else an error), the
+    first failed test's id, and the end of pytest's output."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider"]
     try:
         done = subprocess.run(
@@ -759,9 +759,9 @@ def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str]:
             timeout=RUN_DEADLINE_S,
         )
     except subprocess.TimeoutExpired:
-        return -1, ""
+        return -1, "", f"no result within {RUN_DEADLINE_S} s"
     failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
-    return done.returncode, failed[0] if failed else ""
+    return done.returncode, failed[0] if failed else "", (done.stdout + done.stderr)[-6000:]
 
 
 def mutate(copy: Path, mutant: Mutant) -> str | None:
@@ -780,7 +780,7 @@ def verdict(copy: Path, mutant: Mutant) -> tuple[str, str]:
     if original is None:
         return "not applied", ""
     try:
-        code, killer = run_tests(copy, mutant.tests)
+        code, killer, _ = run_tests(copy, mutant.tests)
     finally:
         (copy / mutant.path).write_text(original)
     return {0: "SURVIVED", 1: "killed"}.get(code, f"error (pytest exit {code})"), killer
@@ -809,8 +809,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch_copy(copy)
         imports_from(copy)
         tests = sorted({t for m in mutants for t in m.tests})
-        if run_tests(copy, tests)[0] != 0:
-            print("mutants: the tests fail without any mutation; fix them first")
+        code, first_failure, output = run_tests(copy, tests)
+        if code != 0:
+            print(output, file=sys.stderr)
+            print(
+                "mutants: the tests fail without any mutation; fix them first "
+                f"(first failure: {first_failure or 'an error before any test'})"
+            )
             return 2
         failed = 0
         for mutant in mutants:
