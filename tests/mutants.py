@@ -178,8 +178,8 @@ MUTANTS: Final = (
     Mutant(
         "a_take_may_wait_on_a_gone_client_as_long_as_tcp_does",
         "shared/stores/sql.py",
-        "set_config('tcp_user_timeout', $1, true)",
-        "set_config('application_name', $1, true)",
+        "\" set_config('tcp_user_timeout', $1, true)\"\n)",
+        "\" set_config('application_name', $1, true)\"\n)",
         ("tests/integration/test_postgres_fence.py",),
     ),
     Mutant(
@@ -468,8 +468,9 @@ MUTANTS: Final = (
     Mutant(
         "ledger_an_early_foreign_mark_hides_the_owners",
         "shared/stores/sql.py",
-        "    WHERE early.admin OR l.client = early.used_by\n    ORDER BY",
+        "    WHERE (early.admin OR l.client = early.used_by) AND early.used_at >= l.issued_at\n"
         "    ORDER BY",
+        "    WHERE early.used_at >= l.issued_at\n    ORDER BY",
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(
