@@ -100,7 +100,7 @@ class Gate:
         self._clients = {
             c.sha256: Client(
                 c,
-                _bucket(c) if c.rate_per_s is not None else None,
+                _bucket(c.rate_per_s, c.burst) if c.rate_per_s is not None else None,
                 frozenset(names.get(t, t) for t in c.id_types),
             )
             for c in config.api_keys
@@ -164,8 +164,7 @@ class Gate:
         if bucket is None:
             if len(self._token_buckets) >= MAX_TOKEN_CLIENTS:
                 del self._token_buckets[next(iter(self._token_buckets))]
-            bucket = TokenBucket(oidc.rate_per_s, oidc.burst or max(1, int(oidc.rate_per_s)))
-            self._token_buckets[client] = bucket
+            bucket = self._token_buckets[client] = _bucket(oidc.rate_per_s, oidc.burst)
         return bucket
 
     async def start(self) -> None:
@@ -191,9 +190,9 @@ def _charge(client: str, bucket: TokenBucket | None, cost: int) -> None:
         raise RateLimited(client, max(1, math.ceil(wait)))
 
 
-def _bucket(config: ApiKeyConfig) -> TokenBucket:
-    rate = config.rate_per_s or 1.0
-    return TokenBucket(rate, config.burst or max(1, int(rate)))
+def _bucket(rate_per_s: float, burst: int | None) -> TokenBucket:
+    """A client's bucket; its burst defaults to a second's worth (at least one key)."""
+    return TokenBucket(rate_per_s, burst or max(1, int(rate_per_s)))
 
 
 def _bearer(headers: HeaderLookup) -> str:

@@ -274,9 +274,8 @@ class LedgerReader:
         self._store: ColdStore | None = None
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
-        if self._store is None:
-            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
-        async with self._store.connection() as conn, translated("ledger_lookup"):
+        store = await self._opened()
+        async with store.connection() as conn, translated("ledger_lookup"):
             try:
                 row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
             except asyncpg.UndefinedTableError as exc:
@@ -303,9 +302,8 @@ class LedgerReader:
     async def status(self, name: str, key: str) -> KeyStatus:
         """The key's state now: its current issue row, else its last issue that was
         released back to the cold tier, else never issued."""
-        if self._store is None:
-            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
-        async with self._store.connection() as conn, translated("ledger_status"):
+        store = await self._opened()
+        async with store.connection() as conn, translated("ledger_status"):
             row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
             past = None
             if row is None:
@@ -319,6 +317,11 @@ class LedgerReader:
         if past is not None:
             return KeyStatus("released", past["client"], reissued=True)
         return KeyStatus("unknown")
+
+    async def _opened(self) -> ColdStore:
+        if self._store is None:
+            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
+        return self._store
 
     async def close(self) -> None:
         if self._store is not None:
