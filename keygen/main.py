@@ -68,7 +68,7 @@ class Keygen:
         self.metrics = metrics or KeygenMetrics(CollectorRegistry())
         self.heartbeat = heartbeat or Heartbeat(self.metrics.registry)
         self._watches = {
-            name: HeadroomWatch(t.domain_size, t.config.headroom_warnings)
+            name: HeadroomWatch(t.config.counter_share, t.config.headroom_warnings)
             for name, t in self._types.items()
         }
 

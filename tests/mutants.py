@@ -47,8 +47,44 @@ IDEMPOTENCY_TESTS = ("tests/integration/test_idempotency.py", "tests/integration
 CLIENT_TESTS = ("tests/integration/test_client.py", "clients/python/tests/test_client_protocol.py")
 LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
+SITE_TESTS = ("tests/integration/test_sites.py",)
 
 MUTANTS: Final = (
+    Mutant(
+        "a_site_leases_past_the_end_of_its_share",
+        "shared/stores/cold_store.py",
+        "size, stop = id_type.config.range_size, id_type.config.counter_stop",
+        "size, stop = id_type.config.range_size, id_type.domain_size",
+        SITE_TESTS,
+    ),
+    Mutant(
+        "a_site_sequence_starts_at_counter_zero",
+        "shared/stores/sql.py",
+        '"MINVALUE {minvalue} MAXVALUE {maxvalue} START WITH {minvalue} NO CYCLE"',
+        '"MINVALUE 0 MAXVALUE {maxvalue} START WITH 0 NO CYCLE"',
+        SITE_TESTS,
+    ),
+    Mutant(
+        "a_dropped_site_goes_unnoticed",
+        "shared/stores/schema.py",
+        "for field in [*current, *(f for f in stored if f not in current)]:",
+        "for field in current:",
+        SITE_TESTS,
+    ),
+    Mutant(
+        "a_fence_moves_a_site_sequence_below_its_share",
+        "shared/stores/postgres_fence.py",
+        "next_start = int(last) + size if last is not None else bottom",
+        "next_start = int(last) + size if last is not None else 0",
+        SITE_TESTS,
+    ),
+    Mutant(
+        "headroom_counts_the_whole_domain_for_a_site",
+        "shared/stores/cold_store.py",
+        "leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start",
+        "leased = 0 if end is None else min(end, config.counter_stop)",
+        SITE_TESTS,
+    ),
     Mutant(
         "token_audience_not_checked",
         "dispenser/oidc.py",

@@ -43,9 +43,17 @@ class Fingerprint:
     counter_domain: int
     permutation: str
     permutation_key_digest: str
+    # The site's share (index, of); absent without a site, so that fingerprints
+    # recorded before sites existed still match.
+    site: tuple[int, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        fields = asdict(self)
+        if self.site is None:
+            del fields["site"]
+        else:
+            fields["site"] = {"index": self.site[0], "of": self.site[1]}
+        return fields
 
 
 def radix_columns(values: U64, width: int, radix: int) -> Cols:
@@ -145,6 +153,7 @@ class IdType:
             counter_domain=self.domain_size,
             permutation=IDENTITY if self.sequential else permutation.ALGORITHM,
             permutation_key_digest=self._key_digest,
+            site=None if (site := self.config.site) is None else (site.index, site.of),
         )
 
     def generate(self, start: int, stop: int) -> tuple[list[str], int]:

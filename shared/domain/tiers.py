@@ -57,7 +57,8 @@ class LeasedRange:
 
 @dataclass(frozen=True)
 class SequenceState:
-    """Counters of a type's domain already leased, and the domain's size."""
+    """Counters of this stack's share of a type's domain (the whole domain without a
+    site) already leased, and the share's size."""
 
     leased_counters: int
     domain: int

@@ -34,6 +34,10 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 "cold_depth": await cold.depth(name, _STATUS_CAP),
                 "ranges_leased": ranges["leased"],
                 "ranges_filled": ranges["filled"],
+                # This stack's share of the counters, [start, stop): the whole domain
+                # without a site; headroom and the forecast count the share.
+                "site": None if id_type.config.site is None else id_type.config.site.model_dump(),
+                "counter_range": [id_type.config.counter_start, id_type.config.counter_stop],
                 "counters_leased": state.leased_counters,
                 "counters_headroom": state.headroom,
                 "headroom_fraction": state.headroom / state.domain,

@@ -220,11 +220,11 @@ class ColdStore:
         not cover ``record`` (nothing was leased).
         """
         statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
-        size, domain = id_type.config.range_size, id_type.domain_size
+        size, stop = id_type.config.range_size, id_type.config.counter_stop
         try:
             async with translated("lease_range"):
                 row = await self._pool.fetchrow(
-                    statement, *record.guard_args(), id_type.name, size, domain, lessee
+                    statement, *record.guard_args(), id_type.name, size, stop, lessee
                 )
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc
@@ -317,8 +317,10 @@ class ColdStore:
         async with translated("sequence_state"):
             row = await self._pool.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
         row = one_row(row, "sequence_state")
-        leased = int(row["last_value"]) + id_type.config.range_size if row["is_called"] else 0
-        return SequenceState(min(leased, id_type.domain_size), id_type.domain_size)
+        config = id_type.config
+        end = int(row["last_value"]) + config.range_size if row["is_called"] else None
+        leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
+        return SequenceState(leased, config.counter_share)
 
     async def range_stats(self, name: str) -> dict[str, int]:
         async with translated("range_stats"):

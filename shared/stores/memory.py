@@ -146,10 +146,11 @@ class MemoryCold:
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
-        start = self.next_counter.get(id_type.name, 0)
-        if start >= id_type.domain_size:
+        config = id_type.config
+        start = self.next_counter.get(id_type.name, config.counter_start)
+        if start >= config.counter_stop:
             raise KeyspaceExhausted(id_type.name)
-        stop = min(start + id_type.config.range_size, id_type.domain_size)
+        stop = min(start + config.range_size, config.counter_stop)
         self.next_counter[id_type.name] = stop
         self.ranges.append((id_type.name, start, stop))
         self._stats(id_type.name)["leased"] += 1
@@ -179,7 +180,9 @@ class MemoryCold:
         stats["filled"] += 1 if final else 0
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
-        return SequenceState(self.next_counter.get(id_type.name, 0), id_type.domain_size)
+        config = id_type.config
+        leased = self.next_counter.get(id_type.name, config.counter_start) - config.counter_start
+        return SequenceState(leased, config.counter_share)
 
     async def range_stats(self, name: str) -> dict[str, int]:
         return dict(self._stats(name))

@@ -327,13 +327,14 @@ async def _discard_cold(conn: Any, name: str) -> int:
 async def _advance_sequence(conn: Any, held: Any, floor: int, skip_ranges: int) -> int:
     """Move a type's sequence so the next lease starts at or after ``floor`` (plus any
     ranges the operator skips); forward only. Returns the next lease's start. ``held``:
-    the type's row of SELECT_FENCED_TYPES (range size and domain from its sequence)."""
-    size, top = int(held["increment_by"]), int(held["max_value"])
+    the type's row of SELECT_FENCED_TYPES (range size and its site's share of the domain
+    from its sequence)."""
+    size, bottom, top = int(held["increment_by"]), int(held["min_value"]), int(held["max_value"])
     last = held["last_value"]
-    next_start = int(last) + size if last is not None else 0
+    next_start = int(last) + size if last is not None else bottom
     target = max(floor, next_start) + skip_ranges * size
     if target > next_start:
-        value = min(target - size, top)
+        value = max(min(target - size, top), bottom)
         await conn.execute(sql.for_type(sql.SET_SEQUENCE, str(held["name"])), value)
         return value + size
     return next_start

@@ -87,9 +87,12 @@ async def _stored_fingerprint(conn: asyncpg.Connection, name: str) -> dict[str, 
 
 
 def _compare(id_type: IdType, stored: dict[str, object]) -> None:
-    for field, value in id_type.fingerprint.as_dict().items():
-        if stored.get(field) != value:
-            raise KeyspaceChanged(id_type.name, field, stored.get(field), value)
+    """Every field either side has (a field only one side has, e.g. ``site``, is a
+    change too: a site dropped would lease the other sites' counters)."""
+    current = id_type.fingerprint.as_dict()
+    for field in [*current, *(f for f in stored if f not in current)]:
+        if stored.get(field) != current.get(field):
+            raise KeyspaceChanged(id_type.name, field, stored.get(field), current.get(field))
 
 
 async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
@@ -99,7 +102,12 @@ async def _ensure_type(conn: asyncpg.Connection, id_type: IdType) -> None:
             f"kd_ledger_{id_type.name}; choose another"
         )
     await _refuse_retired(conn, id_type.name)
-    numbers = {"increment": id_type.config.range_size, "maxvalue": id_type.domain_size - 1}
+    config = id_type.config
+    numbers = {
+        "increment": config.range_size,
+        "minvalue": config.counter_start,
+        "maxvalue": config.counter_stop - 1,
+    }
     await conn.execute(sql.for_type(sql.CREATE_SEQUENCE, id_type.name, **numbers))
     cold = sql.CREATE_COLD_TABLE_IN_ORDER if id_type.sequential else sql.CREATE_COLD_TABLE
     await conn.execute(sql.for_type(cold, id_type.name))

@@ -71,12 +71,15 @@ ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, updated_at 
 """
 
 # Identifiers only ({seq}); the numbers are computed integers from validated config.
+# A type's sequence runs over its site's share of the counters, [minvalue, maxvalue]
+# (the whole domain without a site), and stops at its end (KeyspaceExhausted).
 CREATE_SEQUENCE: Final = (
     "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint INCREMENT BY {increment} "
-    "MINVALUE 0 MAXVALUE {maxvalue} START WITH 0 NO CYCLE"
+    "MINVALUE {minvalue} MAXVALUE {maxvalue} START WITH {minvalue} NO CYCLE"
 )
 ALTER_SEQUENCE: Final = (
-    "ALTER SEQUENCE {seq} INCREMENT BY {increment} MAXVALUE {maxvalue} RESTART WITH 0"
+    "ALTER SEQUENCE {seq} INCREMENT BY {increment} MINVALUE {minvalue} MAXVALUE {maxvalue} "
+    "START WITH {minvalue} RESTART WITH {minvalue}"
 )
 
 # The cold table is an insert-then-delete queue: vacuum it eagerly.
@@ -351,7 +354,8 @@ stamp AS (
 )"""
 )
 
-# $1-$4: the guard's. $5: id type, $6: range size, $7: domain size, $8: lessee.
+# $1-$4: the guard's. $5: id type, $6: range size, $7: end of the site's share (the
+# domain's size without a site), $8: lessee.
 # Leases one range; no row when the guard refused (nothing leased). ``fences`` is the
 # fence count the lease was made under (LOCK_FENCES).
 LEASE_RANGE: Final = (
@@ -483,7 +487,7 @@ RETURNING c.timeline, c.fork, c.clock, c.fences, """
 # what its sequence says: the fence covers them all, whatever the configuration of
 # the process that runs it (a rolling update may have added one it does not know).
 SELECT_FENCED_TYPES: Final = """
-SELECT t.name, s.increment_by, s.max_value, s.last_value,
+SELECT t.name, s.increment_by, s.min_value, s.max_value, s.last_value,
        to_regclass('kd_cold_' || t.name) IS NOT NULL AS has_cold
 FROM kd_id_types AS t
 JOIN pg_sequences AS s

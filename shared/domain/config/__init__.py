@@ -19,6 +19,7 @@ from shared.domain.config.dispenser import (
 from shared.domain.config.idtypes import (
     FilterLimits,
     IdTypeConfig,
+    Site,
     SnowflakeConfig,
     Watermarks,
     path_segments,
@@ -40,6 +41,7 @@ __all__ = [
     "OidcConfig",
     "SentinelConfig",
     "Settings",
+    "Site",
     "SnowflakeConfig",
     "Watermarks",
     "default_config_path",

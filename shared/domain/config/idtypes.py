@@ -49,6 +49,21 @@ class FilterLimits(Strict):
     restricted_numbers: tuple[str, ...] | None = None
 
 
+class Site(Strict):
+    """One site's share of a type's counters: the ``index``-th of ``of`` contiguous,
+    disjoint parts. Stacks with one permutation key and different indexes never produce
+    the same key, with no link between them; an index is never used by two stacks."""
+
+    index: int = Field(ge=0)
+    of: int = Field(ge=2, le=1024)
+
+    @model_validator(mode="after")
+    def _index_below_of(self) -> Site:
+        if self.index >= self.of:
+            raise ValueError(f"index {self.index} must be below of ({self.of}): 0..{self.of - 1}")
+        return self
+
+
 # Keys a dispenser process holds per type when ``prefetch`` is not set: enough that a
 # pop's round trip under load is covered by the half still held when it starts.
 DEFAULT_PREFETCH = 256
@@ -91,6 +106,8 @@ class IdTypeConfig(Strict):
     # longer than any client retries a release, so that a late retry of the release
     # finds it released rather than releasing its next issue.
     reissue_after_s: float = Field(default=3_600.0, ge=0, le=30 * 86_400)
+    # This stack's share of the counters (docs/operations.md, "Two sites"). None: all.
+    site: Site | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -145,6 +162,14 @@ class IdTypeConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _site_share_not_empty(self) -> IdTypeConfig:
+        if self.site is not None and self.domain_size // self.site.of == 0:
+            raise ValueError(
+                f"site: {self.domain_size} counters cannot be split {self.site.of} ways"
+            )
+        return self
+
     @property
     def stock(self) -> int:
         """Keys a dispenser process holds ahead of requests (``prefetch`` resolved)."""
@@ -168,6 +193,26 @@ class IdTypeConfig(Strict):
         if self.kind == "numeric":
             return int(10**self.counter_digits)
         return int(62**self.length)
+
+    @property
+    def counter_start(self) -> int:
+        """The first counter of this stack's share (0 without a site)."""
+        if self.site is None:
+            return 0
+        return self.domain_size * self.site.index // self.site.of
+
+    @property
+    def counter_stop(self) -> int:
+        """One past the last counter of this stack's share (the domain's size without a
+        site). Shares of consecutive indexes meet: [D*i//n, D*(i+1)//n)."""
+        if self.site is None:
+            return self.domain_size
+        return self.domain_size * (self.site.index + 1) // self.site.of
+
+    @property
+    def counter_share(self) -> int:
+        """Counters this stack may lease."""
+        return self.counter_stop - self.counter_start
 
 
 class SnowflakeBits(Strict):
