@@ -87,6 +87,14 @@ def format_status(report: dict[str, Any]) -> str:
     for name, row in report["id_types"].items():
         cells = [_cell(row, column) for column in STATUS_COLUMNS]
         lines.append(name.ljust(16) + "".join(cell.rjust(20) for cell in cells))
+    for name, row in report["id_types"].items():
+        if row.get("site") is not None:
+            lo, hi = row["counter_range"]
+            site = row["site"]
+            lines.append(
+                f"{name.ljust(16)}site {site['index']} of {site['of']}: counters "
+                f"[{lo}, {hi}); headroom counts this share"
+            )
     for name, row in report.get("snowflake_types", {}).items():
         lo, hi = row["machine_ids"]
         lines.append(

@@ -23,7 +23,7 @@ from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
 from shared.ops.databases import drop_database, run_migrate, scratch_database
-from shared.ops.status import collect_status
+from shared.ops.status import collect_status, format_status
 from shared.stores.cold_store import ColdStore
 from shared.stores.postgres_fence import settle
 from shared.stores.schema import migrate
@@ -165,7 +165,9 @@ async def test_status_and_a_fence_count_and_keep_the_share(
             assert leased.start == DOMAIN // 2 + 2 * RANGE
         finally:
             await cold.close()
-        status = (await collect_status(settings))["id_types"]["tiny"]
+        report = await collect_status(settings)
+        assert "site 2 of 4: counters [5000, 7500)" in format_status(report)
+        status = report["id_types"]["tiny"]
         assert status["site"] == {"index": 2, "of": 4}
         assert status["counter_range"] == [DOMAIN // 2, DOMAIN * 3 // 4]
         assert status["counters_leased"] == 3 * RANGE  # the skipped ranges and the lease
