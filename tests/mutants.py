@@ -48,8 +48,37 @@ CLIENT_TESTS = ("tests/integration/test_client.py", "clients/python/tests/test_c
 LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 SITE_TESTS = ("tests/integration/test_sites.py",)
+CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
 
 MUTANTS: Final = (
+    Mutant(
+        "a_cluster_shard_fence_accepts_any_owner_token",
+        "shared/stores/lua/fence.lua",
+        "if redis.call('GET', FENCE) == token then",
+        "if redis.call('GET', FENCE) then",
+        CLUSTER_TESTS,
+    ),
+    Mutant(
+        "a_cluster_shard_keeps_inherited_lists",
+        "shared/stores/lua/fence.lua",
+        "      redis.call('UNLINK', list)",
+        "      -- kept",
+        CLUSTER_TESTS,
+    ),
+    Mutant(
+        "cluster_keys_without_a_hash_tag",
+        "shared/domain/config/redis.py",
+        '            return "{" + self.redis_namespace + "}"',
+        "            return self.redis_namespace",
+        CLUSTER_TESTS,
+    ),
+    Mutant(
+        "cluster_endpoint_ignores_moved",
+        "shared/stores/redis_endpoint.py",
+        "    cluster_moves = (AskError, TryAgainError, ClusterDownError)",
+        "    cluster_moves = ()",
+        ("tests/unit/test_redis_endpoint.py",),
+    ),
     Mutant(
         "a_site_leases_past_the_end_of_its_share",
         "shared/stores/cold_store.py",

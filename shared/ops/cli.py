@@ -532,11 +532,12 @@ def failure(exc: BaseException, settings: Settings | None) -> str:
     if settings is None:
         return text
     postgres = f"postgres {where(settings.postgres_dsn)}"
-    redis = (
-        f"redis sentinels {','.join(settings.redis_sentinel.sentinels)}"
-        if settings.redis_sentinel
-        else f"redis {where(settings.redis_url)}"
-    )
+    if settings.redis_sentinel:
+        redis = f"redis sentinels {','.join(settings.redis_sentinel.sentinels)}"
+    elif settings.redis_cluster:
+        redis = f"redis cluster nodes {','.join(settings.redis_cluster.nodes)}"
+    else:
+        redis = f"redis {where(settings.redis_url)}"
     if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
         return f"{postgres}: {text}"
     if isinstance(exc, RedisError):

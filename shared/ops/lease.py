@@ -117,7 +117,7 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             wait_s=spec.wait_s,
             owner=owner,
             metrics=LeaseMetrics(registry),
-            namespace=settings.redis_namespace,
+            namespace=settings.redis_key_namespace,
             wait=lease_wait(settings),
         ) as lease:
             kill_after = spec.kill_after_s
@@ -206,7 +206,7 @@ def _terminate_with_parent(parent: int) -> None:
 
 async def holders(settings: Settings, pool: str) -> dict[str, Any]:
     """Who holds which ID of ``pool``, as ``keydispenser lease list`` prints it."""
-    store = MachineLeases(RedisEndpoint.from_settings(settings), settings.redis_namespace)
+    store = MachineLeases(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
     try:
         found = await store.holders(pool)
     finally:

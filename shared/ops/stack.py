@@ -31,9 +31,12 @@ PID_FILE = "up.pid"
 # The settings that name each store, as variables and as configuration keys.
 STORE_VARIABLES = {
     "postgres": ("KD_POSTGRES_DSN",),
-    "redis": ("KD_REDIS_URL", "KD_REDIS_SENTINEL"),
+    "redis": ("KD_REDIS_URL", "KD_REDIS_SENTINEL", "KD_REDIS_CLUSTER"),
 }
-STORE_KEYS = {"postgres": ("postgres_dsn",), "redis": ("redis_url", "redis_sentinel")}
+STORE_KEYS = {
+    "postgres": ("postgres_dsn",),
+    "redis": ("redis_url", "redis_sentinel", "redis_cluster"),
+}
 STORE_NAMES = {"postgres": "PostgreSQL", "redis": "Redis"}
 EXAMPLES = {
     "postgres": "KD_POSTGRES_DSN=postgresql://USER@HOST:5432/DATABASE",

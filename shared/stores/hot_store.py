@@ -87,7 +87,7 @@ class HotStore(RedisPort):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HotStore:
-        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
 
     def _discarded(self, count: int, operation: str) -> int:
         if count:

@@ -23,7 +23,7 @@ CONSUMER_HEARTBEAT_MS = 10_000
 class LedgerStream(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> LedgerStream:
-        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False

@@ -1,4 +1,5 @@
-"""Where the Redis primary is: a plain URL, or resolved through Sentinel.
+"""Where the Redis primary is: a plain URL, resolved through Sentinel, or the primary
+that holds the namespace's hash slot in a Redis Cluster.
 
 redis-py's SentinelConnectionPool keeps retrying the old master's address
 (redis-py issue #3874) and does not re-resolve on READONLY/NOREPLICAS. So the
@@ -7,6 +8,14 @@ may mean "the primary moved" marks the endpoint stale, and the next use
 resolves again (single-flight, rate-limited). Resolution asks every Sentinel at
 once and takes a reported address whose server says it is a primary: during a
 failover only the leading Sentinel already names the promoted replica.
+
+On a Redis Cluster every key of a namespace shares one hash slot (the namespace is
+the keys' hash tag, ``Settings.redis_key_namespace``), so a process needs one
+primary there too: the one that serves that slot. It is found the same way, from
+the slot map (``CLUSTER SLOTS``) every given node reports, and taken only when that
+server says it is a primary and serves the slot itself; a MOVED, ASK, TRYAGAIN or
+CLUSTERDOWN reply marks the endpoint stale like a READONLY one. Every script then
+runs where all its keys are, on a plain connection, exactly as on one server.
 """
 
 from __future__ import annotations
@@ -20,10 +29,20 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import BusyLoadingError, ReadOnlyError, RedisError, TimeoutError
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MovedError,
+    ReadOnlyError,
+    RedisError,
+    TimeoutError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from shared.domain.config import SentinelConfig, Settings
+from shared.domain.config import ClusterConfig, SentinelConfig, ServerAccess, Settings
 from shared.domain.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,9 +60,19 @@ _TIMEOUTS: dict[str, Any] = {
 
 
 class RedisEndpoint:
-    def __init__(self, url: str | None = None, sentinel: SentinelConfig | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        sentinel: SentinelConfig | None = None,
+        cluster: ClusterConfig | None = None,
+        key_namespace: str = "",
+    ) -> None:
+        """``cluster``: the primary of ``key_namespace``'s hash slot is the one used."""
         self._url = url
+        self._discovered: ServerAccess | None = sentinel or cluster
         self._sentinel_config = sentinel
+        self._cluster_config = cluster
+        self._slot = key_slot(key_namespace.encode()) if cluster is not None else None
         self._sentinels: list[aioredis.Redis] = []
         self._client: aioredis.Redis | None = None
         self._address: tuple[str, int] | None = None
@@ -54,7 +83,12 @@ class RedisEndpoint:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisEndpoint:
-        return cls(settings.redis_url, settings.redis_sentinel)
+        return cls(
+            settings.redis_url,
+            settings.redis_sentinel,
+            settings.redis_cluster,
+            settings.redis_key_namespace,
+        )
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -67,10 +101,11 @@ class RedisEndpoint:
         one resolution runs at a time, at most every ``_RESOLVE_EVERY_S``. With
         Sentinel, the primary is also re-checked in the background every
         ``_VERIFY_EVERY_S``: a restarted old primary answers at its old address as
-        an empty primary until Sentinel demotes it, and no error would say so.
+        an empty primary until Sentinel demotes it, and no error would say so (on a
+        cluster: until the cluster's map moved its slot).
         """
         if self._client is not None and not self._stale:
-            if self._sentinel_config is not None and self._verify_due():
+            if self._discovered is not None and self._verify_due():
                 self._verifying = asyncio.ensure_future(self._verify())
             return self._client
         if self._lock.locked() or time.monotonic() < self._last_resolve + _RESOLVE_EVERY_S:
@@ -96,27 +131,57 @@ class RedisEndpoint:
 
     def invalidate(self) -> None:
         """The primary may have moved: resolve again before the next command."""
-        if self._sentinel_config is not None:
+        if self._discovered is not None:
             self._stale = True
 
     async def _resolve(self) -> None:
-        if self._sentinel_config is None:
+        if self._discovered is None:
             self._client = self._client or aioredis.Redis.from_url(
                 self._url or "redis://127.0.0.1:6379/0", decode_responses=True, **_TIMEOUTS
             )
             self._stale = False
             return
-        candidates, problems = await self._reported_primaries()
+        if self._cluster_config is not None:
+            candidates, problems = await self._slot_primaries(self._cluster_config)
+        else:
+            candidates, problems = await self._reported_primaries()
         # Prefer a newly reported primary: during a failover only the leading
-        # Sentinel reports the promoted replica, the others still name the old one.
+        # Sentinel reports the promoted replica, the others still name the old one
+        # (and cluster nodes learn of a failover one after the other).
         candidates.sort(key=lambda address: address == self._address)
         for address in candidates:
-            problem = await _primary_problem(address, self._sentinel_config)
+            problem = await _primary_problem(address, self._discovered, self._slot)
             if problem is None:
                 await self._use(address)
                 return
             problems.append(f"{_where(address)} reported as primary: {problem}")
         raise StoreUnavailable("redis", "no primary found: " + "; ".join(problems))
+
+    async def _slot_primaries(
+        self, config: ClusterConfig
+    ) -> tuple[list[tuple[str, int]], list[str]]:
+        """The primary of this namespace's slot as every given node (and the one in use)
+        reports it, asked in parallel, and what went wrong with each node that did not."""
+        assert self._slot is not None
+        asked = config.addresses()
+        if self._address is not None and self._address not in asked:
+            asked.append(self._address)
+        answers = await asyncio.gather(
+            *(_slot_owner(address, config, self._slot) for address in asked),
+            return_exceptions=True,
+        )
+        found: list[tuple[str, int]] = []
+        problems: list[str] = []
+        for node, answer in zip(asked, answers, strict=True):
+            if isinstance(answer, tuple):
+                address = config.reachable(answer)
+                if address not in found:
+                    found.append(address)
+            elif isinstance(answer, BaseException):
+                problems.append(f"cluster node {_where(node)}: {answer}")
+            else:
+                problems.append(f"cluster node {_where(node)}: no node serves slot {self._slot}")
+        return found, problems
 
     async def _reported_primaries(self) -> tuple[list[tuple[str, int]], list[str]]:
         """Every distinct primary address the Sentinels report, asked in parallel, and
@@ -158,7 +223,7 @@ class RedisEndpoint:
         return found, problems
 
     async def _use(self, address: tuple[str, int]) -> None:
-        config = self._sentinel_config
+        config = self._discovered
         assert config is not None
         if address != self._address or self._client is None:
             old = self._client
@@ -184,12 +249,12 @@ async def _command(client: aioredis.Redis, *args: Any) -> Any:
 
 
 def redis_client(
-    address: tuple[str, int], config: SentinelConfig | None = None, **options: Any
+    address: tuple[str, int], config: ServerAccess | None = None, **options: Any
 ) -> aioredis.Redis:
     """Every client keydispenser opens to a Redis server: timeouts, no library retries."""
     secret = config.password if config else None
     settings: dict[str, Any] = {
-        "db": config.db if config else 0,
+        "db": config.database if config else 0,
         "username": config.username if config else None,
         "password": secret.get_secret_value() if secret else None,
         "decode_responses": True,
@@ -199,7 +264,7 @@ def redis_client(
     return aioredis.Redis(host=address[0], port=address[1], **{**settings, **options})
 
 
-def _tls(config: SentinelConfig) -> dict[str, Any]:
+def _tls(config: ServerAccess) -> dict[str, Any]:
     """TLS options: the server's certificate is always verified."""
     return {
         "ssl": True,
@@ -211,18 +276,49 @@ def _tls(config: SentinelConfig) -> dict[str, Any]:
     }
 
 
-async def _primary_problem(address: tuple[str, int], config: SentinelConfig) -> str | None:
-    """None when the server at ``address`` answers and says it is a primary, else why not."""
+async def _primary_problem(
+    address: tuple[str, int], config: ServerAccess, slot: int | None = None
+) -> str | None:
+    """None when the server at ``address`` answers and says it is a primary (and, on a
+    cluster, that it serves ``slot`` itself), else why not."""
     probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
     try:
         role = await _command(probe, "ROLE")
+        if not role or role[0] not in (b"master", "master"):
+            return f"its role is {role[0] if role else 'unknown'}"
+        if slot is not None:
+            slots = await _command(probe, "CLUSTER", "SLOTS")
+            owner = _owner_in(slots, slot, address)
+            if owner is None or config.reachable(owner) != address:
+                return f"it does not serve slot {slot} (its map: {owner})"
     except (RedisError, OSError) as exc:
         return str(exc) or type(exc).__name__
     finally:
         await probe.aclose()
-    if role and role[0] in (b"master", "master"):
-        return None
-    return f"its role is {role[0] if role else 'unknown'}"
+    return None
+
+
+async def _slot_owner(
+    address: tuple[str, int], config: ClusterConfig, slot: int
+) -> tuple[str, int] | None:
+    """The primary that serves ``slot`` in the map of the node at ``address``."""
+    probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
+    try:
+        return _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
+    finally:
+        await probe.aclose()
+
+
+def _owner_in(slots: Any, slot: int, asked: tuple[str, int]) -> tuple[str, int] | None:
+    """The primary of ``slot`` in a CLUSTER SLOTS reply ([start, end, [host, port, id],
+    replicas...] per range). A node that does not know its own address reports an empty
+    host (or "?"): it is the node asked."""
+    for entry in slots or ():
+        start, end, primary = int(entry[0]), int(entry[1]), entry[2]
+        if start <= slot <= end:
+            host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
+            return (host if host not in ("", "?") else asked[0]), int(primary[1])
+    return None
 
 
 def _where(address: tuple[str, int]) -> str:
@@ -233,12 +329,33 @@ def _where(address: tuple[str, int]) -> str:
 MOVED_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, TimeoutError, OSError)
 
 
-_MOVED_TEXT = ("READONLY", "read only replica", "NOREPLICAS", "MASTERDOWN", "LOADING")
+_MOVED_TEXT = (
+    "READONLY",
+    "read only replica",
+    "NOREPLICAS",
+    "MASTERDOWN",
+    "LOADING",
+    "MOVED",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+)
+
+
+def describe(exc: BaseException) -> str:
+    """An error's text; a cluster's redirection, whose reply redis-py strips to "slot
+    host:port", says what it was."""
+    if isinstance(exc, MovedError):
+        return f"MOVED {exc} (another node serves the slot now)"
+    if isinstance(exc, AskError):
+        return f"ASK {exc} (the slot is moving to another node)"
+    return str(exc)
 
 
 def means_primary_moved(exc: BaseException) -> bool:
     """redis-py strips the READONLY prefix into ReadOnlyError; script errors wrap the text."""
-    if isinstance(exc, (*MOVED_ERRORS, ReadOnlyError, BusyLoadingError)):
+    # AskError covers MOVED (its subclass): the slot is served elsewhere now.
+    cluster_moves = (AskError, TryAgainError, ClusterDownError)
+    if isinstance(exc, (*MOVED_ERRORS, ReadOnlyError, BusyLoadingError, *cluster_moves)):
         return True
     text = str(exc)
     return any(marker in text for marker in _MOVED_TEXT)

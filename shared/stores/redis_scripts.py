@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
-from shared.stores.redis_endpoint import RedisEndpoint, means_primary_moved
+from shared.stores.redis_endpoint import RedisEndpoint, describe, means_primary_moved
 from shared.stores.script_line import LineScript, ScriptLine
 
 UNFENCED = frozenset({"nudge", "forget_consumer"})
@@ -125,7 +125,7 @@ def _body(script: str) -> str:
 class RedisPort:
     """A connection to the Redis primary: runs scripts by SHA, translates driver errors.
 
-    ``namespace`` (``settings.redis_namespace``) prefixes every key it names; ports that
+    ``namespace`` (``settings.redis_key_namespace``) prefixes every key it names; ports that
     share an endpoint share its namespace too (``RedisPort(other.endpoint,
     other.namespace)``).
     """
@@ -156,7 +156,7 @@ class RedisPort:
         except (RedisError, OSError) as exc:
             if means_primary_moved(exc):
                 self._endpoint.invalidate()
-            raise StoreUnavailable("redis", f"{operation} failed: {exc}") from exc
+            raise StoreUnavailable("redis", f"{operation} failed: {describe(exc)}") from exc
 
     async def _run(self, script: str, keys: list[str], args: Sequence[Any]) -> Any:
         client = await self._endpoint.client()

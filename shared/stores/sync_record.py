@@ -69,7 +69,7 @@ def _pairs(values: dict[str, int]) -> list[object]:
 class SyncRecord(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> SyncRecord:
-        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
 
     async def read(self) -> Record:
         async with self._guard("read_record"):

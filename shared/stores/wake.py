@@ -13,7 +13,7 @@ WAKE_LIST_MAX = 64  # a nudge only needs to be seen once; the list never grows p
 class WakeChannel(RedisPort):
     @classmethod
     def from_settings(cls, settings: Settings) -> WakeChannel:
-        return cls(RedisEndpoint.from_settings(settings), settings.redis_namespace)
+        return cls(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
 
     async def nudge(self, name: str) -> None:
         """Wake a keysync for the type ``name`` now rather than at its next poll."""

@@ -158,9 +158,9 @@ async def test_status_and_a_fence_count_and_keep_the_share(
         types = build_id_types(settings)
         cold = await ColdStore.connect(settings.postgres_dsn)
         try:
-            report = await settle(cold, sync, types, skip_ranges=2)
-            assert report is not None
-            assert report.next_starts["tiny"] == DOMAIN // 2 + 2 * RANGE
+            fenced = await settle(cold, sync, types, skip_ranges=2)
+            assert fenced is not None
+            assert fenced.next_starts["tiny"] == DOMAIN // 2 + 2 * RANGE
             leased, _ = await cold.lease_range(types["tiny"], "test", UNGUARDED)
             assert leased.start == DOMAIN // 2 + 2 * RANGE
         finally:

@@ -3,14 +3,21 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
+    ClusterDownError,
     ConnectionError,
+    MovedError,
     ReadOnlyError,
     ResponseError,
     TimeoutError,
+    TryAgainError,
 )
 
-from shared.stores.redis_endpoint import means_primary_moved
+from shared.domain.config import ClusterConfig, load_settings
+from shared.domain.errors import ConfigError
+from shared.stores.redis_endpoint import _owner_in, describe, means_primary_moved
+from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 
 @pytest.mark.parametrize(
@@ -24,6 +31,11 @@ from shared.stores.redis_endpoint import means_primary_moved
         ResponseError("MASTERDOWN Link with MASTER is down"),
         ResponseError("Error running script: @user_script:1: READONLY You can't write"),
         ResponseError("You can't write against a read only replica. script: abc"),
+        # A cluster's redirections, as redis-py's parser raises them (prefix stripped).
+        MovedError("15346 127.0.0.1:7001"),
+        AskError("15346 127.0.0.1:7001"),
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        ClusterDownError("The cluster is down"),
     ],
 )
 def test_errors_that_mean_the_primary_may_have_moved(exc: Exception) -> None:
@@ -79,3 +91,70 @@ def test_sentinel_tls_and_credentials_reach_servers_and_sentinels() -> None:
         assert kwargs["ssl_ca_certs"] == "/etc/kd/ca.pem"
         assert kwargs["ssl_certfile"] == "/etc/kd/client.pem"
         assert kwargs["ssl_cert_reqs"] == "required" and kwargs["ssl_check_hostname"] is True
+
+
+def test_a_redirection_says_what_it_was() -> None:
+    assert describe(MovedError("15346 127.0.0.1:7001")).startswith("MOVED 15346 127.0.0.1:7001")
+    assert describe(AskError("15346 127.0.0.1:7001")).startswith("ASK 15346")
+    assert describe(ResponseError("WRONGTYPE x")) == "WRONGTYPE x"
+
+
+def test_the_slot_owner_is_read_from_the_cluster_map() -> None:
+    """CLUSTER SLOTS: [start, end, [host, port, id], replicas...]; a node that does not
+    know its own address reports an empty host: it is the node asked."""
+    slots = [
+        [0, 5460, ["127.0.0.1", 7000, "a"], ["127.0.0.1", 7003, "d"]],
+        [5461, 10922, ["", 7001, "b"]],
+        [10923, 16383, [b"10.0.0.3", 7002, "c"]],
+    ]
+    assert _owner_in(slots, 0, ("x", 1)) == ("127.0.0.1", 7000)
+    assert _owner_in(slots, 6000, ("127.0.0.9", 7001)) == ("127.0.0.9", 7001)
+    assert _owner_in(slots, 16383, ("x", 1)) == ("10.0.0.3", 7002)
+    assert _owner_in(slots[:1], 6000, ("x", 1)) is None
+
+
+def test_cluster_keys_share_the_namespace_hash_tag() -> None:
+    plain = load_settings(EMPTY_CONFIG, permutation_key=TEST_SECRET, redis_namespace="prod")
+    cluster = load_settings(
+        EMPTY_CONFIG,
+        permutation_key=TEST_SECRET,
+        redis_namespace="prod",
+        redis_cluster={"nodes": ["127.0.0.1:7000"]},
+    )
+    assert plain.redis_key_namespace == "prod"
+    assert cluster.redis_key_namespace == "{prod}"
+    assert cluster.lease_wait_replicas_or_default() == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {
+                "redis_cluster": {"nodes": ["127.0.0.1:7000"]},
+                "redis_sentinel": {"sentinels": ["127.0.0.1:26379"]},
+            },
+            "redis_cluster: not with redis_sentinel",
+        ),
+        ({"redis_cluster": {"nodes": ["no-port"]}}, r"redis_cluster.*'no-port' must be host:port"),
+        ({"redis_cluster": {"nodes": []}}, r"redis_cluster\.nodes"),
+        ({"redis_cluster": {"nodes": ["h:1"], "db": 2}}, r"redis_cluster\.db"),
+    ],
+)
+def test_a_bad_cluster_setting_is_named(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(EMPTY_CONFIG, permutation_key=TEST_SECRET, **values)
+
+
+def test_cluster_tls_and_credentials_reach_every_node() -> None:
+    from redis.asyncio.connection import SSLConnection
+
+    from shared.stores.redis_endpoint import redis_client
+
+    config = ClusterConfig(
+        nodes=("n1:7000",), username="kd", password=SecretStr("p"), tls=True, tls_ca_file="/ca"
+    )
+    kwargs = redis_client(("n2", 7001), config).connection_pool.connection_kwargs
+    assert redis_client(("n2", 7001), config).connection_pool.connection_class is SSLConnection
+    assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("kd", "p", 0)
+    assert kwargs["ssl_ca_certs"] == "/ca" and kwargs["ssl_cert_reqs"] == "required"

@@ -26,12 +26,13 @@ from shared.domain.config.idtypes import (
 )
 from shared.domain.config.loader import default_config_path, describe, load_settings
 from shared.domain.config.pipeline import KeygenConfig, KeysyncConfig
-from shared.domain.config.redis import SentinelConfig
+from shared.domain.config.redis import ClusterConfig, SentinelConfig, ServerAccess
 from shared.domain.config.settings import Settings
 
 __all__ = [
     "ApiKeyConfig",
     "AuthConfig",
+    "ClusterConfig",
     "DispenserConfig",
     "FilterLimits",
     "IdTypeConfig",
@@ -40,6 +41,7 @@ __all__ = [
     "MosipConfig",
     "OidcConfig",
     "SentinelConfig",
+    "ServerAccess",
     "Settings",
     "Site",
     "SnowflakeConfig",

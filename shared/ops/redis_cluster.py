@@ -1,0 +1,166 @@
+"""A Redis Cluster on loopback: primaries with their replicas, each an ``EmbeddedRedis``
+started with ``--cluster-enabled yes``, joined and given slots with the cluster's own
+commands (what ``redis-cli --cluster create`` sends), so that no ``redis-cli`` is
+needed. For tests and drills; never a production topology (one machine).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from shared.ops.embedded import EmbeddedRedis, EmbeddedServerError, free_port
+from shared.ops.processes import kill_process
+
+SLOTS = 16_384
+READY_S = 30.0
+
+
+@dataclass
+class ClusterNode:
+    server: EmbeddedRedis
+    bus_port: int
+    node_id: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def client(self, timeout_s: float = 2.0) -> redis.Redis:
+        return redis.Redis(
+            port=self.server.port,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+
+    def command(self, *args: Any) -> Any:
+        with self.client() as client:
+            return client.execute_command(*args)
+
+
+@dataclass
+class EmbeddedRedisCluster:
+    """``primaries`` shards of ``replicas`` replicas each. ``node_timeout_ms`` is the
+    cluster's failure detection time: a killed primary is replaced by its replica
+    about that long after it stopped answering."""
+
+    data_dir: Path
+    primaries: int = 3
+    replicas: int = 1
+    node_timeout_ms: int = 1_000
+    nodes: list[ClusterNode] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        """Every node's address (``redis_cluster.nodes``)."""
+        return tuple(node.address for node in self.nodes)
+
+    def start(self) -> None:
+        try:
+            for i in range(self.primaries * (1 + self.replicas)):
+                bus_port = free_port()
+                server = EmbeddedRedis(self.data_dir / f"node-{i}")
+                server.start(*self._options(bus_port))
+                self.nodes.append(ClusterNode(server, bus_port))
+            self._create()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _options(self, bus_port: int) -> tuple[str, ...]:
+        return (
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            "--cluster-port",
+            str(bus_port),
+            "--repl-diskless-sync-delay",
+            "0",
+        )
+
+    def _create(self) -> None:
+        """Slots to the primaries (even shares), one config epoch each, every node
+        met, then each replica set to follow its primary."""
+        for node in self.nodes:
+            node.node_id = str(node.command("CLUSTER", "MYID"))
+        heads = self.nodes[: self.primaries]
+        for i, node in enumerate(heads):
+            first, last = SLOTS * i // self.primaries, SLOTS * (i + 1) // self.primaries - 1
+            node.command("CLUSTER", "ADDSLOTSRANGE", first, last)
+            node.command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        for node in self.nodes[1:]:
+            self.nodes[0].command("CLUSTER", "MEET", "127.0.0.1", node.server.port, node.bus_port)
+        self._wait(lambda: all(len(self._known(n)) == len(self.nodes) for n in self.nodes), "met")
+        for i, node in enumerate(self.nodes[self.primaries :]):
+            node.command("CLUSTER", "REPLICATE", heads[i % self.primaries].node_id)
+        self.wait_healthy()
+
+    def _known(self, node: ClusterNode) -> list[str]:
+        return [line for line in str(node.command("CLUSTER", "NODES")).splitlines() if line]
+
+    def wait_healthy(self, timeout_s: float = READY_S) -> None:
+        """Every live node says the cluster is ok, and every replica is in sync."""
+
+        def healthy() -> bool:
+            for node in self.live():
+                info = node.command("CLUSTER", "INFO")
+                if "cluster_state:ok" not in str(info):
+                    return False
+                replication = node.client().info("replication")
+                if replication.get("role") == "slave" and (
+                    replication.get("master_link_status") != "up"
+                ):
+                    return False
+            return True
+
+        self._wait(healthy, "healthy", timeout_s)
+
+    def live(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if n.server.process and n.server.process.poll() is None]
+
+    def primary_of(self, slot: int) -> ClusterNode:
+        """The live node that serves ``slot`` as a primary, in its own view."""
+        for node in self.live():
+            if node.client().info("replication").get("role") != "master":
+                continue
+            for entry in node.command("CLUSTER", "SLOTS"):
+                if int(entry[0]) <= slot <= int(entry[1]) and int(entry[2][1]) == node.server.port:
+                    return node
+        raise EmbeddedServerError(f"no live primary serves slot {slot}")
+
+    def replica_of(self, primary: ClusterNode) -> ClusterNode:
+        for node in self.live():
+            replication = node.client().info("replication")
+            if replication.get("role") == "slave" and (
+                int(replication.get("master_port", 0)) == primary.server.port
+            ):
+                return node
+        raise EmbeddedServerError(f"{primary.address} has no live replica")
+
+    def kill(self, node: ClusterNode) -> None:
+        """SIGKILL a node (its data is gone: no persistence)."""
+        kill_process(node.server.process)
+
+    def _wait(self, check: Any, what: str, timeout_s: float = READY_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if check():
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"cluster not {what} within {timeout_s}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.server.stop()
