@@ -113,6 +113,9 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
 
     only = [f.strip() for f in args.faults.split(",")] if args.faults else None
     work = Path(args.work_dir).resolve() if args.work_dir else None
+    if args.redis == "cluster":
+        run_cluster_drill(settings, args, only, work)
+        return
     report = asyncio.run(
         run(
             settings,
@@ -125,6 +128,20 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
     )
     _write_json(report.as_json(), args.json)
     print(format_table(report))
+    if failures := report.failures():
+        raise KeydispenserError("the drill failed: " + "; ".join(failures))
+
+
+def run_cluster_drill(
+    settings: Settings, args: argparse.Namespace, only: list[str] | None, work: Path | None
+) -> None:
+    from shared.ops.drill import cluster
+
+    if args.no_postgres_fence or args.no_lease_wait:
+        raise ConfigError("--no-postgres-fence and --no-lease-wait: with --redis sentinel only")
+    report = asyncio.run(cluster.run(settings, args.rounds, only, work))
+    _write_json(report.as_json(), args.json)
+    print(cluster.format_table(report))
     if failures := report.failures():
         raise KeydispenserError("the drill failed: " + "; ".join(failures))
 
@@ -318,6 +335,13 @@ def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
     drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
     drill.add_argument("--work-dir", help="keep servers' data and logs here")
+    drill.add_argument(
+        "--redis",
+        choices=("sentinel", "cluster"),
+        default="sentinel",
+        help="the Redis topology: a primary with replicas and Sentinels (default), or a "
+        "Redis Cluster of 3 primaries and 3 replicas with shard faults",
+    )
     drill.add_argument(
         "--no-postgres-fence",
         action="store_true",

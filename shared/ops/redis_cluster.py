@@ -145,6 +145,11 @@ class EmbeddedRedisCluster:
                 return node
         raise EmbeddedServerError(f"{primary.address} has no live replica")
 
+    def restart(self, node: ClusterNode) -> None:
+        """Start a killed node again on its ports: empty (no persistence), with its
+        cluster config file, so it rejoins as what the cluster says it is now."""
+        node.server.start(*self._options(node.bus_port))
+
     def kill(self, node: ClusterNode) -> None:
         """SIGKILL a node (its data is gone: no persistence)."""
         kill_process(node.server.process)

@@ -119,3 +119,47 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     # The stepped clock was refused (503 IDG-015) rather than minting behind itself.
     (stepped,) = [row for row in report["faults"] if row["fault"] == "clock_back"]
     assert stepped["clock_behind_503s"] > 0, stepped
+
+
+def test_no_key_is_dispensed_twice_through_cluster_shard_faults(tmp_path: Path) -> None:
+    """`drill --redis cluster`: a Redis Cluster (3 primaries, 3 replicas) whose shard
+    holding the namespace's slot is failed over, killed, failed over while its replica
+    lags, and restarted empty, under load from real processes."""
+    from shared.ops.drill import cluster
+
+    report_path = tmp_path / "cluster.json"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "KD_PERMUTATION_KEY": TEST_SECRET}
+    kinds = list(cluster.CLUSTER_FAULTS)
+    done = run_cli(
+        "drill",
+        "--redis",
+        "cluster",
+        "--rounds",
+        str(len(kinds)),
+        "--json",
+        str(report_path),
+        env=env,
+        timeout_s=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    assert report["verdict"] == [] and report["duplicates"] == 0
+    assert [row["fault"] for row in report["faults"]] == kinds
+    assert report["process_exits"] == [] and report["faults_not_injected"] == 0
+    for row in report["faults"]:
+        # A new primary (or the same node restarted: a new identity) owned the fence
+        # after every fault, and keys flowed again.
+        assert row["identity_changed"] and row["fence_engaged"], row
+        assert row["served_after_fault"] > 0, row
+    by_fault = {row["fault"]: row for row in report["faults"]}
+    assert (
+        by_fault["cluster_failover"]["primary_after"]
+        != (by_fault["cluster_failover"]["primary_before"])
+    )
+    # The lagging replica missed writes, and its inherited lists were discarded.
+    lagging = by_fault["lagging_replica_failover"]
+    assert lagging["replica_lag_bytes"] > 0 and lagging["keys_discarded"] > 0, lagging
+    ledger = report["ledger"]
+    assert ledger["missing"] == 0 and ledger["used_missing"] == 0, ledger
+    assert ledger["duplicate_alarms"] == 0 and ledger["marked"] > 0
+    assert set(ledger["lost_with_data"]) <= set(cluster.CLUSTER_FAULTS) - {"cluster_failover"}

@@ -79,7 +79,7 @@ def test_monitoring_overlays_carry_rules_monitor_and_dashboard() -> None:
 
 def test_every_overlay_is_found() -> None:
     names = {p.name for p in KUSTOMIZATIONS}
-    assert {"base", "ha-redis", "monitoring", "production"} <= names
+    assert {"base", "ha-redis", "monitoring", "production", "redis-cluster"} <= names
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: p.name)
@@ -181,6 +181,44 @@ def test_ha_redis_wires_sentinel_and_refuses_eviction(overlay: str) -> None:
     assert [c["metadata"]["name"] for c in claims] == ["data"]
     service = "redis-sentinel-headless"
     assert all(s.split(":")[0].endswith("." + service) for s in sentinels)
+
+
+def test_redis_cluster_wires_every_node_and_refuses_eviction() -> None:
+    """The ConfigMap names every node of the StatefulSet; the nodes run cluster mode,
+    announce names that survive a restart, keep the ledger stream (AOF), stop writing
+    when cut off from their replica, refuse DEBUG and eviction; a Job creates the
+    cluster with a replica per primary."""
+    docs = render(K8S / "overlays" / "redis-cluster")
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    config = yaml.safe_load(
+        by_kind[("ConfigMap", "keydispenser-config")]["data"]["keydispenser.yaml"]
+    )
+    servers = by_kind[("StatefulSet", "redis-cluster")]
+    service = servers["spec"]["serviceName"]
+    expected = [f"redis-cluster-{i}.{service}:6379" for i in range(servers["spec"]["replicas"])]
+    assert config["redis_cluster"]["nodes"] == expected and "redis_sentinel" not in config
+    scripts = by_kind[("ConfigMap", "redis-cluster-scripts")]["data"]
+    for flag in (
+        "--cluster-enabled yes",
+        "--cluster-preferred-endpoint-type hostname",
+        "--appendonly yes",
+        "--min-replicas-to-write 1",
+        "--enable-debug-command no",
+        "--maxmemory-policy noeviction",
+    ):
+        assert flag in scripts["redis.sh"], flag
+    assert "--cluster-replicas 1" in scripts["bootstrap.sh"]
+    job = by_kind[("Job", "redis-cluster-bootstrap")]
+    assert job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == (
+        "redis-cluster-scripts"
+    )
+    policy = by_kind[("NetworkPolicy", "redis-cluster")]
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {6379, 16379}
+    # The settings the overlay gives load, naming the cluster.
+    from shared.domain.config import ClusterConfig
+
+    assert ClusterConfig.model_validate(config["redis_cluster"]).nodes == tuple(expected)
 
 
 def test_only_keydispenser_reaches_the_stores() -> None:

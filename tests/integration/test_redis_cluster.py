@@ -198,7 +198,7 @@ async def test_a_killed_shard_primary_is_replaced_and_serving_resumes_without_a_
         # The killed node comes back with no data (no persistence) and its cluster
         # config: it follows the promoted node; the slot stays where it is.
         promoted = cluster.primary_of(SLOT)
-        old.server.start(*cluster._options(old.bus_port))
+        cluster.restart(old)
         await asyncio.to_thread(cluster.wait_healthy)
         assert cluster.primary_of(SLOT).address == promoted.address
         await hot.push("farmer", ["h1"], "b3")

@@ -38,6 +38,10 @@ DATA_LOSS_FAULTS = frozenset(
         "pause",  # of a primary (``paused``: redis_primary, postgres_primary) only
         "postgres_failover",
         "postgres_split_brain",
+        # redis cluster drill (cluster.py): a shard's unreplicated writes, or its data
+        "shard_primary_sigkill",
+        "lagging_replica_failover",
+        "shard_restart_empty",
     }
 )
 # A record issued this long before such a fault may still sit unreplicated or undrained.

@@ -1,0 +1,431 @@
+"""``keydispenser drill --redis cluster``: a Redis Cluster's shard faults under load.
+
+The drill runs its own servers: a Redis Cluster of 3 primaries and 3 replicas
+(``redis_cluster.EmbeddedRedisCluster``) and a PostgreSQL, then keygen, keysync and
+two dispensers through the real CLI, with clients taking keys (single and batch) and
+marking some used. Every key of the namespace lives in one hash slot: the faults hit
+the shard that serves it, in turn:
+
+- ``shard_primary_sigkill``: SIGKILL its primary; the cluster promotes the replica;
+  the killed node comes back empty and follows it;
+- ``cluster_failover``: ``CLUSTER FAILOVER`` on its replica, the old primary up;
+- ``lagging_replica_failover``: the replica frozen (SIGSTOP) for ``LAG_S`` while the
+  primary keeps serving, then the primary SIGKILLed and the replica let go: it is
+  promoted without what it missed (popped keys it still lists, ledger entries);
+- ``shard_restart_empty``: SIGKILL its primary and start it again at once, empty
+  (no persistence), faster than the cluster fails it over.
+
+Checked on the whole history as the Sentinel drill is (history.py): no key received
+twice, every ledger record kept but those a fault destroyed, no process exit, and
+after every fault the shard's new primary owns the fence and keys flow again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.crc import key_slot
+
+from shared.domain import redis_keys
+from shared.domain.config import Settings
+from shared.ops.databases import scratch_database
+from shared.ops.drill import history
+from shared.ops.drill.fleet import Fleet
+from shared.ops.drill.load import RecordingLoad
+from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
+from shared.ops.processes import run_cli, scrubbed_env, serving
+from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
+
+NAMESPACE = "kd"
+TAG = "{" + NAMESPACE + "}"  # Settings.redis_key_namespace on a cluster
+SLOT = key_slot(TAG.encode())
+CLUSTER_FAULTS = (
+    "shard_primary_sigkill",
+    "cluster_failover",
+    "lagging_replica_failover",
+    "shard_restart_empty",
+)
+LAG_S = 1.0  # lagging_replica_failover: how long the replica misses writes
+SETTLE_S = 2.0  # normal load between faults
+FAILOVER_S = 30.0  # how long the cluster may take to put a primary on the slot
+FENCE_DEADLINE_S = 15.0
+DRILL_TYPE = "drill"
+DRILL_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "range_size": 262_144,
+    "hot": {"low": 3_000, "high": 8_000},
+    "cold": {"low": 30_000, "high": 60_000},
+    "sync_batch": 1_000,
+    "ledger": True,
+}
+DRILL_KEYSYNC = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
+
+
+@dataclass
+class ClusterRound:
+    number: int
+    fault: str
+    began: float  # monotonic
+    ended: float
+    error: str | None
+    primary_before: str
+    primary_after: str
+    identity_changed: bool
+    fence_engaged: bool
+    keys_discarded: int
+    figures: dict[str, Any] = field(default_factory=dict)
+    process_exits: list[str] = field(default_factory=list)
+    outage_began_ms: int = 0
+    resume_ms: int = 0
+    served_after_fault: int = 0
+
+    def row(self) -> dict[str, Any]:
+        fields = asdict(self)
+        figures = fields.pop("figures")
+        fields.pop("began")
+        fields.pop("ended")
+        return {"round": fields.pop("number"), **fields, **figures}
+
+
+@dataclass(frozen=True)
+class ClusterDrillReport:
+    faults: list[dict[str, Any]]
+    keys_dispensed: int
+    unique_keys: int
+    duplicates: int
+    requests: int
+    errors: dict[str, int]
+    faults_not_injected: int
+    ledger: dict[str, Any]
+    process_exits: list[str]
+    fence_not_engaged: list[int]
+    not_resumed: list[int]
+    fault_kinds: list[str]
+
+    def failures(self) -> list[str]:
+        checks = [
+            (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
+            (self.ledger["missing"] == 0, f"{self.ledger['missing']} ledger records lost"),
+            (
+                self.ledger["used_missing"] == 0,
+                f"{self.ledger['used_missing']} accepted use marks lost",
+            ),
+            (self.ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm"),
+            (not self.process_exits, f"processes exited: {self.process_exits}"),
+            (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
+            (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
+            (self.faults_not_injected == 0, f"{self.faults_not_injected} faults not injected"),
+        ]
+        return [failure for holds, failure in checks if not holds]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "drill": "redis_cluster",
+            "rounds": len(self.faults),
+            **asdict(self),
+            "verdict": self.failures(),
+        }
+
+
+def format_table(report: ClusterDrillReport) -> str:
+    head = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
+    lines = ["{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*head)]
+    for row in report.faults:
+        lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*(row[k] for k in head)))
+    ledger = report.ledger
+    lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
+    lines.append(
+        f"ledger rows {ledger['rows']}, missing {ledger['missing']}, used marks missing "
+        f"{ledger['used_missing']} of {ledger['marked']}, lost with destroyed data "
+        f"{sum(ledger['lost_with_data'].values())}"
+    )
+    lines.append(f"process exits {len(report.process_exits)}")
+    lines.extend(f"FAILED: {failure}" for failure in report.failures())
+    return "\n".join(lines)
+
+
+@dataclass
+class ClusterDrill:
+    cluster: EmbeddedRedisCluster
+    fleet: Fleet
+    load: RecordingLoad
+    rounds: list[ClusterRound] = field(default_factory=list)
+
+    def faults(self) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
+        return {
+            "shard_primary_sigkill": self.shard_primary_sigkill,
+            "cluster_failover": self.cluster_failover,
+            "lagging_replica_failover": self.lagging_replica_failover,
+            "shard_restart_empty": self.shard_restart_empty,
+        }
+
+    # --- who is who -------------------------------------------------------------------
+
+    def primary(self) -> ClusterNode:
+        return self.cluster.primary_of(SLOT)
+
+    def identity(self) -> tuple[str, str]:
+        """The slot's primary and its identity (what the fence records as its owner)."""
+        node = self.primary()
+        client = node.client()
+        server, replication = client.info("server"), client.info("replication")
+        return node.address, f"{server['run_id']}:{replication['master_replid']}"
+
+    def discarded(self) -> int:
+        try:
+            counts = self.primary().client().hgetall(redis_keys.discarded_key(TAG))
+        except (redis.RedisError, EmbeddedServerError):
+            return 0
+        return sum(int(v) for v in counts.values())
+
+    async def until_new_primary(self, old: ClusterNode) -> ClusterNode:
+        deadline = time.monotonic() + FAILOVER_S
+        while time.monotonic() < deadline:
+            try:
+                node = self.primary()
+                if node is not old:
+                    return node
+            except (redis.RedisError, EmbeddedServerError):
+                pass
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"no new primary for slot {SLOT} within {FAILOVER_S}s")
+
+    async def healthy(self) -> None:
+        await asyncio.to_thread(self.cluster.wait_healthy, 60)
+
+    async def fence_engaged(self, token: str) -> bool:
+        """Whether the slot's primary records itself as the fence's owner (the first
+        script it ran after the fault fenced it)."""
+        deadline = time.monotonic() + FENCE_DEADLINE_S
+        while time.monotonic() < deadline:
+            try:
+                if self.primary().client().get(redis_keys.fence_key(TAG)) == token:
+                    return True
+            except (redis.RedisError, EmbeddedServerError):
+                pass
+            await asyncio.sleep(0.1)
+        return False
+
+    # --- faults -------------------------------------------------------------------------
+
+    async def shard_primary_sigkill(self) -> dict[str, Any]:
+        old = self.primary()
+        self.cluster.kill(old)
+        new = await self.until_new_primary(old)
+        self.cluster.restart(old)  # empty: it follows the promoted node
+        await self.healthy()
+        return {"promoted": new.address}
+
+    async def cluster_failover(self) -> dict[str, Any]:
+        old = self.primary()
+        replica = self.cluster.replica_of(old)
+        replica.command("CLUSTER", "FAILOVER")
+        new = await self.until_new_primary(old)
+        await self.healthy()
+        return {"promoted": new.address}
+
+    async def lagging_replica_failover(self) -> dict[str, Any]:
+        old = self.primary()
+        replica = self.cluster.replica_of(old)
+        process = replica.server.process
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(LAG_S)
+            lag = _lag(old)
+            self.cluster.kill(old)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        new = await self.until_new_primary(old)
+        self.cluster.restart(old)
+        await self.healthy()
+        return {"promoted": new.address, "replica_lag_bytes": lag}
+
+    async def shard_restart_empty(self) -> dict[str, Any]:
+        old = self.primary()
+        self.cluster.kill(old)
+        self.cluster.restart(old)
+        await self.healthy()
+        return {"primary_after_restart": self.primary().address}
+
+    # --- rounds -------------------------------------------------------------------------
+
+    async def round(self, number: int, name: str) -> None:
+        await asyncio.sleep(SETTLE_S)
+        before_address, before_token = await asyncio.to_thread(self.identity)
+        discarded_before = self.discarded()
+        began = time.monotonic()
+        error, figures = None, {}
+        try:
+            figures = await self.faults()[name]()
+        except (RuntimeError, EmbeddedServerError, redis.RedisError, OSError) as exc:
+            error = str(exc)
+            await self.healthy()
+        ended = time.monotonic()
+        after_address, after_token = await asyncio.to_thread(self.identity)
+        changed = after_token != before_token
+        engaged = changed and await self.fence_engaged(after_token)
+        await asyncio.sleep(1.0)  # the first refill after the fault lands
+        done = ClusterRound(
+            number,
+            name,
+            began,
+            ended,
+            error,
+            before_address,
+            after_address,
+            changed,
+            engaged,
+            _since(self.discarded(), discarded_before),
+            figures,
+        )
+        done.process_exits = self.fleet.restart_exited()
+        self.rounds.append(done)
+
+    def measure_disruptions(self) -> None:
+        for i, done in enumerate(self.rounds):
+            until = self.rounds[i + 1].began if i + 1 < len(self.rounds) else float("inf")
+            began, resume = self.load.disruption(done.began, until)
+            done.outage_began_ms, done.resume_ms = round(began), round(resume)
+            done.served_after_fault = self.load.served_between(done.ended, until)
+
+
+def _since(now: int, before: int) -> int:
+    """Keys discarded in a round: the counts live on the shard's primary, and a new one
+    carries on from what it inherited, or from nothing when the counts were lost with
+    its data (a restart without persistence)."""
+    return now - before if now >= before else now
+
+
+def _lag(primary: ClusterNode) -> int:
+    """Bytes the primary has written that its (frozen) replica has not acknowledged."""
+    info = primary.client().info("replication")
+    offsets = [
+        int(v["offset"])
+        for k, v in info.items()
+        if k.startswith("slave") and isinstance(v, dict) and "offset" in v
+    ]
+    return int(info["master_repl_offset"]) - min(offsets, default=0)
+
+
+async def run(
+    settings: Settings, rounds: int, only: list[str] | None, work_dir: Path | None
+) -> ClusterDrillReport:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kd-cluster-drill-") as tmp:
+        base = work_dir or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
+        return await _drill(settings, rounds, only, base)
+
+
+async def _drill(
+    settings: Settings, rounds: int, only: list[str] | None, base: Path
+) -> ClusterDrillReport:
+    kinds = only or list(CLUSTER_FAULTS)
+    unknown = set(kinds) - set(CLUSTER_FAULTS)
+    if unknown:
+        raise RuntimeError(f"unknown cluster faults: {sorted(unknown)}")
+    cluster = EmbeddedRedisCluster(base / "redis-cluster")
+    postgres = EmbeddedPostgres(base / "postgres")
+    fleet: Fleet | None = None
+    load: RecordingLoad | None = None
+    try:
+        await asyncio.to_thread(cluster.start)
+        await asyncio.to_thread(postgres.start)
+        database = f"kd_cluster_drill_{os.getpid()}"
+        await scratch_database(postgres.dsn("postgres"), database)
+        fleet = _fleet(settings, base, postgres.dsn(database), cluster)
+        done = await asyncio.to_thread(run_cli, "migrate", env=fleet.env, timeout_s=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"migrate failed: {done.stderr}")
+        ports = [free_port(), free_port()]
+        fleet.spawn("keygen", "keygen")
+        fleet.spawn("keysync", "keysync")
+        for i, port in enumerate(ports):
+            fleet.spawn(f"dispenser-{i}", "dispenser", {"KD_DISPENSER__PORT": str(port)})
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url in urls:
+            if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
+                raise RuntimeError(f"{url}/readyz not ready after 60s")
+        load = RecordingLoad(urls, DRILL_TYPE)
+        drill = ClusterDrill(cluster, fleet, load)
+        until = time.monotonic() + rounds * 45 + 60
+        running = asyncio.ensure_future(load.run(until))
+        for number in range(rounds):
+            await drill.round(number + 1, kinds[number % len(kinds)])
+        await asyncio.sleep(SETTLE_S)
+        load.stop()
+        await running
+        drill.measure_disruptions()
+        fleet.stop()
+        return await _report(drill, kinds, postgres.dsn(database), base / "logs")
+    finally:
+        if load is not None:
+            load.stop()
+        if fleet is not None:
+            fleet.stop()
+        await asyncio.to_thread(cluster.stop)
+        postgres.stop()
+
+
+def _fleet(settings: Settings, base: Path, dsn: str, cluster: EmbeddedRedisCluster) -> Fleet:
+    config = base / "drill.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG},
+                "keysync": DRILL_KEYSYNC,
+                "redis_namespace": NAMESPACE,
+                "postgres_connect_timeout_s": 1.0,
+            }
+        )
+    )
+    key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
+    env = scrubbed_env(
+        KD_CONFIG=str(config),
+        KD_POSTGRES_DSN=dsn,
+        KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
+        KD_REDIS_CLUSTER=json.dumps({"nodes": list(cluster.seeds)}),
+    )
+    (base / "logs").mkdir(exist_ok=True)
+    return Fleet(base / "logs", env)
+
+
+async def _report(
+    drill: ClusterDrill, kinds: list[str], dsn: str, logs: Path
+) -> ClusterDrillReport:
+    load = drill.load
+    rows = [done.row() for done in drill.rounds]
+    windows = history.loss_windows([(r.fault, r.began, r.ended, r.figures) for r in drill.rounds])
+    recorded = await history.ledger_rows(dsn, DRILL_TYPE)
+    alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
+    ledger = history.check_ledger(recorded, load.received_at, load.marked, windows, alarms)
+    return ClusterDrillReport(
+        faults=rows,
+        keys_dispensed=load.dispensed,
+        unique_keys=len(load.keys),
+        duplicates=load.duplicates,
+        requests=load.requests,
+        errors=dict(load.errors),
+        faults_not_injected=sum(1 for row in rows if row["error"]),
+        ledger=ledger,
+        process_exits=drill.fleet.exits,
+        fence_not_engaged=[
+            done.number for done in drill.rounds if not done.error and not done.fence_engaged
+        ],
+        not_resumed=[done.number for done in drill.rounds if not done.served_after_fault],
+        fault_kinds=kinds,
+    )
