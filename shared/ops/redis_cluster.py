@@ -15,6 +15,7 @@ import redis
 
 from shared.ops.embedded import EmbeddedRedis, EmbeddedServerError, free_port
 from shared.ops.processes import kill_process
+from shared.stores.redis_endpoint import config_epoch
 
 SLOTS = 16_384
 READY_S = 30.0
@@ -127,14 +128,36 @@ class EmbeddedRedisCluster:
         return [n for n in self.nodes if n.server.process and n.server.process.poll() is None]
 
     def primary_of(self, slot: int) -> ClusterNode:
-        """The live node that serves ``slot`` as a primary, in its own view."""
+        """The live node that serves ``slot`` as a primary in its own view; of two (a
+        node restarted with its old config claims its slots until told otherwise), the
+        one with the higher config epoch, as the cluster decides."""
+        claims: list[tuple[int, ClusterNode]] = []
         for node in self.live():
             if node.client().info("replication").get("role") != "master":
                 continue
             for entry in node.command("CLUSTER", "SLOTS"):
                 if int(entry[0]) <= slot <= int(entry[1]) and int(entry[2][1]) == node.server.port:
-                    return node
-        raise EmbeddedServerError(f"no live primary serves slot {slot}")
+                    epoch = config_epoch(node.command("CLUSTER", "NODES"), node.node_id)
+                    claims.append((epoch, node))
+        if not claims:
+            raise EmbeddedServerError(f"no live primary serves slot {slot}")
+        return max(claims, key=lambda claim: claim[0])[1]
+
+    def claimants(self, slot: int) -> list[ClusterNode]:
+        """Every live node that says it is a primary serving ``slot``."""
+        found = []
+        for node in self.live():
+            try:
+                if node.client().info("replication").get("role") != "master":
+                    continue
+                for entry in node.command("CLUSTER", "SLOTS"):
+                    if int(entry[0]) <= slot <= int(entry[1]) and (
+                        int(entry[2][1]) == node.server.port
+                    ):
+                        found.append(node)
+            except redis.RedisError:
+                continue
+        return found
 
     def replica_of(self, primary: ClusterNode) -> ClusterNode:
         for node in self.live():

@@ -160,27 +160,35 @@ class RedisEndpoint:
     async def _slot_primaries(
         self, config: ClusterConfig
     ) -> tuple[list[tuple[str, int]], list[str]]:
-        """The primary of this namespace's slot as every given node (and the one in use)
-        reports it, asked in parallel, and what went wrong with each node that did not."""
+        """The primary of this namespace's slot, as the given nodes (and the one in use)
+        report it, asked in parallel, and what went wrong with each node that did not.
+
+        Nodes may disagree for a moment: a node restarted empty still claims the slots
+        its config file gives it until the cluster tells it they moved. The cluster's
+        own rule settles it: the claim with the highest config epoch wins; lower ones
+        are not candidates at all."""
         assert self._slot is not None
         asked = config.addresses()
         if self._address is not None and self._address not in asked:
             asked.append(self._address)
         answers = await asyncio.gather(
-            *(_slot_owner(address, config, self._slot) for address in asked),
+            *(_slot_claim(address, config, self._slot) for address in asked),
             return_exceptions=True,
         )
-        found: list[tuple[str, int]] = []
+        claims: list[tuple[int, tuple[str, int]]] = []
         problems: list[str] = []
         for node, answer in zip(asked, answers, strict=True):
             if isinstance(answer, tuple):
-                address = config.reachable(answer)
-                if address not in found:
-                    found.append(address)
+                claims.append((answer[0], config.reachable(answer[1])))
             elif isinstance(answer, BaseException):
                 problems.append(f"cluster node {_where(node)}: {answer}")
             else:
                 problems.append(f"cluster node {_where(node)}: no node serves slot {self._slot}")
+        top = max((epoch for epoch, _ in claims), default=None)
+        found: list[tuple[str, int]] = []
+        for epoch, address in claims:
+            if epoch == top and address not in found:
+                found.append(address)
         return found, problems
 
     async def _reported_primaries(self) -> tuple[list[tuple[str, int]], list[str]]:
@@ -289,7 +297,7 @@ async def _primary_problem(
         if slot is not None:
             slots = await _command(probe, "CLUSTER", "SLOTS")
             owner = _owner_in(slots, slot, address)
-            if owner is None or config.reachable(owner) != address:
+            if owner is None or config.reachable(owner[:2]) != address:
                 return f"it does not serve slot {slot} (its map: {owner})"
     except (RedisError, OSError) as exc:
         return str(exc) or type(exc).__name__
@@ -298,27 +306,47 @@ async def _primary_problem(
     return None
 
 
-async def _slot_owner(
+async def _slot_claim(
     address: tuple[str, int], config: ClusterConfig, slot: int
-) -> tuple[str, int] | None:
-    """The primary that serves ``slot`` in the map of the node at ``address``."""
+) -> tuple[int, tuple[str, int]] | None:
+    """The primary that serves ``slot`` in the view of the node at ``address``, with
+    the config epoch that view holds for it."""
     probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
     try:
-        return _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
+        owner = _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
+        if owner is None:
+            return None
+        nodes = await _command(probe, "CLUSTER", "NODES")
+        return config_epoch(nodes, owner[2]), owner[:2]
     finally:
         await probe.aclose()
 
 
-def _owner_in(slots: Any, slot: int, asked: tuple[str, int]) -> tuple[str, int] | None:
+def config_epoch(nodes: Any, node_id: str) -> int:
+    """A node's config epoch in a CLUSTER NODES reply (``<id> <address> <flags>
+    <primary> <ping-sent> <pong-received> <config-epoch> ...`` per line); -1 if absent."""
+    text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 6 and fields[0] == node_id:
+            return int(fields[6])
+    return -1
+
+
+def _owner_in(slots: Any, slot: int, asked: tuple[str, int]) -> tuple[str, int, str] | None:
     """The primary of ``slot`` in a CLUSTER SLOTS reply ([start, end, [host, port, id],
-    replicas...] per range). A node that does not know its own address reports an empty
-    host (or "?"): it is the node asked."""
+    replicas...] per range): its host, port and node ID. A node that does not know its
+    own address reports an empty host (or "?"): it is the node asked."""
     for entry in slots or ():
         start, end, primary = int(entry[0]), int(entry[1]), entry[2]
         if start <= slot <= end:
-            host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-            return (host if host not in ("", "?") else asked[0]), int(primary[1])
+            host, node_id = (_text(primary[0]), _text(primary[2]) if len(primary) > 2 else "")
+            return (host if host not in ("", "?") else asked[0]), int(primary[1]), node_id
     return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _where(address: tuple[str, int]) -> str:

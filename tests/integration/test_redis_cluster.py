@@ -219,3 +219,44 @@ async def test_the_endpoint_names_every_node_it_could_not_use(tmp_path: Path) ->
             await endpoint.client()
     finally:
         await endpoint.close()
+
+
+async def test_moving_the_slot_to_another_shard_hands_out_nothing_twice(
+    servers: Servers, database: str, cluster: EmbeddedRedisCluster
+) -> None:
+    """A reshard of the namespace's slot (the steps `redis-cli --cluster reshard`
+    takes): while its keys move, every script is refused (ASK, TRYAGAIN); once they
+    moved, the receiving primary is a new identity to the fence and discards the lists
+    that arrived with the slot."""
+    settings = on_cluster(servers, database, cluster)
+    hot = HotStore.from_settings(settings)
+    try:
+        await hot.push("farmer", [f"f{i}" for i in range(50)], "b1")
+        handed_out = set((await hot.pop("farmer", 10)).keys)
+        source = cluster.primary_of(SLOT)
+        target = next(
+            n
+            for n in cluster.live()
+            if n is not source and n.client().info("replication")["role"] == "master"
+        )
+        target.command("CLUSTER", "SETSLOT", SLOT, "IMPORTING", source.node_id)
+        source.command("CLUSTER", "SETSLOT", SLOT, "MIGRATING", target.node_id)
+        fence = redis_keys.fence_key(TAG)
+        source.command("MIGRATE", "127.0.0.1", target.server.port, "", 0, 5000, "KEYS", fence)
+        # Half moved: the scripts' keys are on two nodes; none runs.
+        with pytest.raises(StoreUnavailable):
+            await hot.pop("farmer", 5)
+        rest = source.command("CLUSTER", "GETKEYSINSLOT", SLOT, 1000)
+        source.command("MIGRATE", "127.0.0.1", target.server.port, "", 0, 5000, "KEYS", *rest)
+        for node in cluster.live():
+            if node.client().info("replication")["role"] == "master":
+                node.command("CLUSTER", "SETSLOT", SLOT, "NODE", target.node_id)
+        await asyncio.to_thread(cluster.wait_healthy)
+        seen = await eventually(lambda: hot.observe("farmer"))
+        assert cluster.primary_of(SLOT).address == target.address
+        assert (seen.discarded, seen.length) == (40, 0)
+        await hot.push("farmer", ["g1"], "b2")
+        after = (await hot.pop("farmer", 50)).keys
+        assert after == ["g1"] and handed_out.isdisjoint(after)
+    finally:
+        await hot.close()

@@ -16,7 +16,7 @@ from redis.exceptions import (
 
 from shared.domain.config import ClusterConfig, load_settings
 from shared.domain.errors import ConfigError
-from shared.stores.redis_endpoint import _owner_in, describe, means_primary_moved
+from shared.stores.redis_endpoint import _owner_in, config_epoch, describe, means_primary_moved
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 
@@ -107,10 +107,20 @@ def test_the_slot_owner_is_read_from_the_cluster_map() -> None:
         [5461, 10922, ["", 7001, "b"]],
         [10923, 16383, [b"10.0.0.3", 7002, "c"]],
     ]
-    assert _owner_in(slots, 0, ("x", 1)) == ("127.0.0.1", 7000)
-    assert _owner_in(slots, 6000, ("127.0.0.9", 7001)) == ("127.0.0.9", 7001)
-    assert _owner_in(slots, 16383, ("x", 1)) == ("10.0.0.3", 7002)
+    assert _owner_in(slots, 0, ("x", 1)) == ("127.0.0.1", 7000, "a")
+    assert _owner_in(slots, 6000, ("127.0.0.9", 7001)) == ("127.0.0.9", 7001, "b")
+    assert _owner_in(slots, 16383, ("x", 1)) == ("10.0.0.3", 7002, "c")
     assert _owner_in(slots[:1], 6000, ("x", 1)) is None
+
+
+def test_a_claim_is_weighed_by_its_config_epoch() -> None:
+    nodes = (
+        "a1 127.0.0.1:7000@17000,n0 myself,master - 0 0 7 connected 0-5460\n"
+        "b2 127.0.0.1:7001@17001 master,fail - 0 0 2 disconnected\n"
+    )
+    assert config_epoch(nodes, "a1") == 7
+    assert config_epoch(nodes.encode(), "b2") == 2
+    assert config_epoch(nodes, "zz") == -1
 
 
 def test_cluster_keys_share_the_namespace_hash_tag() -> None:

@@ -57,6 +57,10 @@ CLUSTER_FAULTS = (
 )
 LAG_S = 1.0  # lagging_replica_failover: how long the replica misses writes
 SETTLE_S = 2.0  # normal load between faults
+# ... and until the ledger stream holds at most this many entries (keysync caught up
+# with the backlog the last fault left), for at most DRAIN_S.
+DRAINED_ENTRIES = 2_000
+DRAIN_S = 20.0
 FAILOVER_S = 30.0  # how long the cluster may take to put a primary on the slot
 FENCE_DEADLINE_S = 15.0
 DRILL_TYPE = "drill"
@@ -84,6 +88,7 @@ class ClusterRound:
     identity_changed: bool
     fence_engaged: bool
     keys_discarded: int
+    wall: float = 0.0  # unix seconds at the fault
     figures: dict[str, Any] = field(default_factory=dict)
     process_exits: list[str] = field(default_factory=list)
     outage_began_ms: int = 0
@@ -95,7 +100,9 @@ class ClusterRound:
         figures = fields.pop("figures")
         fields.pop("began")
         fields.pop("ended")
-        return {"round": fields.pop("number"), **fields, **figures}
+        wall = fields.pop("wall")
+        at = time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}"
+        return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
 
 
 @dataclass(frozen=True)
@@ -261,11 +268,28 @@ class ClusterDrill:
 
     # --- rounds -------------------------------------------------------------------------
 
+    async def drained(self) -> int:
+        """Wait (up to DRAIN_S) until keysync has caught up with the ledger stream, so
+        that each fault destroys only what it destroys itself, not a backlog the one
+        before left; returns the entries left when the fault starts."""
+        deadline = time.monotonic() + DRAIN_S
+        left = -1
+        while time.monotonic() < deadline:
+            try:
+                left = int(self.primary().client().xlen(redis_keys.ledger_stream_key(TAG)))
+            except (redis.RedisError, EmbeddedServerError):
+                left = -1
+            if 0 <= left <= DRAINED_ENTRIES:
+                break
+            await asyncio.sleep(0.2)
+        return left
+
     async def round(self, number: int, name: str) -> None:
         await asyncio.sleep(SETTLE_S)
+        backlog = await self.drained()
         before_address, before_token = await asyncio.to_thread(self.identity)
         discarded_before = self.discarded()
-        began = time.monotonic()
+        began, wall = time.monotonic(), time.time()
         error, figures = None, {}
         try:
             figures = await self.faults()[name]()
@@ -273,6 +297,7 @@ class ClusterDrill:
             error = str(exc)
             await self.healthy()
         ended = time.monotonic()
+        figures["ledger_backlog_at_fault"] = backlog
         after_address, after_token = await asyncio.to_thread(self.identity)
         changed = after_token != before_token
         engaged = changed and await self.fence_engaged(after_token)
@@ -288,6 +313,7 @@ class ClusterDrill:
             changed,
             engaged,
             _since(self.discarded(), discarded_before),
+            wall,
             figures,
         )
         done.process_exits = self.fleet.restart_exited()
@@ -353,7 +379,10 @@ async def _drill(
             raise RuntimeError(f"migrate failed: {done.stderr}")
         ports = [free_port(), free_port()]
         fleet.spawn("keygen", "keygen")
-        fleet.spawn("keysync", "keysync")
+        # Two keysyncs: the ledger stream's consumer group shares its entries between
+        # them, and one alone drains fewer records a second than the load takes keys.
+        fleet.spawn("keysync-0", "keysync")
+        fleet.spawn("keysync-1", "keysync")
         for i, port in enumerate(ports):
             fleet.spawn(f"dispenser-{i}", "dispenser", {"KD_DISPENSER__PORT": str(port)})
         urls = [f"http://127.0.0.1:{p}" for p in ports]
