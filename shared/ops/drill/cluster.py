@@ -55,6 +55,8 @@ CLUSTER_FAULTS = (
     "lagging_replica_failover",
     "shard_restart_empty",
 )
+# Faults that destroy the whole ledger stream (undrained entries of any age).
+WHOLE_STREAM_LOST = frozenset({"shard_restart_empty"})
 LAG_S = 1.0  # lagging_replica_failover: how long the replica misses writes
 SETTLE_S = 2.0  # normal load between faults
 # ... and until the ledger stream holds at most this many entries (keysync caught up
@@ -90,6 +92,9 @@ class ClusterRound:
     keys_discarded: int
     wall: float = 0.0  # unix seconds at the fault
     figures: dict[str, Any] = field(default_factory=dict)
+    # When the oldest ledger entry not yet applied at the fault was written (monotonic):
+    # a fault that destroys Redis data may destroy every entry since.
+    undrained_since: float | None = None
     process_exits: list[str] = field(default_factory=list)
     outage_began_ms: int = 0
     resume_ms: int = 0
@@ -98,8 +103,8 @@ class ClusterRound:
     def row(self) -> dict[str, Any]:
         fields = asdict(self)
         figures = fields.pop("figures")
-        fields.pop("began")
-        fields.pop("ended")
+        for private in ("began", "ended", "undrained_since"):
+            fields.pop(private)
         wall = fields.pop("wall")
         at = time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}"
         return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
@@ -284,9 +289,22 @@ class ClusterDrill:
             await asyncio.sleep(0.2)
         return left
 
+    def oldest_undrained(self) -> float | None:
+        """When the oldest entry the ledger stream still holds was written (monotonic
+        time; None for none): keysync has applied everything before it."""
+        try:
+            first = self.primary().client().xrange(redis_keys.ledger_stream_key(TAG), count=1)
+        except (redis.RedisError, EmbeddedServerError):
+            return None
+        if not first:
+            return None
+        written_s = int(str(first[0][0]).split("-")[0]) / 1000
+        return time.monotonic() - (time.time() - written_s)
+
     async def round(self, number: int, name: str) -> None:
         await asyncio.sleep(SETTLE_S)
         backlog = await self.drained()
+        undrained_since = await asyncio.to_thread(self.oldest_undrained)
         before_address, before_token = await asyncio.to_thread(self.identity)
         discarded_before = self.discarded()
         began, wall = time.monotonic(), time.time()
@@ -298,6 +316,8 @@ class ClusterDrill:
             await self.healthy()
         ended = time.monotonic()
         figures["ledger_backlog_at_fault"] = backlog
+        if undrained_since is not None:
+            figures["ledger_undrained_for_s"] = round(began - undrained_since, 3)
         after_address, after_token = await asyncio.to_thread(self.identity)
         changed = after_token != before_token
         engaged = changed and await self.fence_engaged(after_token)
@@ -315,6 +335,7 @@ class ClusterDrill:
             _since(self.discarded(), discarded_before),
             wall,
             figures,
+            undrained_since=undrained_since,
         )
         done.process_exits = self.fleet.restart_exited()
         self.rounds.append(done)
@@ -325,6 +346,13 @@ class ClusterDrill:
             began, resume = self.load.disruption(done.began, until)
             done.outage_began_ms, done.resume_ms = round(began), round(resume)
             done.served_after_fault = self.load.served_between(done.ended, until)
+
+
+def _loss_from(done: ClusterRound) -> float:
+    """Where the records a round's fault may destroy start (monotonic time)."""
+    if done.fault in WHOLE_STREAM_LOST and done.undrained_since is not None:
+        return min(done.began, done.undrained_since)
+    return done.began
 
 
 def _since(now: int, before: int) -> int:
@@ -438,7 +466,12 @@ async def _report(
 ) -> ClusterDrillReport:
     load = drill.load
     rows = [done.row() for done in drill.rounds]
-    windows = history.loss_windows([(r.fault, r.began, r.ended, r.figures) for r in drill.rounds])
+    # A shard restarted empty destroys every ledger entry keysync had not applied yet,
+    # however old: its window starts with the oldest of them. (Other faults keep the
+    # stream on the promoted replica but for its lag: their windows stay as they are.)
+    windows = history.loss_windows(
+        [(r.fault, _loss_from(r), r.ended, r.figures) for r in drill.rounds]
+    )
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
     ledger = history.check_ledger(recorded, load.received_at, load.marked, windows, alarms)
