@@ -101,8 +101,16 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
 
     servers = tuple(name.strip() for name in args.servers.split(","))
     options = Options(
-        args.load, tuple(args.processes), args.sync_batch, args.keysyncs, servers, args.rate
+        args.load,
+        tuple(args.processes),
+        args.sync_batch,
+        args.keysyncs,
+        servers,
+        args.rate,
+        args.redis_cluster,
     )
+    if args.redis_cluster and args.bench != "pipeline":
+        raise ConfigError("--redis-cluster: bench pipeline only")
     results = asyncio.run(run(args.bench, settings, args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
@@ -313,6 +321,14 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     bench.add_argument(
         "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
+    )
+    bench.add_argument(
+        "--redis-cluster",
+        type=_positive,
+        default=0,
+        metavar="SHARDS",
+        help="pipeline: run on a Redis Cluster of SHARDS primaries (a replica each) "
+        "started on loopback for the run",
     )
     bench.add_argument(
         "--rate",

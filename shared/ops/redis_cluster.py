@@ -99,13 +99,17 @@ class EmbeddedRedisCluster:
             node.command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         for node in self.nodes[1:]:
             self.nodes[0].command("CLUSTER", "MEET", "127.0.0.1", node.server.port, node.bus_port)
-        self._wait(lambda: all(len(self._known(n)) == len(self.nodes) for n in self.nodes), "met")
+        ids = {node.node_id for node in self.nodes}
+        # Known by their IDs (a node still in handshake shows a temporary one).
+        self._wait(lambda: all(ids <= self._known(n) for n in self.nodes), "met")
         for i, node in enumerate(self.nodes[self.primaries :]):
             node.command("CLUSTER", "REPLICATE", heads[i % self.primaries].node_id)
         self.wait_healthy()
 
-    def _known(self, node: ClusterNode) -> list[str]:
-        return [line for line in str(node.command("CLUSTER", "NODES")).splitlines() if line]
+    def _known(self, node: ClusterNode) -> set[str]:
+        """The IDs of the nodes ``node`` knows, handshakes done."""
+        lines = str(node.command("CLUSTER", "NODES")).splitlines()
+        return {line.split()[0] for line in lines if line and "handshake" not in line}
 
     def wait_healthy(self, timeout_s: float = READY_S) -> None:
         """Every live node says the cluster is ok, and every replica is in sync."""

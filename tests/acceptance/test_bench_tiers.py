@@ -112,6 +112,31 @@ def test_bench_pipeline_runs_the_three_processes_and_counts_every_key(
     assert report["hot_depth_samples"] > 0
 
 
+def test_bench_pipeline_runs_on_a_redis_cluster_of_its_own(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "pipeline-cluster.json"
+    result = run_cli(
+        "bench",
+        "pipeline",
+        "--seconds",
+        "0.2",
+        "--redis-cluster",
+        "1",
+        "--json",
+        str(out),
+        env=env,
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["redis"].startswith("cluster of 1 primaries")
+    assert report["keys_dispensed"] > 0 and report["other_errors"] == 0
+    refused = run_cli("bench", "keysync", "--redis-cluster", "1", env=env, timeout_s=60)
+    assert refused.returncode != 0 and "--redis-cluster: bench pipeline only" in refused.stderr
+
+
 def test_bench_fastpath_answers_every_request_in_process(
     settings: Settings, tmp_path: Path
 ) -> None:

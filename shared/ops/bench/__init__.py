@@ -32,6 +32,7 @@ class Options:
     keysyncs: int = 1  # pipeline: keysync processes
     servers: tuple[str, ...] = ("uvicorn", "granian")  # dispense: HTTP servers measured
     rate: float | None = None  # pipeline: keys/s offered (0: full speed; None: its default)
+    cluster_shards: int = 0  # pipeline: on a loopback Redis Cluster of this many primaries
 
 
 async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:

@@ -39,14 +39,16 @@ import redis.asyncio as aioredis
 import yaml
 
 from shared.domain import redis_keys
-from shared.domain.config import Settings
+from shared.domain.config import ClusterConfig, Settings
 from shared.domain.errors import KeydispenserError
 from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.databases import drop_database, run_migrate, scratch_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
+from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.cold_store import ColdStore
+from shared.stores.redis_endpoint import RedisEndpoint
 
 PIPE_TYPE = "kd_bench_pipe"
 BATCH = 5_000
@@ -70,9 +72,11 @@ def hot_marks(prefill: int) -> dict[str, int]:
 
 
 def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> dict[str, Any]:
+    cluster = settings.redis_cluster
     return {
         "postgres_dsn": dsn,
         "redis_url": settings.redis_url,
+        **({"redis_cluster": {"nodes": list(cluster.nodes)}} if cluster else {}),
         "redis_namespace": settings.redis_namespace,
         "log_level": "WARNING",
         "id_types": {
@@ -190,15 +194,17 @@ class Pipeline:
         self.processes.append(spawn(cli_command(command), env, output))
 
     async def run(self) -> dict[str, Any]:
-        redis_client = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        endpoint = RedisEndpoint.from_settings(self.settings)
+        namespace = self.settings.redis_key_namespace
         try:
-            await refuse_unless_scratch(redis_client, self.settings.redis_namespace, "pipeline")
+            redis_client = await endpoint.client()
+            await refuse_unless_scratch(redis_client, namespace, "pipeline")
             dsn = await scratch_database(self.settings.postgres_dsn, self.database)
             return await self._run(redis_client, dsn)
         finally:
             stop_processes(self.processes)
-            await clear(redis_client, self.settings.redis_namespace, PIPE_TYPE)
-            await redis_client.aclose()
+            await clear(await endpoint.client(), namespace, PIPE_TYPE)
+            await endpoint.close()
             await drop_database(self.settings.postgres_dsn, self.database)
 
     async def _run(self, redis_client: aioredis.Redis, dsn: str) -> dict[str, Any]:
@@ -253,7 +259,7 @@ class Pipeline:
         )
 
     def _hot_key(self) -> str:
-        return redis_keys.hot_list_key(self.settings.redis_namespace, PIPE_TYPE)
+        return redis_keys.hot_list_key(self.settings.redis_key_namespace, PIPE_TYPE)
 
     async def _drain(self, redis_client: aioredis.Redis) -> tuple[Drain, Schedule, float]:
         drain = Drain()
@@ -323,14 +329,35 @@ class Pipeline:
             "sync_batch": SYNC_BATCH,
             "clients": CLIENTS,
             "keysync_processes": self.keysyncs,
+            "redis": _redis_described(self.settings),
             "targets": TARGETS,
             "targets_met": keys_per_s >= TARGETS["keys_per_s"] and not dry,
         }
 
 
+def _redis_described(settings: Settings) -> str:
+    if settings.redis_cluster is not None:
+        return f"cluster ({len(settings.redis_cluster.nodes)} nodes given)"
+    return "redis_url"
+
+
 async def run(settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
-    """``options.rate``: keys/s the clients offer together (0: full speed; None: 200,000)."""
+    """``options.rate``: keys/s the clients offer together (0: full speed; None: 200,000).
+    ``options.cluster_shards``: run on a Redis Cluster of that many primaries (a replica
+    each) started on loopback for the run, instead of the configured Redis."""
     keysyncs = options.keysyncs
     rate = DEFAULT_RATE if options.rate is None else options.rate
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
-        return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()
+        if not options.cluster_shards:
+            return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()
+        cluster = EmbeddedRedisCluster(Path(work) / "cluster", primaries=options.cluster_shards)
+        await asyncio.to_thread(cluster.start)
+        try:
+            on_cluster = settings.model_copy(
+                update={"redis_cluster": ClusterConfig(nodes=cluster.seeds)}
+            )
+            results = await Pipeline(on_cluster, seconds, Path(work), keysyncs, rate).run()
+        finally:
+            await asyncio.to_thread(cluster.stop)
+        shards = options.cluster_shards
+        return results | {"redis": f"cluster of {shards} primaries, a replica each, on loopback"}
