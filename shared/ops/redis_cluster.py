@@ -172,6 +172,16 @@ class EmbeddedRedisCluster:
                 return node
         raise EmbeddedServerError(f"{primary.address} has no live replica")
 
+    def failover(self, replica: ClusterNode, timeout_s: float = READY_S) -> None:
+        """``CLUSTER FAILOVER`` on ``replica`` (its primary stays up), and wait until it
+        is the primary: the command only starts the failover."""
+        replica.command("CLUSTER", "FAILOVER")
+        self._wait(
+            lambda: replica.client().info("replication").get("role") == "master",
+            "failed over",
+            timeout_s,
+        )
+
     def restart(self, node: ClusterNode) -> None:
         """Start a killed node again on its ports: empty (no persistence), with its
         cluster config file, so it rejoins as what the cluster says it is now."""

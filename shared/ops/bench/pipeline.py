@@ -350,7 +350,11 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
         if not options.cluster_shards:
             return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()
-        cluster = EmbeddedRedisCluster(Path(work) / "cluster", primaries=options.cluster_shards)
+        # A failure detection time no busy machine trips by itself (a bench is not a
+        # drill: no node is to be failed over during it).
+        cluster = EmbeddedRedisCluster(
+            Path(work) / "cluster", primaries=options.cluster_shards, node_timeout_ms=15_000
+        )
         await asyncio.to_thread(cluster.start)
         try:
             on_cluster = settings.model_copy(

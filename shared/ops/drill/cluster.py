@@ -242,7 +242,7 @@ class ClusterDrill:
     async def cluster_failover(self) -> dict[str, Any]:
         old = self.primary()
         replica = self.cluster.replica_of(old)
-        replica.command("CLUSTER", "FAILOVER")
+        await asyncio.to_thread(self.cluster.failover, replica, FAILOVER_S)
         new = await self.until_new_primary(old)
         await self.healthy()
         return {"promoted": new.address}
