@@ -295,14 +295,14 @@ MUTANTS: Final = (
     Mutant(
         "sentinel_endpoint_never_re_resolves_after_an_error",
         "shared/stores/redis_endpoint.py",
-        "        if self._sentinel_config is not None:\n            self._stale = True",
+        "        if self._discovered is not None:\n            self._stale = True",
         "        if False:\n            self._stale = True",
         ("tests/integration/test_sentinel_endpoint.py",),
     ),
     Mutant(
         "sentinel_endpoint_never_re_checks_the_primary",
         "shared/stores/redis_endpoint.py",
-        "        if self._sentinel_config is not None and self._verify_due():",
+        "        if self._discovered is not None and self._verify_due():",
         "        if False:",
         ("tests/integration/test_sentinel_endpoint.py",),
     ),

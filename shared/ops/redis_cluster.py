@@ -174,13 +174,23 @@ class EmbeddedRedisCluster:
 
     def failover(self, replica: ClusterNode, timeout_s: float = READY_S) -> None:
         """``CLUSTER FAILOVER`` on ``replica`` (its primary stays up), and wait until it
-        is the primary: the command only starts the failover."""
-        replica.command("CLUSTER", "FAILOVER")
-        self._wait(
-            lambda: replica.client().info("replication").get("role") == "master",
-            "failed over",
-            timeout_s,
-        )
+        is the primary. The command only starts a manual failover, which gives up by
+        itself after twice the node timeout (a busy machine can make it): then it is
+        asked again, until ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        attempt_s = max(5.0, 3 * self.node_timeout_ms / 1000)
+        while True:
+            replica.command("CLUSTER", "FAILOVER")
+            try:
+                self._wait(
+                    lambda: replica.client().info("replication").get("role") == "master",
+                    "failed over",
+                    min(attempt_s, max(deadline - time.monotonic(), 0.1)),
+                )
+                return
+            except EmbeddedServerError:
+                if time.monotonic() > deadline:
+                    raise
 
     def restart(self, node: ClusterNode) -> None:
         """Start a killed node again on its ports: empty (no persistence), with its
