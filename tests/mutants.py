@@ -81,9 +81,10 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_site_leases_past_the_end_of_its_share",
-        "shared/stores/cold_store.py",
-        "size, stop = id_type.config.range_size, id_type.config.counter_stop",
-        "size, stop = id_type.config.range_size, id_type.domain_size",
+        "shared/stores/sql.py",
+        "    SELECT $5, v, LEAST(v + $6, (SELECT seqmax + 1 FROM pg_sequence\n"
+        "                                 WHERE seqrelid = '{seq}'::regclass)), $7",
+        "    SELECT $5, v, v + $6, $7",
         SITE_TESTS,
     ),
     Mutant(

@@ -26,22 +26,30 @@ class ClusterNode:
     server: EmbeddedRedis
     bus_port: int
     node_id: str = ""
+    _client: redis.Redis | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
-    def client(self, timeout_s: float = 2.0) -> redis.Redis:
-        return redis.Redis(
-            port=self.server.port,
-            decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-        )
+    def client(self) -> redis.Redis:
+        """One client per node, kept (it reconnects after a restart of the node)."""
+        if self._client is None:
+            self._client = redis.Redis(
+                port=self.server.port,
+                decode_responses=True,
+                socket_timeout=2.0,
+                socket_connect_timeout=2.0,
+            )
+        return self._client
 
     def command(self, *args: Any) -> Any:
-        with self.client() as client:
-            return client.execute_command(*args)
+        return self.client().execute_command(*args)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 @dataclass
@@ -215,4 +223,5 @@ class EmbeddedRedisCluster:
 
     def stop(self) -> None:
         for node in self.nodes:
+            node.close()
             node.server.stop()

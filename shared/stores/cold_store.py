@@ -220,11 +220,11 @@ class ColdStore:
         not cover ``record`` (nothing was leased).
         """
         statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
-        size, stop = id_type.config.range_size, id_type.config.counter_stop
+        size = id_type.config.range_size
         try:
             async with translated("lease_range"):
                 row = await self._pool.fetchrow(
-                    statement, *record.guard_args(), id_type.name, size, stop, lessee
+                    statement, *record.guard_args(), id_type.name, size, lessee
                 )
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc

@@ -67,13 +67,19 @@ class RedisEndpoint:
         cluster: ClusterConfig | None = None,
         key_namespace: str = "",
     ) -> None:
-        """``cluster``: the primary of ``key_namespace``'s hash slot is the one used."""
+        """``cluster``: the primary of ``key_namespace``'s hash slot is the one used
+        (``Settings.redis_key_namespace``: every key is named under it)."""
+        if cluster is not None and not key_namespace:
+            raise ValueError("a cluster endpoint needs the key namespace its slot is of")
         self._url = url
         self._discovered: ServerAccess | None = sentinel or cluster
         self._sentinel_config = sentinel
         self._cluster_config = cluster
         self._slot = key_slot(key_namespace.encode()) if cluster is not None else None
         self._sentinels: list[aioredis.Redis] = []
+        # Cluster nodes asked for the map, one client each, kept (a re-check a second
+        # would otherwise open a connection to every node each time).
+        self._nodes: dict[tuple[str, int], aioredis.Redis] = {}
         self._client: aioredis.Redis | None = None
         self._address: tuple[str, int] | None = None
         self._stale = True
@@ -172,7 +178,7 @@ class RedisEndpoint:
         if self._address is not None and self._address not in asked:
             asked.append(self._address)
         answers = await asyncio.gather(
-            *(_slot_claim(address, config, self._slot) for address in asked),
+            *(_slot_claim(self._node(address, config), address, self._slot) for address in asked),
             return_exceptions=True,
         )
         claims: list[tuple[int, tuple[str, int]]] = []
@@ -190,6 +196,14 @@ class RedisEndpoint:
             if epoch == top and address not in found:
                 found.append(address)
         return found, problems
+
+    def _node(self, address: tuple[str, int], config: ClusterConfig) -> aioredis.Redis:
+        client = self._nodes.get(address)
+        if client is None:
+            client = self._nodes[address] = redis_client(
+                address, config, socket_connect_timeout=0.5, socket_timeout=0.5
+            )
+        return client
 
     async def _reported_primaries(self) -> tuple[list[tuple[str, int]], list[str]]:
         """Every distinct primary address the Sentinels report, asked in parallel, and
@@ -247,7 +261,7 @@ class RedisEndpoint:
             self._verifying.cancel()
         if self._client is not None:
             await self._client.aclose()
-        for each in self._sentinels:
+        for each in [*self._sentinels, *self._nodes.values()]:
             await each.aclose()
 
 
@@ -299,7 +313,8 @@ async def _primary_problem(
             owner = _owner_in(slots, slot, address)
             if owner is None or config.reachable(owner[:2]) != address:
                 return f"it does not serve slot {slot} (its map: {owner})"
-    except (RedisError, OSError) as exc:
+    except (RedisError, OSError, ValueError, IndexError, TypeError) as exc:
+        # (the last three: a reply not shaped as expected, from whatever answers there)
         return str(exc) or type(exc).__name__
     finally:
         await probe.aclose()
@@ -307,19 +322,15 @@ async def _primary_problem(
 
 
 async def _slot_claim(
-    address: tuple[str, int], config: ClusterConfig, slot: int
+    probe: aioredis.Redis, address: tuple[str, int], slot: int
 ) -> tuple[int, tuple[str, int]] | None:
-    """The primary that serves ``slot`` in the view of the node at ``address``, with
-    the config epoch that view holds for it."""
-    probe = redis_client(address, config, socket_connect_timeout=0.5, socket_timeout=0.5)
-    try:
-        owner = _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
-        if owner is None:
-            return None
-        nodes = await _command(probe, "CLUSTER", "NODES")
-        return config_epoch(nodes, owner[2]), owner[:2]
-    finally:
-        await probe.aclose()
+    """The primary that serves ``slot`` in the view of the node at ``address`` (asked
+    through ``probe``), with the config epoch that view holds for it."""
+    owner = _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
+    if owner is None:
+        return None
+    nodes = await _command(probe, "CLUSTER", "NODES")
+    return config_epoch(nodes, owner[2]), owner[:2]
 
 
 def config_epoch(nodes: Any, node_id: str) -> int:
@@ -335,13 +346,16 @@ def config_epoch(nodes: Any, node_id: str) -> int:
 
 def _owner_in(slots: Any, slot: int, asked: tuple[str, int]) -> tuple[str, int, str] | None:
     """The primary of ``slot`` in a CLUSTER SLOTS reply ([start, end, [host, port, id],
-    replicas...] per range): its host, port and node ID. A node that does not know its
-    own address reports an empty host (or "?"): it is the node asked."""
+    replicas...] per range): its host, port and node ID. An empty host means the host
+    of the node asked (Redis's own rule); "?" (announced by a hostname it does not
+    have) names no address: no owner can be told from such a reply."""
     for entry in slots or ():
         start, end, primary = int(entry[0]), int(entry[1]), entry[2]
         if start <= slot <= end:
             host, node_id = (_text(primary[0]), _text(primary[2]) if len(primary) > 2 else "")
-            return (host if host not in ("", "?") else asked[0]), int(primary[1]), node_id
+            if host == "?":
+                return None
+            return (host or asked[0]), int(primary[1]), node_id
     return None
 
 

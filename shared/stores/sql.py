@@ -354,8 +354,10 @@ stamp AS (
 )"""
 )
 
-# $1-$4: the guard's. $5: id type, $6: range size, $7: end of the site's share (the
-# domain's size without a site), $8: lessee.
+# $1-$4: the guard's. $5: id type, $6: range size, $7: lessee. A lease ends where the
+# sequence does (its MAXVALUE + 1: the end of the domain, or of the site's share): a
+# process still running with a configuration from before `migrate` gave the type a
+# site never leases past the share the sequence now holds.
 # Leases one range; no row when the guard refused (nothing leased). ``fences`` is the
 # fence count the lease was made under (LOCK_FENCES).
 LEASE_RANGE: Final = (
@@ -363,7 +365,8 @@ LEASE_RANGE: Final = (
     + """,
 lease AS (
     INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
-    SELECT $5, v, LEAST(v + $6, $7), $8
+    SELECT $5, v, LEAST(v + $6, (SELECT seqmax + 1 FROM pg_sequence
+                                 WHERE seqrelid = '{seq}'::regclass)), $7
     FROM (SELECT nextval('{seq}') AS v WHERE EXISTS (SELECT 1 FROM stamp)) AS next
     RETURNING range_start, range_end
 )

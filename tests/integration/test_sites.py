@@ -173,3 +173,24 @@ async def test_status_and_a_fence_count_and_keep_the_share(
         assert status["counters_leased"] == 3 * RANGE  # the skipped ranges and the lease
         assert status["counters_headroom"] == DOMAIN // 4 - 3 * RANGE
         assert status["headroom_fraction"] == pytest.approx(1 - 3 * RANGE / (DOMAIN // 4))
+
+
+async def test_a_process_with_a_stale_configuration_never_leases_past_the_share(
+    servers: Servers,
+) -> None:
+    """A keygen started before `migrate` gave the type its site still believes the whole
+    domain is its own: its leases stop where the sequence does."""
+    async with stack_database(servers, {"index": 0, "of": 2}) as settings:
+        stale = build_id_types(make_settings(servers, database_of(settings), id_types=tiny(None)))
+        cold = await ColdStore.connect(settings.postgres_dsn)
+        ends = []
+        try:
+            for _ in range(DOMAIN // RANGE + 2):
+                try:
+                    leased, _ = await cold.lease_range(stale["tiny"], "stale", UNGUARDED)
+                except KeyspaceExhausted:
+                    break
+                ends.append(leased.stop)
+        finally:
+            await cold.close()
+        assert ends and max(ends) == DOMAIN // 2

@@ -100,16 +100,18 @@ def test_a_redirection_says_what_it_was() -> None:
 
 
 def test_the_slot_owner_is_read_from_the_cluster_map() -> None:
-    """CLUSTER SLOTS: [start, end, [host, port, id], replicas...]; a node that does not
-    know its own address reports an empty host: it is the node asked."""
+    """CLUSTER SLOTS: [start, end, [host, port, id], replicas...]; an empty host is the
+    asked node's host, "?" (no hostname to announce) names no address."""
     slots = [
         [0, 5460, ["127.0.0.1", 7000, "a"], ["127.0.0.1", 7003, "d"]],
         [5461, 10922, ["", 7001, "b"]],
-        [10923, 16383, [b"10.0.0.3", 7002, "c"]],
+        [10923, 16382, [b"10.0.0.3", 7002, "c"]],
+        [16383, 16383, ["?", 7004, "e"]],
     ]
     assert _owner_in(slots, 0, ("x", 1)) == ("127.0.0.1", 7000, "a")
     assert _owner_in(slots, 6000, ("127.0.0.9", 7001)) == ("127.0.0.9", 7001, "b")
-    assert _owner_in(slots, 16383, ("x", 1)) == ("10.0.0.3", 7002, "c")
+    assert _owner_in(slots, 16382, ("x", 1)) == ("10.0.0.3", 7002, "c")
+    assert _owner_in(slots, 16383, ("x", 1)) is None
     assert _owner_in(slots[:1], 6000, ("x", 1)) is None
 
 
@@ -168,3 +170,11 @@ def test_cluster_tls_and_credentials_reach_every_node() -> None:
     assert redis_client(("n2", 7001), config).connection_pool.connection_class is SSLConnection
     assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("kd", "p", 0)
     assert kwargs["ssl_ca_certs"] == "/ca" and kwargs["ssl_cert_reqs"] == "required"
+
+
+def test_a_cluster_endpoint_needs_the_namespace_its_slot_is_of() -> None:
+    """Without it every process would look for slot 0's primary: another shard."""
+    from shared.stores.redis_endpoint import RedisEndpoint
+
+    with pytest.raises(ValueError, match="key namespace"):
+        RedisEndpoint(cluster=ClusterConfig(nodes=("127.0.0.1:7000",)))

@@ -164,9 +164,11 @@ class IdTypeConfig(Strict):
 
     @model_validator(mode="after")
     def _site_share_not_empty(self) -> IdTypeConfig:
-        if self.site is not None and self.domain_size // self.site.of == 0:
+        # A sequence needs MINVALUE below MAXVALUE: a share of at least 2 counters.
+        if self.site is not None and self.domain_size // self.site.of < 2:
             raise ValueError(
-                f"site: {self.domain_size} counters cannot be split {self.site.of} ways"
+                f"site: {self.domain_size} counters cannot be split {self.site.of} ways "
+                "(each share needs at least 2)"
             )
         return self
 

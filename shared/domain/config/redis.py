@@ -78,8 +78,9 @@ class SentinelConfig(ServerAccess):
 
 
 class ClusterConfig(ServerAccess):
-    """A Redis Cluster: ``nodes`` are where to ask for the cluster's map (any nodes of
-    it; the rest are discovered). Every key of a namespace lives in one hash slot, so
+    """A Redis Cluster: ``nodes`` are where to ask for the cluster's map (list several:
+    only these, and the primary in use, are asked). Every key of a namespace lives in
+    one hash slot, so
     every process works with the one primary that holds it, found (and re-found after
     a failover or a move of the slot) from the map the nodes report."""
 
@@ -110,7 +111,8 @@ class RedisSettings(BaseModel):
     # once this many Redis replicas acknowledged them (WAIT, within
     # lease_wait_timeout_ms): an old primary cut off from its replicas cannot keep a
     # lease alive that the promoted replica may grant again. None: 1 with
-    # redis_sentinel (a deployment with replicas), 0 with a plain redis_url.
+    # redis_sentinel or redis_cluster (deployments with replicas), 0 with a plain
+    # redis_url.
     lease_wait_replicas: int | None = Field(default=None, ge=0, le=16)
     lease_wait_timeout_ms: int = Field(default=500, ge=10, le=10_000)
 

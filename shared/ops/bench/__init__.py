@@ -13,6 +13,7 @@ from typing import Any, cast
 from pydantic import SecretStr
 
 from shared.domain.config import Settings
+from shared.domain.errors import ConfigError
 from shared.ops.bench import scratch
 from shared.ops.catalog import BENCHES
 
@@ -41,6 +42,11 @@ async def run(name: str, settings: Settings, seconds: float, options: Options) -
     creates under the Redis namespace it removes when it ends (``scratch.as_found``)."""
     if name not in BENCHES:
         raise ValueError(f"unknown benchmark {name!r}")
+    if settings.redis_cluster is not None and name not in (*POSTGRES_ONLY, "pipeline"):
+        raise ConfigError(
+            f"redis_cluster: bench {name} runs against redis_url (a scratch server); unset "
+            "redis_cluster for it (bench pipeline runs on a cluster: --redis-cluster)"
+        )
     bench = importlib.import_module(f"{__name__}.{name}")
     if settings.permutation_key is None:  # scratch databases: any key will do
         settings = settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})

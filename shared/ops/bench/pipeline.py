@@ -37,10 +37,11 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 import yaml
+from redis.exceptions import RedisError
 
 from shared.domain import redis_keys
 from shared.domain.config import ClusterConfig, Settings
-from shared.domain.errors import KeydispenserError
+from shared.domain.errors import KeydispenserError, StoreUnavailable
 from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.databases import drop_database, run_migrate, scratch_database
@@ -203,8 +204,12 @@ class Pipeline:
             return await self._run(redis_client, dsn)
         finally:
             stop_processes(self.processes)
-            await clear(await endpoint.client(), namespace, PIPE_TYPE)
-            await endpoint.close()
+            try:
+                await clear(await endpoint.client(), namespace, PIPE_TYPE)
+            except (StoreUnavailable, RedisError):
+                pass  # Redis is gone (a run that failed on it): nothing to tidy there
+            finally:
+                await endpoint.close()
             await drop_database(self.settings.postgres_dsn, self.database)
 
     async def _run(self, redis_client: aioredis.Redis, dsn: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ async def as_found(settings: Settings) -> AsyncIterator[None]:
     benches that write the fence's or the sync record's keys refuse a database that
     already holds them (``refuse_unless_scratch``). Nothing to do without ``redis_url``
     (the benches that need one say so)."""
-    if settings.redis_sentinel is not None:
+    if settings.discovered is not None:  # Sentinel or a cluster: no redis_url here
         yield
         return
     client = aioredis.Redis.from_url(settings.redis_url)
