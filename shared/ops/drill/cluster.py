@@ -42,6 +42,7 @@ from shared.ops.databases import scratch_database
 from shared.ops.drill import history
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.runner import DRILL_TYPE, DRILL_TYPE_CONFIG, rounds_table
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
@@ -65,16 +66,6 @@ DRAINED_ENTRIES = 2_000
 DRAIN_S = 20.0
 FAILOVER_S = 30.0  # how long the cluster may take to put a primary on the slot
 FENCE_DEADLINE_S = 15.0
-DRILL_TYPE = "drill"
-DRILL_TYPE_CONFIG: dict[str, Any] = {
-    "kind": "numeric",
-    "length": 10,
-    "range_size": 262_144,
-    "hot": {"low": 3_000, "high": 8_000},
-    "cold": {"low": 30_000, "high": 60_000},
-    "sync_batch": 1_000,
-    "ledger": True,
-}
 DRILL_KEYSYNC = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
 
 
@@ -151,10 +142,7 @@ class ClusterDrillReport:
 
 
 def format_table(report: ClusterDrillReport) -> str:
-    head = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
-    lines = ["{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*head)]
-    for row in report.faults:
-        lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*(row[k] for k in head)))
+    lines = rounds_table(report.faults)
     ledger = report.ledger
     lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
     lines.append(

@@ -444,14 +444,20 @@ async def _report(
     )
 
 
+ROUND_COLUMNS = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
+
+
+def rounds_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per round (and a head): what each fault discarded and how long
+    dispensing stopped."""
+    line = "{:>5}  {:<26} {:>14} {:>15} {:>9}"
+    return [line.format(*ROUND_COLUMNS)] + [
+        line.format(*(row[k] for k in ROUND_COLUMNS)) for row in rows
+    ]
+
+
 def format_table(report: DrillReport) -> str:
-    head = ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
-    lines = ["{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*head)]
-    for row in report.faults:
-        cells = (
-            row[k] for k in ("round", "fault", "keys_discarded", "outage_began_ms", "resume_ms")
-        )
-        lines.append("{:>5}  {:<26} {:>14} {:>15} {:>9}".format(*cells))
+    lines = rounds_table(report.faults)
     lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
     held = report.leases
     lines.append(
