@@ -81,7 +81,9 @@ async def test_a_cut_off_primary_cannot_keep_a_lease_the_promoted_one_grants(
         )  # fmt: skip
 
     try:
-        async with holder(old_side, "old") as old:
+        # Before the split both replicas are there: the first grant may wait (a busy
+        # machine can take longer than one WAIT of 200 ms to acknowledge it).
+        async with holder(old_side, "old", wait_s=3 * TTL_S) as old:
             await split(three)
             async with holder(new_side, "new", wait_s=3 * TTL_S) as new:
                 both = old.valid() and new.valid()
