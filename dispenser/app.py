@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import metadata
 from typing import Any
@@ -44,12 +44,15 @@ from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.leases import lease_wait
+from shared.domain.ports import HotPool, LedgerWrites, Nudges
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.domain.tiers import Popped
 from shared.leasing import LeaseMetrics
+from shared.stores.groups import Groups, dispenser_ports
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerReader, not_issued
 from shared.stores.ledger_stream import LedgerStream
+from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
@@ -455,6 +458,15 @@ ROUTES = [
 FIRST_LEASE_WAIT_S = 2.0
 
 
+def _on_store(hot: HotStore) -> Callable[[str], tuple[RedisEndpoint, str]]:
+    """Every machine-ID pool on the given store's server and namespace."""
+
+    def place(_: str) -> tuple[RedisEndpoint, str]:
+        return hot.endpoint, hot.namespace
+
+    return place
+
+
 def create_app(
     settings: Settings,
     hot: HotStore | None = None,
@@ -470,17 +482,23 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = hot or HotStore.from_settings(settings)
-        source = leases or redis_leases(
-            store.endpoint, store.namespace, lease_metrics, lease_wait(settings)
-        )
+        groups = Groups(settings)
+        if hot is not None:  # one key group, on the store given
+            store: HotPool = hot
+            wake: Nudges = WakeChannel(hot.endpoint, hot.namespace)
+            stream: LedgerWrites = LedgerStream(hot.endpoint, hot.namespace)
+            place = _on_store(hot)
+        else:  # every key group (one, unless a cluster holds each type in its own slot)
+            store, wake, stream = dispenser_ports(groups)
+            place = groups.place
+        source = leases or redis_leases(place, lease_metrics, lease_wait(settings))
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
         stores = Stores(
             hot=store,
-            # The wake list and the ledger stream share the hot store's connections.
-            wake=WakeChannel(store.endpoint, store.namespace),
-            ledger_stream=LedgerStream(store.endpoint, store.namespace),
+            # The wake lists and the ledger streams share the hot stores' connections.
+            wake=wake,
+            ledger_stream=stream,
             ledger=LedgerReader(settings.postgres_dsn),
         )
         app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)
@@ -497,7 +515,9 @@ def create_app(
         finally:
             fast_path.serve(None)
             await dispenser.close()
-            await store.close()
+            if hot is not None:
+                await hot.close()
+            await groups.close()
             log.info("dispenser_stopped", extra={"pid": os.getpid()})
 
     app = Starlette(

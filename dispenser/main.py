@@ -14,7 +14,7 @@ from dispenser.server import granian_options, uvicorn_options
 from shared import logs
 from shared.domain.config import Settings, load_settings
 from shared.domain.errors import StoreUnavailable
-from shared.stores.hot_store import HotStore
+from shared.stores.groups import Groups, HotRouter
 
 log = logging.getLogger(__name__)
 # Every worker builds its app from the same KD_CONFIG file and KD_ environment.
@@ -30,7 +30,7 @@ def app_from_environment() -> ASGIApp:
 async def refuse_evicting_redis(settings: Settings) -> None:
     """ConfigError on a hot-tier Redis that may evict; a warning when it cannot be
     reached yet (readiness checks again before the process counts as ready)."""
-    hot = HotStore.from_settings(settings)
+    hot = HotRouter.open(Groups(settings))  # every key group's server
     try:
         await hot.refuse_eviction()
         await hot.warn_if_reloadable()

@@ -254,7 +254,8 @@ async def _change(
     if not id_type.validate(uin):
         raise Refused(UIN_NOT_FOUND)
     deadline = time.monotonic() + _wait_s(dispenser)
-    await _caught_up(dispenser, await dispenser.ledger_stream.newest_entry(), deadline)
+    newest = await dispenser.ledger_stream.newest_entry(name)
+    await _caught_up(dispenser, name, newest, deadline)
     found = _visible(await dispenser.ledger.status(name, uin), client, admin)
     wanted = (
         {ASSIGNED: "assigned", UNASSIGNED: "released"}.get(status)
@@ -274,7 +275,7 @@ async def _change(
         entry = await dispenser.ledger_stream.record_used(name, [uin], client, admin)
     else:
         entry = await dispenser.ledger_stream.record_released(name, [uin], client, admin)
-    await _caught_up(dispenser, entry, deadline)
+    await _caught_up(dispenser, name, entry, deadline)
     after = _visible(await dispenser.ledger.status(name, uin), client, admin)
     if after.state != wanted:
         raise Refused(UIN_NOT_ISSUED)  # another change came first
@@ -302,11 +303,12 @@ def _wait_s(dispenser: Dispenser) -> float:
     return mosip.ledger_wait_s if mosip is not None else 5.0
 
 
-async def _caught_up(dispenser: Dispenser, entry: str | None, deadline: float) -> None:
-    """Wait until keysync has applied every ledger entry up to ``entry``."""
+async def _caught_up(dispenser: Dispenser, name: str, entry: str | None, deadline: float) -> None:
+    """Wait until keysync has applied every ledger entry up to ``entry`` (of the stream
+    that holds type ``name``'s entries)."""
     if entry is None:
         return
-    while not await dispenser.ledger_stream.applied(entry):
+    while not await dispenser.ledger_stream.applied(name, entry):
         if time.monotonic() >= deadline:
             log.warning("mosip_ledger_behind", extra={"entry": entry})
             raise Refused(

@@ -146,18 +146,19 @@ def no_leases(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
 
 
 def redis_leases(
-    endpoint: RedisEndpoint,
-    namespace: str,
+    place: Callable[[str], tuple[RedisEndpoint, str]],
     metrics: LeaseMetrics | None = None,
     wait: LeaseWait = NO_WAIT,
 ) -> LeaseSource:
     """Machine-ID leases kept in the hot tier's Redis (``shared.leasing``), one pool per
-    type; an acquire waits up to one lease TTL (a new Redis server grants none for that
-    long) before it is logged and tried again."""
+    type, each where ``place`` says its pool's keys live (``Groups.place``); an acquire
+    waits up to one lease TTL (a new Redis server grants none for that long) before it
+    is logged and tried again."""
 
     def source(id_type: SnowflakeType) -> AbstractAsyncContextManager[Lease]:
         config = id_type.config
         lo, hi = id_type.machine_range
+        endpoint, namespace = place(id_type.pool)
         return lease_machine_id(
             endpoint,
             id_type.pool,

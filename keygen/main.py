@@ -32,6 +32,7 @@ from shared.runtime import (
 )
 from shared.stores.binding import bind
 from shared.stores.cold_store import DRIVER_ERRORS, ColdStore
+from shared.stores.groups import SyncRecords
 from shared.stores.pg_connect import connect_each_host
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
@@ -77,7 +78,7 @@ class Keygen:
         cls,
         settings: Settings,
         cold: ColdStore,
-        sync: SyncRecord | None,
+        sync: SyncRecord | SyncRecords | None,
         stop: asyncio.Event,
         generator: Generator,
         metrics: KeygenMetrics | None = None,
@@ -296,7 +297,7 @@ async def serve(settings: Settings) -> None:
     if cold is None:
         return
     generator: Generator | None = None
-    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
+    sync = SyncRecords.from_settings(settings) if settings.postgres_fence else None
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))

@@ -36,12 +36,12 @@ from shared.runtime import (
 )
 from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
+from shared.stores.groups import Groups, LedgerRouter, SyncRecords
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain
 from shared.stores.ledger_stream import LedgerStream
 from shared.stores.postgres_fence import GuardedCold
 from shared.stores.schema import check
-from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
 
 log = logging.getLogger(__name__)
@@ -261,10 +261,15 @@ async def run(
     wake: WakeChannel,
     settings: Settings,
     stop: asyncio.Event,
-    heartbeat: Heartbeat | None = None,
+    heartbeat: Heartbeat | Callable[[bool], None] | None = None,
 ) -> None:
-    """Refill until stopped; every iteration beats ``heartbeat`` (the liveness probe)."""
-    beat = (heartbeat or Heartbeat(CollectorRegistry())).beat
+    """Refill until stopped; every iteration beats ``heartbeat`` (the liveness probe;
+    or a key group's lane of it, ``GroupBeats``)."""
+    beat: Callable[[bool], None]
+    if heartbeat is None or isinstance(heartbeat, Heartbeat):
+        beat = (heartbeat or Heartbeat(CollectorRegistry())).beat
+    else:
+        beat = heartbeat
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
@@ -296,11 +301,12 @@ async def run(
 async def drain_ledger(
     drain: LedgerDrain,
     metrics: KeysyncMetrics,
-    stream: LedgerStream,
+    backlog: Callable[[], Awaitable[int]],
     stop: asyncio.Event,
     early_mark_ttl_s: float = 7 * 86_400,
 ) -> None:
-    """Move ledger entries from the Redis stream into PostgreSQL until stopped."""
+    """Move ledger entries from the Redis stream into PostgreSQL until stopped;
+    ``backlog`` reads the length of every stream (the ``kd_ledger_backlog`` gauge)."""
     outage = Outage("ledger", first_delay_s=0.1, max_delay_s=2.0)
     next_prune = time.monotonic()
     while not stop.is_set():
@@ -328,7 +334,24 @@ async def drain_ledger(
             for name, keys in applied.duplicates.items():
                 metrics.ledger_duplicates.labels(name).inc(len(keys))
         with contextlib.suppress(StoreUnavailable):
-            metrics.ledger_backlog.set(await stream.backlog())
+            metrics.ledger_backlog.set(await backlog())
+
+
+class GroupBeats:
+    """The process's heartbeat, beaten by the refill loop of every key group: alive
+    while any loop turns, ready only while every group's last turn succeeded (a shard
+    that is down leaves keysync alive and says it is not ready)."""
+
+    def __init__(self, heartbeat: Heartbeat, groups: int) -> None:
+        self._heartbeat = heartbeat
+        self._ok = [False] * groups
+
+    def lane(self, index: int) -> Callable[[bool], None]:
+        def beat(ok: bool = True) -> None:
+            self._ok[index] = ok
+            self._heartbeat.beat(all(self._ok))
+
+        return beat
 
 
 async def serve(settings: Settings) -> None:
@@ -347,46 +370,54 @@ async def serve(settings: Settings) -> None:
     if cold is None:
         return
     cold.open_take_idle_limit_s = settings.keysync.take_idle_limit_s
-    hot = HotStore.from_settings(settings)
-    # Separate connections: the wake wait and the stream read block.
-    wake = WakeChannel.from_settings(settings)
-    stream = LedgerStream.from_settings(settings)
-    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
     types = build_id_types(settings, generating=False)
-    drain = LedgerDrain(
-        stream,
-        cold,
-        types,
-        instance_name(),
-        settings.keysync.ledger_batch,
-        settings.keysync.ledger_claim_idle_s,
-    )
+    # Per key group (one, unless a cluster holds each type in a slot of its own): its
+    # hot lists, and on separate connections its wake list and ledger stream (the wake
+    # wait and the stream read block).
+    groups = Groups(settings)
+    hot = groups.each(HotStore)
+    wakes = groups.each(lambda _, ns: WakeChannel(groups.fresh(ns), ns))
+    streams = groups.each(lambda _, ns: LedgerStream(groups.fresh(ns), ns))
+    ledger = LedgerRouter(streams, groups)
+    sync = SyncRecords.open(groups) if settings.postgres_fence else None
     try:
         async with cold.connection() as conn:
             await check(conn, types, keyspace=False)
-        with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
-            await hot.refuse_eviction()
-            await hot.warn_if_reloadable()
+        for each in hot.values():
+            with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
+                await each.refuse_eviction()
+                await each.warn_if_reloadable()
         bound = await connect_with_retry(
             lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
         )
         if bound is None:
             return  # stopped while the stores were away
         log.info("keysync_started", extra={"id_types": sorted(types)})
-        guarded = GuardedCold(cold, sync, types, metrics.fence.observe)
-        keysync = Keysync(settings, guarded, hot, metrics, fault_points_from_environ())
-        tasks = [run(keysync, wake, settings, stop, heartbeat)]
-        if drain.enabled:
-            ttl = settings.keysync.ledger_early_mark_ttl_s
-            tasks.append(drain_ledger(drain, metrics, stream, stop, ttl))
+        beats = GroupBeats(heartbeat, len(groups.types))
+        faults = fault_points_from_environ()
+        tasks = []
+        for index, (namespace, names) in enumerate(groups.types.items()):
+            mine = {name: types[name] for name in names}
+            guarded = GuardedCold(cold, sync, mine, metrics.fence.observe)
+            keysync = Keysync(settings.with_types(names), guarded, hot[namespace], metrics, faults)
+            tasks.append(run(keysync, wakes[namespace], settings, stop, beats.lane(index)))
+            drain = LedgerDrain(
+                streams[namespace],
+                cold,
+                mine,
+                instance_name(),
+                settings.keysync.ledger_batch,
+                settings.keysync.ledger_claim_idle_s,
+            )
+            if drain.enabled:
+                ttl = settings.keysync.ledger_early_mark_ttl_s
+                tasks.append(drain_ledger(drain, metrics, ledger.backlog, stop, ttl))
         await asyncio.gather(*tasks)
     finally:
         await cold.close()
-        await hot.close()
-        await wake.close()
-        await stream.close()
-        if sync is not None:
-            await sync.close()
+        for port in [*hot.values(), *wakes.values(), *streams.values(), *(sync or ())]:
+            await port.close()
+        await groups.close()
     log.info("keysync_stopped")
 
 

@@ -49,8 +49,30 @@ LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 SITE_TESTS = ("tests/integration/test_sites.py",)
 CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
+GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 
 MUTANTS: Final = (
+    Mutant(
+        "a_fence_claims_only_the_first_group",
+        "shared/stores/postgres_fence.py",
+        "    for sync, record in read.items():\n        claimed = await sync.reset(",
+        "    for sync, record in list(read.items())[:1]:\n        claimed = await sync.reset(",
+        GROUP_TESTS,
+    ),
+    Mutant(
+        "a_fence_runs_while_another_group_must_be_vouched_for",
+        "shared/stores/postgres_fence.py",
+        '        if fence != "operator" and any(record.needs_vouch for record in records):',
+        "        if False:",
+        GROUP_TESTS,
+    ),
+    Mutant(
+        "a_type_judged_against_another_groups_record",
+        "shared/stores/groups.py",
+        "        return self.records[self._of_type[name]]",
+        "        return next(iter(self.records.values()))",
+        GROUP_TESTS,
+    ),
     Mutant(
         "a_cluster_shard_fence_accepts_any_owner_token",
         "shared/stores/lua/fence.lua",

@@ -20,8 +20,8 @@ from shared.domain.idtypes import build_id_types
 from shared.runtime import stop_on_signals
 from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
+from shared.stores.groups import SyncRecords
 from shared.stores.schema import check
-from shared.stores.sync_record import SyncRecord
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ async def fill(settings: Settings, name: str, count: int) -> int:
         raise ConfigError(f"--type: unknown id type '{name}' (known: {', '.join(sorted(types))})")
     stop = stop_on_signals()
     cold = await ColdStore.connect(settings.postgres_dsn)
-    sync = SyncRecord.from_settings(settings) if settings.postgres_fence else None
+    sync = SyncRecords.from_settings(settings) if settings.postgres_fence else None
     generator = Generator(settings.keygen.threads)
     added = 0
     try:

@@ -102,7 +102,8 @@ def run(settings: Settings, spec: LeaseRun) -> int:
 
 
 async def _run(settings: Settings, spec: LeaseRun) -> int:
-    endpoint = RedisEndpoint.from_settings(settings)
+    namespace = settings.key_namespace_of(spec.pool)  # the pool's key group
+    endpoint = RedisEndpoint.for_keys(settings, namespace)
     owner = f"{default_owner()}:{Path(spec.command[0]).name}"
     registry = CollectorRegistry()
     server = serve(registry, spec.metrics_host, spec.metrics_port)
@@ -117,7 +118,7 @@ async def _run(settings: Settings, spec: LeaseRun) -> int:
             wait_s=spec.wait_s,
             owner=owner,
             metrics=LeaseMetrics(registry),
-            namespace=settings.redis_key_namespace,
+            namespace=namespace,
             wait=lease_wait(settings),
         ) as lease:
             kill_after = spec.kill_after_s
@@ -206,7 +207,8 @@ def _terminate_with_parent(parent: int) -> None:
 
 async def holders(settings: Settings, pool: str) -> dict[str, Any]:
     """Who holds which ID of ``pool``, as ``keydispenser lease list`` prints it."""
-    store = MachineLeases(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
+    namespace = settings.key_namespace_of(pool)
+    store = MachineLeases(RedisEndpoint.for_keys(settings, namespace), namespace)
     try:
         found = await store.holders(pool)
     finally:

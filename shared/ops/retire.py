@@ -11,6 +11,7 @@ from shared.domain.config import Settings, path_segments
 from shared.domain.errors import ConfigError
 from shared.domain.names import ID_TYPE_NAME
 from shared.stores import schema
+from shared.stores.groups import Groups
 from shared.stores.hot_store import HotStore
 
 
@@ -35,9 +36,9 @@ async def retire(settings: Settings, name: str, *, drop_ledger: bool) -> dict[st
         done = await schema.retire(conn, name, drop_ledger=drop_ledger)
     finally:
         await conn.close()
-    hot = HotStore.from_settings(settings)
-    try:
-        dropped = await hot.forget(name)
+    groups = Groups(settings)
+    try:  # where its keys lived: its own key group with a cluster's slot_per: type
+        dropped = await HotStore(*groups.place(name)).forget(name)
     finally:
-        await hot.close()
+        await groups.close()
     return asdict(done) | {"hot_keys_dropped": dropped}

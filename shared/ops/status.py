@@ -11,9 +11,9 @@ from shared.domain.snowflake import build_snowflake_types
 from shared.stores import sql
 from shared.stores.binding import bind
 from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import ClockRow, settle, verdict
-from shared.stores.sync_record import SyncRecord
+from shared.stores.groups import Groups, HotRouter, SyncRecords
+from shared.stores.postgres_fence import ClockRow, combined, settle, verdict
+from shared.stores.sync_record import Record
 
 _STATUS_CAP = 10_000_000
 
@@ -21,8 +21,9 @@ _STATUS_CAP = 10_000_000
 async def collect_status(settings: Settings) -> dict[str, Any]:
     """{"id_types": {name: inventory and headroom}, "postgres_fence": its state}."""
     cold = await ColdStore.connect(settings.postgres_dsn)
-    hot = HotStore.from_settings(settings)
-    sync = SyncRecord(hot.endpoint, hot.namespace)
+    groups = Groups(settings)
+    hot = HotRouter.open(groups)
+    sync = SyncRecords.open(groups)
     report: dict[str, Any] = {}
     try:
         for name, id_type in build_id_types(settings, generating=False).items():
@@ -47,7 +48,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
         fence = await postgres_fence_state(cold, sync)
     finally:
         await cold.close()
-        await hot.close()
+        await groups.close()
     return {
         "id_types": report,
         "snowflake_types": snowflake_status(settings),
@@ -145,7 +146,8 @@ async def fence_postgres(
     the record follows (the operator asserts this database is the one from now on)."""
     id_types = build_id_types(settings, generating=False)
     cold = await ColdStore.connect(settings.postgres_dsn)
-    sync = SyncRecord.from_settings(settings)
+    groups = Groups(settings)
+    sync = SyncRecords.open(groups)  # every key group's record: the fence claims them all
     try:
         # A take-over binds the namespace to this database (the fence's claim does it on
         # the Redis side); otherwise both sides must already agree.
@@ -153,7 +155,7 @@ async def fence_postgres(
         report = await settle(cold, sync, id_types, skip_ranges=skip_ranges, take_over=take_over)
     finally:
         await cold.close()
-        await sync.close()
+        await groups.close()
     assert report is not None  # an operator's fence always runs
     return {
         "keys_discarded": report.keys_discarded,
@@ -162,28 +164,31 @@ async def fence_postgres(
     }
 
 
-async def postgres_fence_state(cold: ColdStore, sync: SyncRecord) -> dict[str, Any]:
+async def postgres_fence_state(cold: ColdStore, sync: SyncRecords) -> dict[str, Any]:
     """The fence as status shows it: the record, the server's clock, what the fence
     would make of this server now (``verdict``: ok, vouch, behind, superseded,
-    foreign, halt), the last event."""
-    record = await sync.read()
+    foreign, halt), the last event. With several key groups, ``groups`` has each
+    group's record and verdict, and the top level what ``settle`` would do over them
+    all (the record shown: the one furthest on)."""
+    records = {each.namespace: await each.read() for each in sync}
     async with cold.connection() as conn:
         clock = await conn.fetchrow(sql.LOCK_SYNC_CLOCK.replace("FOR UPDATE", ""))
         event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
     row = None if clock is None else ClockRow(*(clock[k] for k in ROW_FIELDS))
+    verdicts = {ns: None if row is None else verdict(row, r) for ns, r in records.items()}
+    record = max(records.values(), key=lambda r: (r.timeline, r.clock))
     return {
-        "record": {
-            "timeline": record.timeline,
-            "fork": record.fork,
-            "clock": record.clock,
-            "database": record.database or None,
-        },
+        "record": _record_fields(record),
         "server": None if row is None else asdict(row) | {"fences": clock["fences"]},
-        "verdict": None if row is None else verdict(row, record),
-        "untrusted": record.untrusted,
-        "fence_needed": record.fence_needed,
-        "halted": record.halted,
-        "halt_reason": record.halt_reason or None,
+        "verdict": _overall(verdicts, records),
+        "untrusted": any(r.untrusted for r in records.values()),
+        "fence_needed": any(r.fence_needed for r in records.values()),
+        "halted": any(r.halted for r in records.values()),
+        "halt_reason": next((r.halt_reason for r in records.values() if r.halt_reason), None),
+        "groups": {
+            ns: _record_fields(r) | {"verdict": verdicts[ns], "untrusted": r.untrusted}
+            for ns, r in records.items()
+        },
         "last_fence": None
         if event is None
         else {
@@ -192,6 +197,26 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecord) -> dict[str, A
             "keys_discarded": event["keys_discarded"],
         },
     }
+
+
+def _record_fields(record: Record) -> dict[str, Any]:
+    return {
+        "timeline": record.timeline,
+        "fork": record.fork,
+        "clock": record.clock,
+        "database": record.database or None,
+    }
+
+
+def _overall(verdicts: dict[str, str | None], records: dict[str, Record]) -> str | None:
+    """What ``settle`` would make of every group's verdict (refusals first)."""
+    found = [v for v in verdicts.values() if v is not None]
+    if not found:
+        return None
+    for refusal in ("foreign", "superseded"):
+        if refusal in found:
+            return refusal
+    return combined(found, list(records.values()))
 
 
 ROW_FIELDS = ("timeline", "fork", "clock", "here", "database")

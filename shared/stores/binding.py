@@ -18,17 +18,19 @@ import logging
 from shared.domain.errors import NamespaceBound
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated
+from shared.stores.groups import SyncRecords, records_of
 from shared.stores.sync_record import SyncRecord
 
 log = logging.getLogger(__name__)
 
 
-async def bind(cold: ColdStore, sync: SyncRecord | None, namespace: str) -> str:
+async def bind(cold: ColdStore, sync: SyncRecord | SyncRecords | None, namespace: str) -> str:
     """Bind (first use) or check the pairing; returns this database's identity.
 
     NamespaceBound (a configuration error: the process exits) when either side is
-    bound to something else. ``sync`` None (the PostgreSQL fence switched off, a
-    drill's control case) checks the database's side only.
+    bound to something else (``sync``: every key group's record). ``sync`` None (the
+    PostgreSQL fence switched off, a drill's control case) checks the database's side
+    only.
     """
     async with cold.connection() as conn, translated("bind"):
         database = str(await conn.fetchval(sql.SELECT_DATABASE_IDENTITY))
@@ -42,8 +44,8 @@ async def bind(cold: ColdStore, sync: SyncRecord | None, namespace: str) -> str:
             f"redis_namespace to '{bound}', or point postgres_dsn at this environment's "
             "own database)"
         )
-    if sync is not None:
-        holder = await sync.bind(database)
+    for record in records_of(sync) if sync is not None else ():
+        holder = await record.bind(database)  # every key group's record
         if holder != database:
             raise NamespaceBound(
                 f"redis_namespace: '{namespace}' is bound to database {holder}, and this "

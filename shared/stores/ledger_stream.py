@@ -54,16 +54,18 @@ class LedgerStream(RedisPort):
             )
         return _entry_id(entry)
 
-    async def newest_entry(self) -> str | None:
-        """The ID of the newest entry not yet applied (None: keysync has applied all)."""
+    async def newest_entry(self, name: str) -> str | None:
+        """The ID of the newest entry not yet applied in the stream that holds type
+        ``name``'s entries (this one; None: keysync has applied all)."""
         async with self._guard("ledger_newest"):
             found = await (await self._endpoint.client()).xrevrange(
                 redis_keys.ledger_stream_key(self.namespace), count=1
             )
         return _entry_id(found[0][0]) if found else None
 
-    async def applied(self, entry: str) -> bool:
-        """Whether keysync has applied every entry up to ``entry`` (applied entries are
+    async def applied(self, name: str, entry: str) -> bool:
+        """Whether keysync has applied every entry up to ``entry`` of the stream that
+        holds type ``name``'s entries (applied entries are
         deleted from the stream, so none of them is left)."""
         async with self._guard("ledger_applied"):
             left = await (await self._endpoint.client()).xrange(

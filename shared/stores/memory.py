@@ -119,10 +119,10 @@ class MemoryLedger:
         self.released.extend((name, key, client, admin) for key in keys)
         return f"1-{len(self.released)}"
 
-    async def newest_entry(self) -> str | None:
+    async def newest_entry(self, name: str) -> str | None:
         return None  # applied at once
 
-    async def applied(self, entry: str) -> bool:
+    async def applied(self, name: str, entry: str) -> bool:
         return True
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:

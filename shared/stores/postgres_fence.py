@@ -22,6 +22,13 @@ record under that lock, and does what the verdict says:
   nothing can prove what was lost; an operator fences (``fence-postgres``).
 
 Keys already in Redis are not touched. docs/reliability.md explains the design.
+
+With several key groups (a Redis Cluster with ``slot_per: type``) each group has its
+own record, and a type's statements are judged against its group's. PostgreSQL is one
+history, so ``settle`` judges this server against every record and does what the worst
+verdict says: a fence claims every record (one that is not claimed would take the new
+history for another and fence again), and a fence needed while a record must be
+vouched for halts (that group's lost leases may be above anything it can name).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from shared.stores.cold_store import (
     one_row,
     translated,
 )
+from shared.stores.groups import SyncRecords, records_of
 from shared.stores.pg_connect import any_server, dsn_hosts
 from shared.stores.sync_record import UNGUARDED, Record, SyncRecord
 
@@ -135,7 +143,7 @@ class _Moved(Exception):
 
 async def settle(
     cold: ColdStore,
-    sync: SyncRecord,
+    sync: SyncRecord | SyncRecords,
     id_types: dict[str, IdType] | None = None,
     *,
     skip_ranges: int | None = None,
@@ -151,9 +159,10 @@ async def settle(
     cluster). The fence covers every type the database holds (``id_types`` is kept for
     callers; the database says which types there are).
     """
+    records = records_of(sync)
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            return await _settle_once(cold, sync, skip_ranges, take_over)
+            return await _settle_once(cold, records, skip_ranges, take_over)
         except _Moved:
             log.info("postgres_fence_reread", extra={"reason": "the record changed meanwhile"})
     raise PostgresBehind(f"the record kept moving during {CLAIM_ATTEMPTS} fence attempts")
@@ -165,36 +174,64 @@ FENCE_LIMIT_MS = 10_000
 
 
 async def _settle_once(
-    cold: ColdStore, sync: SyncRecord, skip_ranges: int | None, take_over: bool
+    cold: ColdStore, records: SyncRecords, skip_ranges: int | None, take_over: bool
 ) -> FenceReport | None:
     operator = skip_ranges is not None
     report, vouched, halt = None, None, ""
     async with cold.connection() as conn, translated("postgres_fence"), conn.transaction():
         await conn.execute(sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
         row = _clock_row(one_row(await conn.fetchrow(sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
-        record = await sync.read()  # under the lock it fences under
-        if record.halted and not operator:
-            raise FenceHalted(record.halt_reason or "halted")
-        found = "operator" if operator else verdict(row, record)
-        if found == "ok" and record.fence_needed:
-            found = "stamp"  # a stamp proved a commit this server lacks
-        _refuse(found, row, record)
-        if found == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):
+        read = {sync: await sync.read() for sync in records}  # under the lock it fences under
+        for record in read.values():
+            if record.halted and not operator:
+                raise FenceHalted(record.halt_reason or "halted")
+        found = {sync: _verdict_of(row, record, operator) for sync, record in read.items()}
+        for sync, each in found.items():
+            _refuse(each, row, read[sync])
+        worst = combined(list(found.values()), list(read.values()))
+        if worst == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):
             halt = SPLIT_HALT_REASON
-        elif found == "vouch":
+        elif worst == "vouch":
             vouched = await _vouch_stamp(conn)
-        elif found == "halt":
+        elif worst == "halt":
             halt = HALT_REASON
-        elif found != "ok":
+        elif worst != "ok":
             mode = "take_over" if take_over else ("operator" if operator else "automatic")
-            report = await _fence(conn, sync, row, record, found, skip_ranges or 0, mode)
+            report = await _fence(conn, read, row, worst, skip_ranges or 0, mode)
     if vouched is not None:  # committed first: PostgreSQL ahead of the record is harmless
-        await _record_vouch(sync, row, *vouched)
+        for sync, each in found.items():
+            if each == "vouch":
+                await _record_vouch(sync, row, *vouched)
     if halt:
-        await _halt(sync, halt)
+        await _halt(records, halt)
     if report is not None:
         log.warning("postgres_fenced", extra=_fields(report))
     return report
+
+
+def _verdict_of(row: ClockRow, record: Record, operator: bool) -> str:
+    if operator:
+        return "operator"
+    found = verdict(row, record)
+    return "stamp" if found == "ok" and record.fence_needed else found  # a stamp proved a
+    # commit this server lacks
+
+
+def combined(verdicts: list[str], records: list[Record]) -> str:
+    """What ``settle`` does over every group's record, given each one's verdict
+    ('foreign' and 'superseded' were refused already): 'halt' if any halts; a fence
+    ('operator', 'behind', 'stamp') if any needs one, unless another record must be
+    vouched for ('halt': the leases that group lost may be above anything it can
+    name; an operator's fence claims them all regardless); else 'vouch' if any must
+    be; else 'ok'. With one record this is that record's verdict."""
+    if "halt" in verdicts:
+        return "halt"
+    fence = next((v for v in ("operator", "behind", "stamp") if v in verdicts), None)
+    if fence is not None:
+        if fence != "operator" and any(record.needs_vouch for record in records):
+            return "halt"
+        return fence
+    return "vouch" if "vouch" in verdicts else "ok"
 
 
 def _refuse(found: str, row: ClockRow, record: Record) -> None:
@@ -256,8 +293,9 @@ async def _record_vouch(
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 
 
-async def _halt(sync: SyncRecord, reason: str) -> None:
-    await sync.halt(reason)
+async def _halt(records: SyncRecords, reason: str) -> None:
+    for sync in records:
+        await sync.halt(reason)
     log.critical("postgres_fence_halted", extra={"reason": reason})
     raise FenceHalted(reason)
 
@@ -283,35 +321,41 @@ def _clock_row(row: Any) -> ClockRow:
 
 async def _fence(
     conn: Any,
-    sync: SyncRecord,
+    read: dict[SyncRecord, Record],
     row: ClockRow,
-    record: Record,
     reason: str,
     skip_ranges: int,
     mode: str,
 ) -> FenceReport:
-    """Discard, move the sequences of every type the database holds, reset the clock,
-    then claim the record (still under the lock: the claim lands before the commit, or
-    the fence rolls back)."""
+    """Discard, move the sequences of every type the database holds past the highest
+    counter any record holds, reset the clock past every record's, then claim every
+    record (still under the lock: the claims land before the commit, or the fence rolls
+    back; a record claimed for a fence that rolled back names a history this server
+    does not have, and the next statement judged against it fences again)."""
+    floors: dict[str, int] = {}
+    for record in read.values():
+        for name, leased in record.leased.items():
+            floors[name] = max(floors.get(name, 0), leased)
+    record_clock = max(record.clock for record in read.values())
     discarded: dict[str, int] = {}
     starts: dict[str, int] = {}
     for held in await conn.fetch(sql.SELECT_FENCED_TYPES):
         name = str(held["name"])
         if held["has_cold"]:
             discarded[name] = await _discard_cold(conn, name)
-        floor = record.leased.get(name, 0)
-        starts[name] = await _advance_sequence(conn, held, floor, skip_ranges)
+        starts[name] = await _advance_sequence(conn, held, floors.get(name, 0), skip_ranges)
     stamp_row = one_row(
-        await conn.fetchrow(sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record.clock)),
+        await conn.fetchrow(sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
         "reset_sync_clock",
     )
     stamp = Stamp.of(stamp_row)
-    detail = {"next_starts": starts, "record_clock": record.clock, "server_clock": row.clock}
+    detail = {"next_starts": starts, "record_clock": record_clock, "server_clock": row.clock}
     await conn.execute(sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail))
-    claimed = await sync.reset(stamp, record.leased, mode)
-    if claimed == "moved":
-        raise _Moved()
-    _refuse(claimed, row, await sync.read())
+    for sync, record in read.items():
+        claimed = await sync.reset(stamp, record.leased, mode)
+        if claimed == "moved":
+            raise _Moved()
+        _refuse(claimed, row, await sync.read())
     return FenceReport(reason, discarded, starts, stamp)
 
 
@@ -348,19 +392,20 @@ class GuardedCold:
 
     Each reads the record first (settling when a stamp proved lost commits or Redis lost
     the record), runs its guarded statement, and on a refusal settles and tries once
-    more. With ``sync`` None the guard is switched off (a drill's control case):
-    statements get a record that always passes and nothing is recorded.
+    more. A type's statements are judged against its key group's record
+    (``SyncRecords``). With ``sync`` None the guard is switched off (a drill's control
+    case): statements get a record that always passes and nothing is recorded.
     """
 
     def __init__(
         self,
         cold: ColdStore,
-        sync: SyncRecord | None,
+        sync: SyncRecord | SyncRecords | None,
         id_types: dict[str, IdType],
         on_fence: FenceListener | None = None,
     ) -> None:
         self.cold = cold
-        self._sync = sync
+        self._sync = records_of(sync) if sync is not None else None
         self._types = id_types
         self._on_fence = on_fence
 
@@ -368,19 +413,22 @@ class GuardedCold:
     def guarded(self) -> bool:
         return self._sync is not None
 
-    async def record(self) -> Record:
+    async def record(self, name: str) -> Record:
+        """The record type ``name``'s next statement is judged against, settled first
+        when it says so."""
         if self._sync is None:
             return UNGUARDED
-        record = await self._sync.read()
+        sync = self._sync.of(name)
+        record = await sync.read()
         if record.halted:
             raise FenceHalted(record.halt_reason or "halted")
         if record.fence_needed or record.needs_vouch:
             await self.fence()
-            record = await self._sync.read()
+            record = await sync.read()
         return record
 
     async def fence(self) -> FenceReport | None:
-        """Settle this server and the record (``settle``); the fence's report if one ran."""
+        """Settle this server and the records (``settle``); the fence's report if one ran."""
         if self._sync is None:
             return None
         report = await settle(self.cold, self._sync)
@@ -393,10 +441,14 @@ class GuardedCold:
         (NO_STAMP with the guard off: nothing is recorded)."""
         in_order = name in self._types and self._types[name].sequential
         try:
-            taken = await self.cold.begin_take(name, size, await self.record(), in_order=in_order)
+            taken = await self.cold.begin_take(
+                name, size, await self.record(name), in_order=in_order
+            )
         except PostgresBehind:
             await self.fence()
-            taken = await self.cold.begin_take(name, size, await self.record(), in_order=in_order)
+            taken = await self.cold.begin_take(
+                name, size, await self.record(name), in_order=in_order
+            )
         return taken if self._sync is not None else dataclasses.replace(taken, stamp=NO_STAMP)
 
     async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
@@ -408,13 +460,17 @@ class GuardedCold:
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         """Lease behind the guard and record the lease before any key of it is made."""
         try:
-            leased, stamp = await self.cold.lease_range(id_type, lessee, await self.record())
+            leased, stamp = await self.cold.lease_range(
+                id_type, lessee, await self.record(id_type.name)
+            )
         except PostgresBehind:
             await self.fence()
-            leased, stamp = await self.cold.lease_range(id_type, lessee, await self.record())
+            leased, stamp = await self.cold.lease_range(
+                id_type, lessee, await self.record(id_type.name)
+            )
         if self._sync is None:
             return leased
-        status = await self._sync.record_lease(id_type.name, leased.stop, stamp)
+        status = await self._sync.of(id_type.name).record_lease(id_type.name, leased.stop, stamp)
         if status != "ok":
             # Wasted, never used: the next read of the record settles what it says.
             raise PostgresBehind(f"lease of '{id_type.name}' not recorded: {status}")

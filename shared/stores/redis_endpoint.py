@@ -89,12 +89,17 @@ class RedisEndpoint:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisEndpoint:
-        return cls(
-            settings.redis_url,
-            settings.redis_sentinel,
-            settings.redis_cluster,
-            settings.redis_key_namespace,
-        )
+        """The endpoint of the one key group (``redis_key_namespace``). Refused with
+        a cluster's ``slot_per: type``: there each type's keys have a primary of their
+        own (``for_keys``, ``shared.stores.groups``)."""
+        if settings.slot_per_type:
+            raise ValueError("redis_cluster.slot_per is 'type': no one endpoint serves all keys")
+        return cls.for_keys(settings, settings.redis_key_namespace)
+
+    @classmethod
+    def for_keys(cls, settings: Settings, namespace: str) -> RedisEndpoint:
+        """The endpoint of the keys under ``namespace`` (a key group's)."""
+        return cls(settings.redis_url, settings.redis_sentinel, settings.redis_cluster, namespace)
 
     @property
     def address(self) -> tuple[str, int] | None:

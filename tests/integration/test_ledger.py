@@ -295,7 +295,7 @@ async def test_a_failing_ledger_keeps_its_entries_and_keysync_running(
         drain_ledger(
             drain,
             KeysyncMetrics(CollectorRegistry()),
-            LedgerStream(hot.endpoint, hot.namespace),
+            LedgerStream(hot.endpoint, hot.namespace).backlog,
             stop,
         )
     )

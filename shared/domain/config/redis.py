@@ -4,6 +4,7 @@ the namespace every key lives under, and how machine-ID leases wait for replicas
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
@@ -85,6 +86,11 @@ class ClusterConfig(ServerAccess):
     a failover or a move of the slot) from the map the nodes report."""
 
     nodes: tuple[str, ...] = Field(min_length=1)  # "host:port" each
+    # Which keys share a hash slot. "namespace": every key of the namespace, on one
+    # shard. "type": each ID type's keys (and each machine-ID pool's) in a slot of
+    # their own, so types spread over the shards, and a shard's failover, restart or
+    # slowness touches only the types it holds (docs/operations.md, "Redis Cluster").
+    slot_per: Literal["namespace", "type"] = "namespace"
 
     def seeds(self) -> tuple[str, ...]:
         return self.nodes
@@ -136,6 +142,20 @@ class RedisSettings(BaseModel):
         if self.redis_cluster is not None:
             return "{" + self.redis_namespace + "}"
         return self.redis_namespace
+
+    @property
+    def slot_per_type(self) -> bool:
+        """Whether each ID type's keys live in a hash slot of their own."""
+        return self.redis_cluster is not None and self.redis_cluster.slot_per == "type"
+
+    def key_namespace_of(self, name: str) -> str:
+        """What the Redis keys of an ID type (or a machine-ID pool) named ``name``
+        start with: ``redis_key_namespace``, or with ``slot_per: type`` a hash tag of
+        the namespace and the name (``{kd.farmer}``), a slot of the type's own. Every
+        key one script touches starts with the same one (docs/design.md)."""
+        if self.slot_per_type:
+            return "{" + f"{self.redis_namespace}.{name}" + "}"
+        return self.redis_key_namespace
 
     @model_validator(mode="after")
     def _one_way_to_redis(self) -> RedisSettings:

@@ -102,6 +102,20 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
             raise ConfigError(f"id_types.{name}: a {config.kind} type, not a pooled one")
         return config
 
+    def key_groups(self) -> dict[str, tuple[str, ...]]:
+        """Each Redis key namespace that holds pooled types, and the types it holds:
+        one holding every type, or with ``slot_per: type`` one per type. Each has its
+        own fence, sync record, ledger stream and wake list (``shared.stores.groups``)."""
+        pooled = tuple(n for n, c in self.id_types.items() if isinstance(c, IdTypeConfig))
+        if not self.slot_per_type:
+            return {self.redis_key_namespace: pooled}
+        return {self.key_namespace_of(name): (name,) for name in pooled}
+
+    def with_types(self, names: tuple[str, ...]) -> Settings:
+        """These settings with only the ID types ``names`` (what one key group serves)."""
+        kept = {n: c for n, c in self.id_types.items() if n in names}
+        return self.model_copy(update={"id_types": kept})
+
     def require_permutation_key(self) -> bytes:
         if self.permutation_key is None or not self.permutation_key.get_secret_value():
             raise ConfigError(

@@ -1,0 +1,219 @@
+"""Key groups: where each ID type's Redis keys live, and a store per group.
+
+A key group is a key namespace (``Settings.key_groups``) with everything the scripts
+need beside the hot lists it holds: its own fence (token, registry, discards), its own
+PostgreSQL sync record, ledger stream, wake list, idempotency records and batch
+markers. No script touches two groups. One server, Sentinel, and a Redis Cluster with
+``slot_per: namespace`` have one group; a cluster with ``slot_per: type`` has one per
+type, each in a hash slot of its own, wherever the cluster put that slot: a shard's
+failover then fences only the groups it holds, and the others never notice.
+
+Each group has its own endpoint (the primary of its slot). The classes here give a
+process the ports it already uses (``HotPool``, ``Nudges``, ``LedgerWrites``) over
+every group at once, routing by type name; keysync and keygen instead run their work
+per group (``keysync.main``), or per type against its group's record (``SyncRecords``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Generic, TypeVar
+
+from shared.domain.config import Settings
+from shared.domain.tiers import Popped
+from shared.stores.hot_store import HotStore
+from shared.stores.ledger_stream import LedgerStream
+from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.sync_record import SyncRecord
+from shared.stores.wake import WakeChannel
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+
+class Groups:
+    """One endpoint per key namespace the settings use, opened on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.types = settings.key_groups()  # namespace -> its pooled types
+        self._endpoints: dict[str, RedisEndpoint] = {}
+
+    def endpoint(self, namespace: str) -> RedisEndpoint:
+        found = self._endpoints.get(namespace)
+        if found is None:
+            found = self._endpoints[namespace] = self.fresh(namespace)
+        return found
+
+    def fresh(self, namespace: str) -> RedisEndpoint:
+        """An endpoint of the group's own, for a port whose calls block (a wait on the
+        wake list, a read of the ledger stream); closed with the port."""
+        return RedisEndpoint.for_keys(self.settings, namespace)
+
+    def place(self, name: str) -> tuple[RedisEndpoint, str]:
+        """The endpoint and key namespace of a type's (or machine-ID pool's) keys."""
+        namespace = self.settings.key_namespace_of(name)
+        return self.endpoint(namespace), namespace
+
+    def each(self, port: Callable[[RedisEndpoint, str], T]) -> dict[str, T]:
+        """``port`` of every group that holds pooled types (one group at least)."""
+        return {ns: port(self.endpoint(ns), ns) for ns in self.types}
+
+    async def close(self) -> None:
+        for endpoint in self._endpoints.values():
+            await endpoint.close()
+        self._endpoints.clear()
+
+
+class _ByType(Generic[P]):
+    """Ports of one kind, one per group, chosen by type name."""
+
+    def __init__(self, ports: dict[str, P], groups: Groups) -> None:
+        self.ports = ports
+        self._groups = groups
+
+    def of(self, name: str) -> P:
+        namespace = self._groups.settings.key_namespace_of(name)
+        found = self.ports.get(namespace)
+        if found is None:  # a name no group holds (an unknown type): its own namespace
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[P]:
+        return iter(self.ports.values())
+
+    async def _all(self, call: Callable[[P], Awaitable[T]]) -> list[T]:
+        return [await call(port) for port in self.ports.values()]
+
+
+class HotRouter(_ByType[HotStore]):
+    """The dispenser's hot tier over every group (``HotPool``)."""
+
+    @classmethod
+    def open(cls, groups: Groups) -> HotRouter:
+        return cls(groups.each(HotStore), groups)
+
+    async def pop(
+        self,
+        name: str,
+        count: int,
+        clients: Sequence[str] = (),
+        ledger: bool = False,
+        *,
+        on_line: bool = False,
+    ) -> Popped:
+        return await self.of(name).pop(name, count, clients, ledger, on_line=on_line)
+
+    async def pop_once(
+        self,
+        name: str,
+        count: int,
+        idempotency_key: str,
+        ttl_s: int,
+        client: str = "",
+        ledger: bool = False,
+    ) -> Popped:
+        return await self.of(name).pop_once(name, count, idempotency_key, ttl_s, client, ledger)
+
+    async def depth(self, name: str) -> int:
+        return await self.of(name).depth(name)
+
+    async def exhausted(self, name: str) -> bool:
+        return await self.of(name).exhausted(name)
+
+    async def refuse_eviction(self) -> None:
+        """Every group's server (a cluster's shards each have their own policy)."""
+        await self._all(lambda hot: hot.refuse_eviction())
+
+    async def warn_if_reloadable(self) -> bool:
+        return any(await self._all(lambda hot: hot.warn_if_reloadable()))
+
+    async def discarded_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for found in await self._all(lambda hot: hot.discarded_counts()):
+            counts.update(found)
+        return counts
+
+    async def close(self) -> None:
+        await self._all(lambda hot: hot.close())
+
+
+class WakeRouter(_ByType[WakeChannel]):
+    """Nudges for keysync, each on its type's group's wake list (``Nudges``)."""
+
+    async def nudge(self, name: str) -> None:
+        await self.of(name).nudge(name)
+
+
+class LedgerRouter(_ByType[LedgerStream]):
+    """The ledger streams of every group (``LedgerWrites``): a type's entries are all
+    in its group's stream, in order."""
+
+    async def backlog(self) -> int:
+        return sum(await self._all(lambda stream: stream.backlog()))
+
+    async def record_used(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> str:
+        return await self.of(name).record_used(name, keys, client, admin)
+
+    async def record_released(
+        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+    ) -> str:
+        return await self.of(name).record_released(name, keys, client, admin)
+
+    async def newest_entry(self, name: str) -> str | None:
+        return await self.of(name).newest_entry(name)
+
+    async def applied(self, name: str, entry: str) -> bool:
+        return await self.of(name).applied(name, entry)
+
+
+def dispenser_ports(groups: Groups) -> tuple[HotRouter, WakeRouter, LedgerRouter]:
+    """The hot tier, wake lists and ledger streams of every group, sharing each
+    group's endpoint (its connections)."""
+    return (
+        HotRouter.open(groups),
+        WakeRouter(groups.each(WakeChannel), groups),
+        LedgerRouter(groups.each(LedgerStream), groups),
+    )
+
+
+class SyncRecords:
+    """The PostgreSQL fence's record in every group: a type's statements are judged
+    against its group's record; a fence judges and claims them all
+    (``postgres_fence.settle``)."""
+
+    def __init__(self, records: dict[str, SyncRecord], types: dict[str, tuple[str, ...]]):
+        self.records = records  # namespace -> its record
+        self._of_type = {name: ns for ns, names in types.items() for name in names}
+
+    @classmethod
+    def open(cls, groups: Groups) -> SyncRecords:
+        return cls(groups.each(SyncRecord), groups.types)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SyncRecords:
+        return cls.open(Groups(settings))
+
+    @classmethod
+    def single(cls, record: SyncRecord) -> SyncRecords:
+        """One record for every type (one key group)."""
+        return cls({record.namespace: record}, {})
+
+    def of(self, name: str) -> SyncRecord:
+        """The record a type's statements are judged against."""
+        if len(self.records) == 1:
+            return next(iter(self.records.values()))
+        return self.records[self._of_type[name]]
+
+    def __iter__(self) -> Iterator[SyncRecord]:
+        return iter(self.records.values())
+
+    async def close(self) -> None:
+        for record in self.records.values():
+            await record.close()
+
+
+def records_of(sync: SyncRecord | SyncRecords) -> SyncRecords:
+    return sync if isinstance(sync, SyncRecords) else SyncRecords.single(sync)

@@ -1,0 +1,193 @@
+"""The PostgreSQL fence over several key groups (a Redis Cluster with ``slot_per:
+type``: each type's record in its own slot), on real PostgreSQL and Redis.
+
+Each group here is a namespace on the one test server: the record's rules do not
+depend on where its slot lives (tests/integration/test_cluster_types.py puts them on
+a real cluster's shards). Lost commits are made real as in test_postgres_fence.py: a
+clone of the database is promoted after the old primary committed more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from keygen.generation import Generator
+from keygen.main import Keygen
+from shared.domain import redis_keys
+from shared.domain.config import Settings
+from shared.domain.errors import FenceHalted
+from shared.domain.idtypes import IdType, build_id_types
+from shared.stores import sql
+from shared.stores.groups import SyncRecords
+from shared.stores.postgres_fence import GuardedCold, combined
+from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.sync_record import Record, SyncRecord
+from tests.conftest import NS, Servers
+from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
+
+FARMER_NS, SHORTLINK_NS = f"{NS}-farmer", f"{NS}-shortlink"
+
+
+@pytest.fixture
+async def records(servers: Servers, redis_client: aioredis.Redis) -> AsyncIterator[SyncRecords]:
+    endpoint = RedisEndpoint(servers.redis_url)
+    found = SyncRecords(
+        {ns: SyncRecord(endpoint, ns) for ns in (FARMER_NS, SHORTLINK_NS)},
+        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
+    )
+    yield found
+    await endpoint.close()
+
+
+async def lease(settings: Settings, dsn: str, records: SyncRecords, id_type: IdType) -> None:
+    async with cold_at(dsn) as cold:
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(settings, cold, records, asyncio.Event(), generator)
+            await keygen.lease_and_generate(id_type)
+        finally:
+            generator.close()
+
+
+async def take_all(dsn: str, records: SyncRecords, types: dict[str, IdType]) -> dict[str, set[str]]:
+    """A batch of each type, through the guard."""
+    async with cold_at(dsn) as cold:
+        guarded = GuardedCold(cold, records, types)
+        return {name: set((await guarded.take_batch(name, 500))[0]) for name in types}
+
+
+async def fences(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM kd_fence_events"))
+    finally:
+        await conn.close()
+
+
+async def test_each_type_is_recorded_in_its_own_group(
+    settings: Settings, records: SyncRecords
+) -> None:
+    types = build_id_types(settings)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    size = settings.pooled("farmer").range_size
+    assert (await records.of("farmer").read()).leased == {"farmer": size}
+    assert (await records.of("shortlink").read()).leased == {"shortlink": size}
+
+
+async def test_a_fence_claims_every_group_and_no_group_reissues(
+    servers: Servers, database: str, settings: Settings, records: SyncRecords
+) -> None:
+    """PostgreSQL lost commits of both types. The first statement to find it fences
+    once for every group: every record follows the new history (the other group's next
+    take does not fence again), and each type's sequence moves past the highest lease
+    its own group recorded."""
+    types = build_id_types(settings)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    await clone(servers, database, f"{database}_replica")
+    # The old primary keeps committing, for both types: takes, then leases.
+    before = await take_all(settings.postgres_dsn, records, types)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    replica = await promote(servers, database, f"{database}_replica")
+    try:
+        async with cold_at(replica) as cold:
+            guarded = GuardedCold(cold, records, types)
+            farmer_keys, _ = await guarded.take_batch("farmer", 500)
+            assert farmer_keys == []  # fenced: the replica's inventory was discarded
+            assert await fences(replica) == 1
+            shortlink_keys, _ = await guarded.take_batch("shortlink", 500)
+            assert shortlink_keys == []  # discarded by that one fence too
+            assert await fences(replica) == 1  # its group was claimed by the same fence
+        read = [await r.read() for r in records]
+        assert len({(r.timeline, r.fork) for r in read}) == 1
+        assert not any(r.untrusted or r.fence_needed for r in read)
+        size = settings.pooled("farmer").range_size
+        for id_type in types.values():  # the first lease after the fence
+            await lease(settings, replica, records, id_type)
+        conn = await asyncpg.connect(replica)
+        try:
+            for name in types:
+                row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, name))
+                assert row is not None
+                assert int(row["last_value"]) >= 2 * size  # past both ranges leased before
+        finally:
+            await conn.close()
+        after = await take_all(replica, records, types)
+        for name in types:
+            assert before[name] and after[name]
+            assert not before[name] & after[name]
+    finally:
+        await drop(servers, f"{database}_old")
+
+
+async def test_a_fence_needed_while_a_group_lost_its_record_halts(
+    servers: Servers,
+    database: str,
+    settings: Settings,
+    records: SyncRecords,
+    redis_client: aioredis.Redis,
+) -> None:
+    """PostgreSQL lost commits, and one group's shard lost its record at the same time:
+    that group's leases on the lost history are above anything left to name them, so
+    nothing is fenced automatically; every group halts for the operator."""
+    types = build_id_types(settings)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    await clone(servers, database, f"{database}_replica")
+    await take_all(settings.postgres_dsn, records, types)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    replica = await promote(servers, database, f"{database}_replica")
+    await redis_client.delete(redis_keys.sync_record_key(SHORTLINK_NS))  # restarted empty
+    try:
+        async with cold_at(replica) as cold:
+            depth = await cold.depth("shortlink", 10**9)
+            guarded = GuardedCold(cold, records, types)
+            with pytest.raises(FenceHalted):
+                await guarded.take_batch("farmer", 10)
+            with pytest.raises(FenceHalted):
+                await guarded.take_batch("shortlink", 10)
+            assert await cold.depth("shortlink", 10**9) == depth  # nothing taken or discarded
+        assert all([(await r.read()).halted for r in records])
+        assert await fences(replica) == 0
+    finally:
+        await drop(servers, f"{database}_old")
+
+
+async def test_a_group_that_lost_its_record_alone_is_vouched_for_alone(
+    settings: Settings, records: SyncRecords, redis_client: aioredis.Redis
+) -> None:
+    """One shard restarted empty, PostgreSQL is fine: that group's record is rebuilt
+    from PostgreSQL; the other group's is left as it was, and nothing is fenced."""
+    types = build_id_types(settings)
+    for id_type in types.values():
+        await lease(settings, settings.postgres_dsn, records, id_type)
+    farmer_before = await records.of("farmer").read()
+    await redis_client.delete(redis_keys.sync_record_key(SHORTLINK_NS))
+    taken = await take_all(settings.postgres_dsn, records, types)
+    assert taken["farmer"] and taken["shortlink"]
+    rebuilt = await records.of("shortlink").read()
+    assert not rebuilt.needs_vouch
+    assert rebuilt.leased["shortlink"] == settings.pooled("shortlink").range_size
+    farmer_after = await records.of("farmer").read()
+    assert farmer_after.fork == farmer_before.fork
+    assert farmer_after.timeline == farmer_before.timeline
+    assert await fences(settings.postgres_dsn) == 0
+
+
+def test_the_worst_verdict_decides() -> None:
+    trusted, lost = Record(timeline=1, clock=5), Record()
+    assert combined(["ok"], [trusted]) == "ok"
+    assert combined(["ok", "vouch"], [trusted, lost]) == "vouch"
+    assert combined(["behind", "ok"], [trusted, trusted]) == "behind"
+    assert combined(["stamp", "ok"], [trusted, trusted]) == "stamp"
+    assert combined(["behind", "vouch"], [trusted, lost]) == "halt"
+    assert combined(["operator", "operator"], [trusted, lost]) == "operator"
+    assert combined(["halt", "ok"], [lost, trusted]) == "halt"
