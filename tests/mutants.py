@@ -53,6 +53,13 @@ GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 
 MUTANTS: Final = (
     Mutant(
+        "types_share_one_slot_on_a_cluster",
+        "shared/domain/config/redis.py",
+        '            return "{" + f"{self.redis_namespace}.{name}" + "}"',
+        "            return self.redis_key_namespace",
+        ("tests/integration/test_cluster_types.py",),
+    ),
+    Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/postgres_fence.py",
         "    for sync, record in read.items():\n        claimed = await sync.reset(",

@@ -7,11 +7,13 @@ needed. For tests and drills; never a production topology (one machine).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
+from redis.crc import key_slot
 
 from shared.ops.embedded import EmbeddedRedis, EmbeddedServerError, free_port
 from shared.ops.processes import kill_process
@@ -154,6 +156,25 @@ class EmbeddedRedisCluster:
         if not claims:
             raise EmbeddedServerError(f"no live primary serves slot {slot}")
         return max(claims, key=lambda claim: claim[0])[1]
+
+    def spread(self, namespace: str, stems: Sequence[str]) -> list[str]:
+        """A type name per stem (the stem, else the stem and a number) whose key group
+        (``{<namespace>.<name>}``: ``slot_per: type``) lands on a shard no earlier name
+        landed on: types spread over the shards as far as there are shards."""
+        taken: set[str] = set()
+        names = []
+        shards = sum(
+            1 for node in self.live() if node.client().info("replication")["role"] == "master"
+        )
+        for stem in stems:
+            for n in range(1, 10_000):
+                name = stem if n == 1 else f"{stem}_{n}"
+                shard = self.primary_of(key_slot(f"{{{namespace}.{name}}}".encode())).address
+                if shard not in taken or len(taken) >= shards:
+                    taken.add(shard)
+                    names.append(name)
+                    break
+        return names
 
     def claimants(self, slot: int) -> list[ClusterNode]:
         """Every live node that says it is a primary serving ``slot``."""
