@@ -25,6 +25,7 @@ from shared.domain.errors import (
     LedgerBacklogFull,
     LedgerDisabled,
     PoolEmpty,
+    StoreUnavailable,
     UnknownIdType,
 )
 from shared.domain.idtypes import IdType, build_id_types
@@ -299,21 +300,33 @@ class Dispenser:
         return self._memory_policy_ok
 
     async def type_states(self) -> dict[str, dict[str, int | str]]:
-        """Each type's hot depth and state (serving, empty, exhausted), into the metrics
-        too. Raises StoreUnavailable when the Redis primary cannot be reached (the depth
-        script runs only on a primary), ConfigError when it may evict keys."""
-        if not self._memory_policy_ok:
-            await self.hot.refuse_eviction()
+        """Each type's hot depth and state (serving, empty, exhausted; with types spread
+        over a cluster's shards, unreachable: its shard is down), into the metrics too.
+        Raises StoreUnavailable when the Redis primary cannot be reached (the depth
+        script runs only on a primary; with types spread, when no shard answers),
+        ConfigError when it may evict keys."""
+        if not self._memory_policy_ok or self.settings.slot_per_type:
+            await self.hot.refuse_eviction()  # with types spread: shards not checked yet
             self._memory_policy_ok = True
         states: dict[str, dict[str, int | str]] = {}
         for name in self.id_types:
-            depth = await self.hot.depth(name)
-            state = "serving" if depth else "empty"
-            if not depth and await self.hot.exhausted(name):
-                state = "exhausted"
+            try:
+                depth = await self.hot.depth(name)
+                state = "serving" if depth else "empty"
+                if not depth and await self.hot.exhausted(name):
+                    state = "exhausted"
+            except StoreUnavailable:
+                if not self.settings.slot_per_type:
+                    raise
+                # Its shard is down: its types are refused, the others still serve.
+                self.metrics.serving.labels(name).set(0)
+                states[name] = {"hot_depth": 0, "state": "unreachable"}
+                continue
             self.metrics.hot_depth.labels(name).set(depth)
             self.metrics.serving.labels(name).set(1 if depth else 0)
             states[name] = {"hot_depth": depth, "state": state}
+        if states and all(each["state"] == "unreachable" for each in states.values()):
+            raise StoreUnavailable("redis", "no shard that holds a type answers")
         return states | self.snowflakes.states()
 
     async def close(self) -> None:

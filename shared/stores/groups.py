@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from shared.domain.config import Settings
+from shared.domain.errors import StoreUnavailable
 from shared.domain.tiers import Popped
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger_stream import LedgerStream
@@ -89,6 +90,10 @@ class _ByType(Generic[P]):
 class HotRouter(_ByType[HotStore]):
     """The dispenser's hot tier over every group (``HotPool``)."""
 
+    def __init__(self, ports: dict[str, HotStore], groups: Groups) -> None:
+        super().__init__(ports, groups)
+        self._checked: set[str] = set()  # groups whose server refused eviction
+
     @classmethod
     def open(cls, groups: Groups) -> HotRouter:
         return cls(groups.each(HotStore), groups)
@@ -122,8 +127,21 @@ class HotRouter(_ByType[HotStore]):
         return await self.of(name).exhausted(name)
 
     async def refuse_eviction(self) -> None:
-        """Every group's server (a cluster's shards each have their own policy)."""
-        await self._all(lambda hot: hot.refuse_eviction())
+        """ConfigError when a group's server may evict keys (a cluster's shards each
+        have their own policy). A server not reachable yet is checked at the next
+        call (each is checked once); StoreUnavailable only while none could be."""
+        unreachable: list[StoreUnavailable] = []
+        for namespace, hot in self.ports.items():
+            if namespace in self._checked:
+                continue
+            try:
+                await hot.refuse_eviction()
+            except StoreUnavailable as exc:
+                unreachable.append(exc)
+                continue
+            self._checked.add(namespace)
+        if unreachable and not self._checked:
+            raise unreachable[0]
 
     async def warn_if_reloadable(self) -> bool:
         return any(await self._all(lambda hot: hot.warn_if_reloadable()))
