@@ -124,6 +124,8 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
     if args.redis == "cluster":
         run_cluster_drill(settings, args, only, work)
         return
+    if args.slot_per != "namespace":
+        raise ConfigError("--slot-per: with --redis cluster only")
     report = asyncio.run(
         run(
             settings,
@@ -147,7 +149,7 @@ def run_cluster_drill(
 
     if args.no_postgres_fence or args.no_lease_wait:
         raise ConfigError("--no-postgres-fence and --no-lease-wait: with --redis sentinel only")
-    report = asyncio.run(cluster.run(settings, args.rounds, only, work))
+    report = asyncio.run(cluster.run(settings, args.rounds, only, work, args.slot_per))
     _write_json(report.as_json(), args.json)
     print(cluster.format_table(report))
     if failures := report.failures():
@@ -357,6 +359,14 @@ def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="sentinel",
         help="the Redis topology: a primary with replicas and Sentinels (default), or a "
         "Redis Cluster of 3 primaries and 3 replicas with shard faults",
+    )
+    drill.add_argument(
+        "--slot-per",
+        choices=("namespace", "type"),
+        default="namespace",
+        help="with --redis cluster: every key in one slot (default), or each type in a "
+        "slot of its own (redis_cluster.slot_per), two more types on the other shards "
+        "checked never to pause",
     )
     drill.add_argument(
         "--no-postgres-fence",

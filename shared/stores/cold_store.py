@@ -151,7 +151,7 @@ class OpenTake:
 
 
 # How long a take's open transaction may sit idle (sql.LIMIT_IDLE_TAKE): well past
-# keysync's NEXT_BATCH_HOLD_S (1 s), the longest a healthy keysync leaves it open.
+# keysync's NEXT_BATCH_HOLD_S (0.25 s), the longest a healthy keysync leaves it open.
 OPEN_TAKE_IDLE_LIMIT_S = 10.0
 
 # Every statement's deadline. A server that dies mid-COPY can leave the client waiting

@@ -121,10 +121,15 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     assert stepped["clock_behind_503s"] > 0, stepped
 
 
-def test_no_key_is_dispensed_twice_through_cluster_shard_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slot_per", ["namespace", "type"])
+def test_no_key_is_dispensed_twice_through_cluster_shard_faults(
+    tmp_path: Path, slot_per: str
+) -> None:
     """`drill --redis cluster`: a Redis Cluster (3 primaries, 3 replicas) whose shard
-    holding the namespace's slot is failed over, killed, failed over while its replica
-    lags, and restarted empty, under load from real processes."""
+    holding the namespace's slot (with ``--slot-per type``: the drill type's slot) is
+    failed over, killed, failed over while its replica lags, and restarted empty, under
+    load from real processes. With types spread, the two types on the other shards are
+    answered with a key every time, throughout."""
     from shared.ops.drill import cluster
 
     report_path = tmp_path / "cluster.json"
@@ -134,6 +139,8 @@ def test_no_key_is_dispensed_twice_through_cluster_shard_faults(tmp_path: Path) 
         "drill",
         "--redis",
         "cluster",
+        "--slot-per",
+        slot_per,
         "--rounds",
         str(len(kinds)),
         "--json",
@@ -163,3 +170,11 @@ def test_no_key_is_dispensed_twice_through_cluster_shard_faults(tmp_path: Path) 
     assert ledger["missing"] == 0 and ledger["used_missing"] == 0, ledger
     assert ledger["duplicate_alarms"] == 0 and ledger["marked"] > 0
     assert set(ledger["lost_with_data"]) <= set(cluster.CLUSTER_FAULTS) - {"cluster_failover"}
+    assert report["slot_per"] == slot_per
+    if slot_per == "type":
+        assert len(report["bystanders"]) == 2
+        for seen in report["bystanders"].values():
+            assert seen["keys"] > 0 and seen["duplicates"] == 0 and seen["refusals"] == 0, seen
+            assert seen["longest_gap_ms"] <= cluster.BYSTANDER_PAUSE_S * 1000, seen
+    else:
+        assert report["bystanders"] == {}

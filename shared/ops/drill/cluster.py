@@ -18,11 +18,17 @@ the shard that serves it, in turn:
 Checked on the whole history as the Sentinel drill is (history.py): no key received
 twice, every ledger record kept but those a fault destroyed, no process exit, and
 after every fault the shard's new primary owns the fence and keys flow again.
+
+With ``--slot-per type`` (``redis_cluster.slot_per: type``) two more types, each on
+another shard, are taken throughout: the faults hit the drill type's shard only, and
+those types must be answered with a key every time, never paused (``BYSTANDER_PAUSE_S``)
+while the struck shard fails over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -48,8 +54,10 @@ from shared.ops.processes import run_cli, scrubbed_env, serving
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
 
 NAMESPACE = "kd"
-TAG = "{" + NAMESPACE + "}"  # Settings.redis_key_namespace on a cluster
-SLOT = key_slot(TAG.encode())
+# The types taken beside the drill type with --slot-per type, each placed on a shard of
+# its own (EmbeddedRedisCluster.spread), and the longest they may go without a key.
+BYSTANDER_STEMS = ("bystander", "onlooker")
+BYSTANDER_PAUSE_S = 1.0
 CLUSTER_FAULTS = (
     "shard_primary_sigkill",
     "cluster_failover",
@@ -115,6 +123,10 @@ class ClusterDrillReport:
     fence_not_engaged: list[int]
     not_resumed: list[int]
     fault_kinds: list[str]
+    slot_per: str = "namespace"
+    # With slot_per type: each type on another shard than the struck one (its keys,
+    # duplicates, refusals, and longest wait for a key during any fault).
+    bystanders: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def failures(self) -> list[str]:
         checks = [
@@ -130,6 +142,16 @@ class ClusterDrillReport:
             (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
             (self.faults_not_injected == 0, f"{self.faults_not_injected} faults not injected"),
         ]
+        for name, seen in self.bystanders.items():
+            checks += [
+                (seen["keys"] > 0, f"{name} (another shard) dispensed nothing"),
+                (seen["duplicates"] == 0, f"{name}: {seen['duplicates']} keys dispensed twice"),
+                (seen["refusals"] == 0, f"{name} (another shard) refused {seen['refusals']}"),
+                (
+                    seen["longest_gap_ms"] <= BYSTANDER_PAUSE_S * 1000,
+                    f"{name} (another shard) paused {seen['longest_gap_ms']} ms",
+                ),
+            ]
         return [failure for holds, failure in checks if not holds]
 
     def as_json(self) -> dict[str, Any]:
@@ -151,6 +173,12 @@ def format_table(report: ClusterDrillReport) -> str:
         f"{sum(ledger['lost_with_data'].values())}"
     )
     lines.append(f"process exits {len(report.process_exits)}")
+    for name, seen in report.bystanders.items():
+        lines.append(
+            f"{name} (another shard): keys {seen['keys']}, duplicates {seen['duplicates']}, "
+            f"refusals during faults {seen['refusals']}, longest wait "
+            f"{seen['longest_gap_ms']} ms"
+        )
     lines.extend(f"FAILED: {failure}" for failure in report.failures())
     return "\n".join(lines)
 
@@ -160,7 +188,13 @@ class ClusterDrill:
     cluster: EmbeddedRedisCluster
     fleet: Fleet
     load: RecordingLoad
+    tag: str  # the drill type's key namespace: its slot is the one struck
+    bystanders: list[RecordingLoad] = field(default_factory=list)
     rounds: list[ClusterRound] = field(default_factory=list)
+
+    @property
+    def slot(self) -> int:
+        return key_slot(self.tag.encode())
 
     def faults(self) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
         return {
@@ -173,7 +207,7 @@ class ClusterDrill:
     # --- who is who -------------------------------------------------------------------
 
     def primary(self) -> ClusterNode:
-        return self.cluster.primary_of(SLOT)
+        return self.cluster.primary_of(self.slot)
 
     def identity(self) -> tuple[str, str]:
         """The slot's primary and its identity (what the fence records as its owner)."""
@@ -184,7 +218,7 @@ class ClusterDrill:
 
     def discarded(self) -> int:
         try:
-            counts = self.primary().client().hgetall(redis_keys.discarded_key(TAG))
+            counts = self.primary().client().hgetall(redis_keys.discarded_key(self.tag))
         except (redis.RedisError, EmbeddedServerError):
             return 0
         return sum(int(v) for v in counts.values())
@@ -199,7 +233,7 @@ class ClusterDrill:
             except (redis.RedisError, EmbeddedServerError):
                 pass
             await asyncio.sleep(0.05)
-        raise RuntimeError(f"no new primary for slot {SLOT} within {FAILOVER_S}s")
+        raise RuntimeError(f"no new primary for slot {self.slot} within {FAILOVER_S}s")
 
     async def healthy(self) -> None:
         await asyncio.to_thread(self.cluster.wait_healthy, 60)
@@ -210,7 +244,7 @@ class ClusterDrill:
         deadline = time.monotonic() + FENCE_DEADLINE_S
         while time.monotonic() < deadline:
             try:
-                if self.primary().client().get(redis_keys.fence_key(TAG)) == token:
+                if self.primary().client().get(redis_keys.fence_key(self.tag)) == token:
                     return True
             except (redis.RedisError, EmbeddedServerError):
                 pass
@@ -269,7 +303,7 @@ class ClusterDrill:
         left = -1
         while time.monotonic() < deadline:
             try:
-                left = int(self.primary().client().xlen(redis_keys.ledger_stream_key(TAG)))
+                left = int(self.primary().client().xlen(redis_keys.ledger_stream_key(self.tag)))
             except (redis.RedisError, EmbeddedServerError):
                 left = -1
             if 0 <= left <= DRAINED_ENTRIES:
@@ -281,7 +315,7 @@ class ClusterDrill:
         """When the oldest entry the ledger stream still holds was written (monotonic
         time; None for none): keysync has applied everything before it."""
         try:
-            first = self.primary().client().xrange(redis_keys.ledger_stream_key(TAG), count=1)
+            first = self.primary().client().xrange(redis_keys.ledger_stream_key(self.tag), count=1)
         except (redis.RedisError, EmbeddedServerError):
             return None
         if not first:
@@ -334,6 +368,29 @@ class ClusterDrill:
             began, resume = self.load.disruption(done.began, until)
             done.outage_began_ms, done.resume_ms = round(began), round(resume)
             done.served_after_fault = self.load.served_between(done.ended, until)
+            if self.bystanders:
+                # The other shards' types, from the fault until the struck shard serves
+                # again (and a second more): refused requests, and the longest wait.
+                end = done.ended + 1.0
+                done.figures["bystander_refusals"] = sum(
+                    _refusals(load, done.began, end) for load in self.bystanders
+                )
+                done.figures["bystander_longest_gap_ms"] = max(
+                    _longest_gap_ms(load, done.began, end) for load in self.bystanders
+                )
+
+
+def _refusals(load: RecordingLoad, start: float, until: float) -> int:
+    return sum(1 for t, ok in load.events if not ok and start <= t < until)
+
+
+def _longest_gap_ms(load: RecordingLoad, start: float, until: float) -> int:
+    """The longest time in [start, until) between answers with a key (from ``start``
+    to the first, and from the last to ``until``, count too)."""
+    served = [t for t, ok in load.events if ok and start <= t < until]
+    last = load.events[-1][0] if load.events else start
+    edges = [start, *served, max(start, min(until, last))]
+    return round(max(b - a for a, b in itertools.pairwise(edges)) * 1000)
 
 
 def _loss_from(done: ClusterRound) -> float:
@@ -362,7 +419,11 @@ def _lag(primary: ClusterNode) -> int:
 
 
 async def run(
-    settings: Settings, rounds: int, only: list[str] | None, work_dir: Path | None
+    settings: Settings,
+    rounds: int,
+    only: list[str] | None,
+    work_dir: Path | None,
+    slot_per: str = "namespace",
 ) -> ClusterDrillReport:
     import tempfile
 
@@ -370,11 +431,11 @@ async def run(
         base = work_dir or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
-        return await _drill(settings, rounds, only, base)
+        return await _drill(settings, rounds, only, base, slot_per)
 
 
 async def _drill(
-    settings: Settings, rounds: int, only: list[str] | None, base: Path
+    settings: Settings, rounds: int, only: list[str] | None, base: Path, slot_per: str
 ) -> ClusterDrillReport:
     kinds = only or list(CLUSTER_FAULTS)
     unknown = set(kinds) - set(CLUSTER_FAULTS)
@@ -383,13 +444,18 @@ async def _drill(
     cluster = EmbeddedRedisCluster(base / "redis-cluster")
     postgres = EmbeddedPostgres(base / "postgres")
     fleet: Fleet | None = None
-    load: RecordingLoad | None = None
+    loads: list[RecordingLoad] = []
     try:
         await asyncio.to_thread(cluster.start)
         await asyncio.to_thread(postgres.start)
         database = f"kd_cluster_drill_{os.getpid()}"
         await scratch_database(postgres.dsn("postgres"), database)
-        fleet = _fleet(settings, base, postgres.dsn(database), cluster)
+        bystanders = (
+            cluster.spread(NAMESPACE, [DRILL_TYPE, *BYSTANDER_STEMS])[1:]
+            if slot_per == "type"
+            else []
+        )
+        fleet = _fleet(settings, base, postgres.dsn(database), cluster, slot_per, bystanders)
         done = await asyncio.to_thread(run_cli, "migrate", env=fleet.env, timeout_s=120)
         if done.returncode != 0:
             raise RuntimeError(f"migrate failed: {done.stderr}")
@@ -406,32 +472,45 @@ async def _drill(
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
         load = RecordingLoad(urls, DRILL_TYPE)
-        drill = ClusterDrill(cluster, fleet, load)
+        # Bystanders: a few clients each, marking nothing (their types keep no ledger).
+        others = [RecordingLoad(urls, name, clients=2, mark_every=0) for name in bystanders]
+        loads = [load, *others]
+        tag = "{" + NAMESPACE + (f".{DRILL_TYPE}" if slot_per == "type" else "") + "}"
+        drill = ClusterDrill(cluster, fleet, load, tag, others)
         until = time.monotonic() + rounds * 45 + 60
-        running = asyncio.ensure_future(load.run(until))
+        running = [asyncio.ensure_future(each.run(until)) for each in loads]
         for number in range(rounds):
             await drill.round(number + 1, kinds[number % len(kinds)])
         await asyncio.sleep(SETTLE_S)
-        load.stop()
-        await running
+        for each in loads:
+            each.stop()
+        await asyncio.gather(*running)
         drill.measure_disruptions()
         fleet.stop()
-        return await _report(drill, kinds, postgres.dsn(database), base / "logs")
+        return await _report(drill, kinds, postgres.dsn(database), base / "logs", slot_per)
     finally:
-        if load is not None:
-            load.stop()
+        for each in loads:
+            each.stop()
         if fleet is not None:
             fleet.stop()
         await asyncio.to_thread(cluster.stop)
         postgres.stop()
 
 
-def _fleet(settings: Settings, base: Path, dsn: str, cluster: EmbeddedRedisCluster) -> Fleet:
+def _fleet(
+    settings: Settings,
+    base: Path,
+    dsn: str,
+    cluster: EmbeddedRedisCluster,
+    slot_per: str,
+    bystanders: list[str],
+) -> Fleet:
     config = base / "drill.yaml"
+    others = {name: DRILL_TYPE_CONFIG | {"ledger": False} for name in bystanders}
     config.write_text(
         json.dumps(
             {
-                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG},
+                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG, **others},
                 "keysync": DRILL_KEYSYNC,
                 "redis_namespace": NAMESPACE,
                 "postgres_connect_timeout_s": 1.0,
@@ -443,14 +522,14 @@ def _fleet(settings: Settings, base: Path, dsn: str, cluster: EmbeddedRedisClust
         KD_CONFIG=str(config),
         KD_POSTGRES_DSN=dsn,
         KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
-        KD_REDIS_CLUSTER=json.dumps({"nodes": list(cluster.seeds)}),
+        KD_REDIS_CLUSTER=json.dumps({"nodes": list(cluster.seeds), "slot_per": slot_per}),
     )
     (base / "logs").mkdir(exist_ok=True)
     return Fleet(base / "logs", env)
 
 
 async def _report(
-    drill: ClusterDrill, kinds: list[str], dsn: str, logs: Path
+    drill: ClusterDrill, kinds: list[str], dsn: str, logs: Path, slot_per: str
 ) -> ClusterDrillReport:
     load = drill.load
     rows = [done.row() for done in drill.rounds]
@@ -478,4 +557,18 @@ async def _report(
         ],
         not_resumed=[done.number for done in drill.rounds if not done.served_after_fault],
         fault_kinds=kinds,
+        slot_per=slot_per,
+        bystanders={
+            other.name: {
+                "keys": other.dispensed,
+                "duplicates": other.duplicates,
+                "refusals": sum(_refusals(other, r.began, r.ended + 1.0) for r in drill.rounds),
+                "errors": dict(other.errors),
+                "longest_gap_ms": max(
+                    (_longest_gap_ms(other, r.began, r.ended + 1.0) for r in drill.rounds),
+                    default=0,
+                ),
+            }
+            for other in drill.bystanders
+        },
     )

@@ -21,7 +21,8 @@ from shared.domain.snowflake import SnowflakeType
 class RecordingLoad:
     """Clients taking keys (single and batch) from every dispenser, recording every key
     received, when, and every failure; one key in ``mark_every`` received alone is
-    marked used (``marked``: the ones the dispenser accepted, 202)."""
+    marked used (``marked``: the ones the dispenser accepted, 202; ``mark_every`` 0:
+    none)."""
 
     urls: list[str]
     name: str  # of the ID type taken
@@ -74,7 +75,7 @@ class RecordingLoad:
                 self.received_at.setdefault(key, now)
             if not got:
                 await asyncio.sleep(0.02)
-            elif not batch and i % self.mark_every == 1:
+            elif self.mark_every and not batch and i % self.mark_every == 1:
                 await self._mark(session, base, got[0])
 
     async def _request(self, session: aiohttp.ClientSession, url: str, batch: bool) -> list[str]:
