@@ -108,9 +108,15 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
         servers,
         args.rate,
         args.redis_cluster,
+        args.slot_per,
+        args.types,
     )
     if args.redis_cluster and args.bench != "pipeline":
         raise ConfigError("--redis-cluster: bench pipeline only")
+    if args.types > 1 and args.bench != "pipeline":
+        raise ConfigError("--types: bench pipeline only")
+    if args.slot_per != "namespace" and not args.redis_cluster:
+        raise ConfigError("--slot-per: with --redis-cluster only")
     results = asyncio.run(run(args.bench, settings, args.seconds, options))
     print(json.dumps(results, indent=2))
     _write_json(results, args.json)
@@ -331,6 +337,19 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SHARDS",
         help="pipeline: run on a Redis Cluster of SHARDS primaries (a replica each) "
         "started on loopback for the run",
+    )
+    bench.add_argument(
+        "--slot-per",
+        choices=("namespace", "type"),
+        default="namespace",
+        help="pipeline with --redis-cluster: every key in one slot, or each type in a slot "
+        "of its own on its own shard (redis_cluster.slot_per)",
+    )
+    bench.add_argument(
+        "--types",
+        type=_positive,
+        default=1,
+        help="pipeline: ID types served at once (each offered its share of --rate)",
     )
     bench.add_argument(
         "--rate",

@@ -34,6 +34,8 @@ class Options:
     servers: tuple[str, ...] = ("uvicorn", "granian")  # dispense: HTTP servers measured
     rate: float | None = None  # pipeline: keys/s offered (0: full speed; None: its default)
     cluster_shards: int = 0  # pipeline: on a loopback Redis Cluster of this many primaries
+    slot_per: str = "namespace"  # pipeline on a cluster: redis_cluster.slot_per
+    types: int = 1  # pipeline: ID types served at once
 
 
 async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:

@@ -10,6 +10,11 @@ then batch clients take ``POST /v1/keys/{type}?count=5000`` for ``--seconds`` wh
 keysync refills and keygen, idle at first, generates again once the cold inventory
 falls below half the prefill (its low watermark), as in production.
 
+``--types N`` runs N ID types at once (each with the same watermarks, a share of the
+prefill, and its own clients offering a share of the rate); with ``--redis-cluster
+SHARDS --slot-per type`` each type's keys live in a slot of their own, placed on
+distinct shards as far as there are shards (``EmbeddedRedisCluster.spread``).
+
 The clients offer a fixed aggregate load, ``--rate`` keys/s (default 200,000, the
 target): request k is due ``k x 5000 / rate`` seconds after the start, by the
 monotonic clock, so waits never drift; a client that is late sends at once. ``--rate
@@ -25,6 +30,7 @@ keygen's committed keys, keysync's moved keys (dispensed plus the hot list's gro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import tempfile
@@ -72,16 +78,20 @@ def hot_marks(prefill: int) -> dict[str, int]:
     return {"low": high // 4, "high": high}
 
 
-def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> dict[str, Any]:
+def pipeline_config(
+    settings: Settings, dsn: str, prefill: int, port: int, names: tuple[str, ...] = (PIPE_TYPE,)
+) -> dict[str, Any]:
+    """``prefill``: each type's."""
     cluster = settings.redis_cluster
+    on_cluster = {"nodes": list(cluster.nodes), "slot_per": cluster.slot_per} if cluster else None
     return {
         "postgres_dsn": dsn,
         "redis_url": settings.redis_url,
-        **({"redis_cluster": {"nodes": list(cluster.nodes)}} if cluster else {}),
+        **({"redis_cluster": on_cluster} if on_cluster else {}),
         "redis_namespace": settings.redis_namespace,
         "log_level": "WARNING",
         "id_types": {
-            PIPE_TYPE: {
+            name: {
                 "kind": "numeric",
                 "length": 10,
                 "range_size": RANGE_SIZE,
@@ -89,6 +99,7 @@ def pipeline_config(settings: Settings, dsn: str, prefill: int, port: int) -> di
                 "hot": hot_marks(prefill),
                 "sync_batch": SYNC_BATCH,
             }
+            for name in names
         },
         "dispenser": {"port": port, "max_batch": BATCH, "idempotency_ttl_s": 60},
         "keysync": {"poll_interval_s": 0.05},
@@ -177,14 +188,21 @@ async def _wait_for(what: str, check: Any, deadline_s: float, logs: Callable[[],
 
 class Pipeline:
     def __init__(
-        self, settings: Settings, seconds: float, work: Path, keysyncs: int, rate: float
+        self,
+        settings: Settings,
+        seconds: float,
+        work: Path,
+        keysyncs: int,
+        rate: float,
+        names: tuple[str, ...] = (PIPE_TYPE,),
     ) -> None:
         self.settings, self.seconds, self.work = settings, seconds, work
-        self.keysyncs, self.rate = keysyncs, rate
+        self.keysyncs, self.rate, self.names = keysyncs, rate, names
         # The key the scratch database is migrated with, and the processes run with.
         secret = settings.permutation_key
         self.permutation_key = secret.get_secret_value() if secret else BENCH_PERMUTATION_KEY
-        self.prefill = max(MIN_PREFILL, round(PREFILL_KEYS_PER_S * seconds))
+        # Each type's share of what the whole run needs at the target rate.
+        self.prefill = max(MIN_PREFILL, round(PREFILL_KEYS_PER_S * seconds / len(names)))
         self.port = free_port()
         self.database = f"kd_bench_pipe_{os.getpid()}"
         self.processes: list[Any] = []
@@ -195,50 +213,57 @@ class Pipeline:
         self.processes.append(spawn(cli_command(command), env, output))
 
     async def run(self) -> dict[str, Any]:
-        endpoint = RedisEndpoint.from_settings(self.settings)
-        namespace = self.settings.redis_key_namespace
+        # Each type's key namespace (one for all but with a cluster's slot_per: type).
+        spaces = {name: self.settings.key_namespace_of(name) for name in self.names}
+        endpoints = {
+            ns: RedisEndpoint.for_keys(self.settings, ns) for ns in dict.fromkeys(spaces.values())
+        }
         try:
-            redis_client = await endpoint.client()
-            await refuse_unless_scratch(redis_client, namespace, "pipeline")
+            clients = {name: await endpoints[ns].client() for name, ns in spaces.items()}
+            for name, ns in spaces.items():
+                await refuse_unless_scratch(clients[name], ns, "pipeline")
             dsn = await scratch_database(self.settings.postgres_dsn, self.database)
-            return await self._run(redis_client, dsn)
+            return await self._run(clients, dsn)
         finally:
             stop_processes(self.processes)
-            try:
-                await clear(await endpoint.client(), namespace, PIPE_TYPE)
-            except (StoreUnavailable, RedisError):
-                pass  # Redis is gone (a run that failed on it): nothing to tidy there
-            finally:
+            for name, ns in spaces.items():
+                # Redis is gone (a run that failed on it): nothing to tidy there.
+                with contextlib.suppress(StoreUnavailable, RedisError):
+                    await clear(await endpoints[ns].client(), ns, name)
+            for endpoint in endpoints.values():
                 await endpoint.close()
             await drop_database(self.settings.postgres_dsn, self.database)
 
-    async def _run(self, redis_client: aioredis.Redis, dsn: str) -> dict[str, Any]:
-        values = pipeline_config(self.settings, dsn, self.prefill, self.port)
+    async def _run(self, clients: dict[str, aioredis.Redis], dsn: str) -> dict[str, Any]:
+        values = pipeline_config(self.settings, dsn, self.prefill, self.port, self.names)
         config = self.work / "pipeline.yaml"
         config.write_text(yaml.safe_dump(values))
         local = Settings.model_validate(values | {"permutation_key": self.permutation_key})
         await run_migrate(local)
         cold = await ColdStore.connect(dsn)
         try:
-            return await self._measure(redis_client, cold, config)
+            return await self._measure(clients, cold, config)
         finally:
             await cold.close()
 
+    async def _depths(self, clients: dict[str, aioredis.Redis]) -> dict[str, int]:
+        return {name: int(await c.llen(self._hot_key(name))) for name, c in clients.items()}
+
     async def _measure(
-        self, redis_client: aioredis.Redis, cold: ColdStore, config: Path
+        self, clients: dict[str, aioredis.Redis], cold: ColdStore, config: Path
     ) -> dict[str, Any]:
-        hot_key = self._hot_key()
         started = time.monotonic()
         self._spawn("keygen", config)
-        fill_deadline = START_DEADLINE_S + self.prefill / 20_000
+        fill_deadline = START_DEADLINE_S + self.prefill * len(self.names) / 20_000
 
         async def cold_full() -> bool:
             self._alive()
-            return await cold.depth(PIPE_TYPE, self.prefill) >= self.prefill
+            depths = [await cold.depth(name, self.prefill) for name in self.names]
+            return min(depths) >= self.prefill
 
         async def hot_full() -> bool:
             self._alive()
-            return int(await redis_client.llen(hot_key)) >= hot_marks(self.prefill)["high"]
+            return min((await self._depths(clients)).values()) >= hot_marks(self.prefill)["high"]
 
         await _wait_for("the cold prefill", cold_full, fill_deadline, self._logs)
         for n in range(self.keysyncs):  # now: they would take keys as keygen commits them
@@ -248,13 +273,28 @@ class Pipeline:
         self._spawn("dispenser", config)
         if not serving(f"http://127.0.0.1:{self.port}/healthz", START_DEADLINE_S):
             raise KeydispenserError("bench pipeline: the dispenser did not start")
-        accepted_before = (await cold.range_stats(PIPE_TYPE))["accepted"]
-        hot_before = int(await redis_client.llen(hot_key))
-        drain, schedule, elapsed = await self._drain(redis_client)
+        accepted_before = await self._accepted(cold)
+        hot_before = sum((await self._depths(clients)).values())
+        drains, schedules, elapsed = await self._drain(clients)
         self._alive()
-        accepted_after = (await cold.range_stats(PIPE_TYPE))["accepted"]
-        hot_after = int(await redis_client.llen(hot_key))
-        return self._report(
+        accepted_after = await self._accepted(cold)
+        hot_after = sum((await self._depths(clients)).values())
+        drain = Drain(
+            keys=sum(d.keys for d in drains.values()),
+            requests=sum(d.requests for d in drains.values()),
+            short_batches=sum(d.short_batches for d in drains.values()),
+            pool_empty=sum(d.pool_empty for d in drains.values()),
+            other_errors=sum(d.other_errors for d in drains.values()),
+            depths=[depth for d in drains.values() for depth in d.depths],
+        )
+        schedule = Schedule(
+            started,
+            started + self.seconds,
+            0.0,
+            offered=sum(s.offered for s in schedules.values()),
+            max_lag=max(s.max_lag for s in schedules.values()),
+        )
+        report = self._report(
             drain,
             schedule,
             elapsed,
@@ -262,26 +302,57 @@ class Pipeline:
             accepted_after - accepted_before,
             drain.keys + hot_after - hot_before,
         )
+        if len(self.names) > 1:
+            report["types"] = {
+                name: {
+                    "keys_per_s": round(d.keys / elapsed),
+                    "hot_ran_dry": d.pool_empty > 0 or d.short_batches > 0 or 0 in d.depths,
+                    "key_namespace": self.settings.key_namespace_of(name),
+                }
+                for name, d in drains.items()
+            }
+        return report
 
-    def _hot_key(self) -> str:
-        return redis_keys.hot_list_key(self.settings.redis_key_namespace, PIPE_TYPE)
+    async def _accepted(self, cold: ColdStore) -> int:
+        return sum([(await cold.range_stats(name))["accepted"] for name in self.names])
 
-    async def _drain(self, redis_client: aioredis.Redis) -> tuple[Drain, Schedule, float]:
-        drain = Drain()
-        url = f"http://127.0.0.1:{self.port}/v1/keys/{PIPE_TYPE}?count={BATCH}"
-        connector = aiohttp.TCPConnector(limit=CLIENTS)
+    def _hot_key(self, name: str) -> str:
+        return redis_keys.hot_list_key(self.settings.key_namespace_of(name), name)
+
+    async def _drain(
+        self, clients: dict[str, aioredis.Redis]
+    ) -> tuple[dict[str, Drain], dict[str, Schedule], float]:
+        """Every type's clients at once, each type offered its share of the rate."""
+        drains = {name: Drain() for name in self.names}
+        per_type = max(1, CLIENTS // len(self.names)) if len(self.names) < CLIENTS else 2
+        connector = aiohttp.TCPConnector(limit=per_type * len(self.names))
         async with aiohttp.ClientSession(connector=connector) as session:
             started = time.monotonic()
-            schedule = Schedule.at_rate(started, self.seconds, self.rate)
-            sampler = asyncio.ensure_future(
-                _sample(redis_client, self._hot_key(), schedule.deadline, drain)
+            share = self.rate / len(self.names)
+            schedules = {
+                name: Schedule.at_rate(started, self.seconds, share) for name in self.names
+            }
+            samplers = [
+                asyncio.ensure_future(
+                    _sample(c, self._hot_key(name), schedules[name].deadline, drains[name])
+                )
+                for name, c in clients.items()
+            ]
+            await asyncio.gather(
+                *(
+                    _client(session, self._url(name), schedules[name], drains[name])
+                    for name in self.names
+                    for _ in range(per_type)
+                )
             )
-            await asyncio.gather(*(_client(session, url, schedule, drain) for _ in range(CLIENTS)))
-            # The window: from the first request to the last answer (not the sampler's
+            # The window: from the first request to the last answer (not the samplers'
             # last sleep).
             elapsed = time.monotonic() - started
-            await sampler
-        return drain, schedule, elapsed
+            await asyncio.gather(*samplers)
+        return drains, schedules, elapsed
+
+    def _url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/keys/{name}?count={BATCH}"
 
     def _logs(self) -> str:
         return "\n".join(
@@ -332,7 +403,8 @@ class Pipeline:
             "prefill_seconds": round(prefill_s, 1),
             "batch": BATCH,
             "sync_batch": SYNC_BATCH,
-            "clients": CLIENTS,
+            "clients": CLIENTS if len(self.names) == 1 else len(self.names) * 2,
+            "id_types": len(self.names),
             "keysync_processes": self.keysyncs,
             "redis": _redis_described(self.settings),
             "targets": TARGETS,
@@ -342,7 +414,10 @@ class Pipeline:
 
 def _redis_described(settings: Settings) -> str:
     if settings.redis_cluster is not None:
-        return f"cluster ({len(settings.redis_cluster.nodes)} nodes given)"
+        return (
+            f"cluster ({len(settings.redis_cluster.nodes)} nodes given, "
+            f"slot_per {settings.redis_cluster.slot_per})"
+        )
     return "redis_url"
 
 
@@ -352,9 +427,11 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
     each) started on loopback for the run, instead of the configured Redis."""
     keysyncs = options.keysyncs
     rate = DEFAULT_RATE if options.rate is None else options.rate
+    stems = [PIPE_TYPE] + [f"{PIPE_TYPE}_{n}" for n in range(2, options.types + 1)]
     with tempfile.TemporaryDirectory(prefix="kd-bench-pipeline-") as work:
         if not options.cluster_shards:
-            return await Pipeline(settings, seconds, Path(work), keysyncs, rate).run()
+            names = tuple(stems)
+            return await Pipeline(settings, seconds, Path(work), keysyncs, rate, names).run()
         # A failure detection time no busy machine trips by itself (a bench is not a
         # drill: no node is to be failed over during it).
         cluster = EmbeddedRedisCluster(
@@ -363,10 +440,22 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         await asyncio.to_thread(cluster.start)
         try:
             on_cluster = settings.model_copy(
-                update={"redis_cluster": ClusterConfig(nodes=cluster.seeds)}
+                update={
+                    "redis_cluster": ClusterConfig.model_validate(
+                        {"nodes": cluster.seeds, "slot_per": options.slot_per}
+                    )
+                }
             )
-            results = await Pipeline(on_cluster, seconds, Path(work), keysyncs, rate).run()
+            names = tuple(
+                cluster.spread(settings.redis_namespace, stems)
+                if options.slot_per == "type"
+                else stems
+            )
+            results = await Pipeline(on_cluster, seconds, Path(work), keysyncs, rate, names).run()
         finally:
             await asyncio.to_thread(cluster.stop)
         shards = options.cluster_shards
-        return results | {"redis": f"cluster of {shards} primaries, a replica each, on loopback"}
+        return results | {
+            "redis": f"cluster of {shards} primaries, a replica each, on loopback, "
+            f"slot_per {options.slot_per}"
+        }
