@@ -137,6 +137,38 @@ def test_bench_pipeline_runs_on_a_redis_cluster_of_its_own(
     assert refused.returncode != 0 and "--redis-cluster: bench pipeline only" in refused.stderr
 
 
+def test_bench_pipeline_spreads_types_over_a_clusters_shards(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "pipeline-spread.json"
+    result = run_cli(
+        "bench",
+        "pipeline",
+        "--seconds",
+        "0.3",
+        "--redis-cluster",
+        "3",
+        "--slot-per",
+        "type",
+        "--types",
+        "3",
+        "--json",
+        str(out),
+        env=env,
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["redis"].endswith("slot_per type") and report["id_types"] == 3
+    types = report["types"]
+    assert len({each["key_namespace"] for each in types.values()}) == 3
+    assert all(each["keys_per_s"] > 0 for each in types.values()), types
+    assert report["other_errors"] == 0
+    refused = run_cli("bench", "pipeline", "--slot-per", "type", env=env, timeout_s=60)
+    assert refused.returncode != 0 and "--slot-per: with --redis-cluster only" in refused.stderr
+
+
 def test_bench_fastpath_answers_every_request_in_process(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -205,6 +205,8 @@ def test_redis_cluster_wires_every_node_and_refuses_eviction() -> None:
         "--min-replicas-to-write 1",
         "--enable-debug-command no",
         "--maxmemory-policy noeviction",
+        # A shard without a primary must not stop the others (types spread over them).
+        "--cluster-require-full-coverage no",
     ):
         assert flag in scripts["redis.sh"], flag
     assert "--cluster-replicas 1" in scripts["bootstrap.sh"]
@@ -218,7 +220,8 @@ def test_redis_cluster_wires_every_node_and_refuses_eviction() -> None:
     # The settings the overlay gives load, naming the cluster.
     from shared.domain.config import ClusterConfig
 
-    assert ClusterConfig.model_validate(config["redis_cluster"]).nodes == tuple(expected)
+    cluster = ClusterConfig.model_validate(config["redis_cluster"])
+    assert cluster.nodes == tuple(expected) and cluster.slot_per == "type"
 
 
 def test_only_keydispenser_reaches_the_stores() -> None:
