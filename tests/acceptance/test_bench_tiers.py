@@ -44,15 +44,25 @@ def test_bench_keysync_moves_every_key_exactly_in_one_and_two_processes(
         client.close()
 
 
-def test_bench_keysync_refuses_a_redis_database_holding_state(
+def test_the_benches_refuse_a_redis_database_holding_state_and_leave_it(
     settings: Settings, tmp_path: Path
 ) -> None:
+    """A database holding keydispenser state (here: the sync record ``fill`` wrote) is
+    refused, and left exactly as it was: a refused bench tidies nothing up."""
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
     assert run_cli("migrate", env=env).returncode == 0
     assert run_cli("fill", "--type", "farmer", "--count", "1", env=env).returncode == 0
-    refused = run_cli("bench", "keysync", "--seconds", "0.05", env=env, timeout_s=120)
-    assert refused.returncode == 2
-    assert "scratch database" in refused.stderr
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        record = client.hgetall(redis_keys.sync_record_key(NS))
+        assert record
+        for bench in ("keysync", "pipeline", "client"):
+            refused = run_cli("bench", bench, "--seconds", "0.05", env=env, timeout_s=120)
+            assert refused.returncode == 2, (bench, refused.stderr[-2000:])
+            assert "scratch database" in refused.stderr
+            assert client.hgetall(redis_keys.sync_record_key(NS)) == record, bench
+    finally:
+        client.close()
 
 
 def test_every_bench_leaves_its_scratch_redis_database_as_found(

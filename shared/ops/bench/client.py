@@ -119,8 +119,10 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
     redis_client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     port = free_port()
     process = None
+    scratch = False  # found to be a scratch database: this run's to tidy
     try:
         await refuse_unless_scratch(redis_client, settings.redis_namespace, "client")
+        scratch = True
         per_variant = round(KEYS_PER_SECOND_SIZING * seconds) + 300_000
         await _fill(settings, redis_client, 0, per_variant)
         with tempfile.TemporaryDirectory(prefix="kd-bench-client-") as work:
@@ -138,7 +140,8 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
             aio = await take_async(url, seconds)
     finally:
         stop_process(process)
-        await clear(redis_client, settings.redis_namespace, CLIENT_TYPE)
+        if scratch:  # never the state of a database it refused
+            await clear(redis_client, settings.redis_namespace, CLIENT_TYPE)
         await redis_client.aclose()
     return {
         "benchmark": "client",

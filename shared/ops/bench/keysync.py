@@ -171,8 +171,10 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         "sync_batch": batch,
         "postgres_fence": True,
     }
+    scratch = False  # found to be a scratch database: this run's to tidy
     try:
         await refuse_unless_scratch(client, settings.redis_namespace, "keysync")
+        scratch = True
         dsn = await scratch_database(settings.postgres_dsn, database)
         local = bench_settings(settings, dsn, batch)
         conn = await asyncpg.connect(dsn)
@@ -185,7 +187,8 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
             report[f"processes_{count}"] = result
         report["keys_per_s"] = report[f"processes_{processes[0]}"]["keys_per_s"]
     finally:
-        await clear(client, settings.redis_namespace, SYNC_TYPE)
+        if scratch:  # never the state of a database it refused
+            await clear(client, settings.redis_namespace, SYNC_TYPE)
         await client.aclose()
         await drop_database(settings.postgres_dsn, database)
     return report

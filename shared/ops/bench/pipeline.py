@@ -218,15 +218,17 @@ class Pipeline:
         endpoints = {
             ns: RedisEndpoint.for_keys(self.settings, ns) for ns in dict.fromkeys(spaces.values())
         }
+        scratch = False  # the databases were found to be scratch ones: this run's to tidy
         try:
             clients = {name: await endpoints[ns].client() for name, ns in spaces.items()}
             for name, ns in spaces.items():
                 await refuse_unless_scratch(clients[name], ns, "pipeline")
+            scratch = True
             dsn = await scratch_database(self.settings.postgres_dsn, self.database)
             return await self._run(clients, dsn)
         finally:
             stop_processes(self.processes)
-            for name, ns in spaces.items():
+            for name, ns in spaces.items() if scratch else ():
                 # Redis is gone (a run that failed on it): nothing to tidy there.
                 with contextlib.suppress(StoreUnavailable, RedisError):
                     await clear(await endpoints[ns].client(), ns, name)
