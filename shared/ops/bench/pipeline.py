@@ -453,11 +453,35 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
                 if options.slot_per == "type"
                 else stems
             )
+            before = await asyncio.to_thread(_shard_work, cluster)
             results = await Pipeline(on_cluster, seconds, Path(work), keysyncs, rate, names).run()
+            after = await asyncio.to_thread(_shard_work, cluster)
         finally:
             await asyncio.to_thread(cluster.stop)
         shards = options.cluster_shards
         return results | {
             "redis": f"cluster of {shards} primaries, a replica each, on loopback, "
-            f"slot_per {options.slot_per}"
+            f"slot_per {options.slot_per}",
+            # What each primary did over the whole run (prefill included): where the load
+            # went, whatever bounds the keys/s on this machine.
+            "shards": {
+                address: {
+                    "cpu_s": round(after[address][0] - cpu, 2),
+                    "commands": after[address][1] - commands,
+                }
+                for address, (cpu, commands) in before.items()
+            },
         }
+
+
+def _shard_work(cluster: EmbeddedRedisCluster) -> dict[str, tuple[float, int]]:
+    """Each primary's CPU seconds (user and system) and commands processed so far."""
+    found = {}
+    for node in cluster.live():
+        client = node.client()
+        if client.info("replication")["role"] != "master":
+            continue
+        cpu, stats = client.info("cpu"), client.info("stats")
+        used = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        found[node.address] = (used, int(stats["total_commands_processed"]))
+    return found
