@@ -49,6 +49,8 @@ LEASE_TESTS = ("tests/integration/test_machine_leases.py",)
 SPLIT_BRAIN_TESTS = "tests/acceptance/test_postgres_split_brain.py"
 SITE_TESTS = ("tests/integration/test_sites.py",)
 CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
+# The fence's guarantee per shard with each type on a shard of its own.
+SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 
 MUTANTS: Final = (
@@ -79,6 +81,20 @@ MUTANTS: Final = (
         "        return self.records[self._of_type[name]]",
         "        return next(iter(self.records.values()))",
         GROUP_TESTS,
+    ),
+    Mutant(
+        "a_shard_fence_accepts_any_owner_token_with_types_spread",
+        "shared/stores/lua/fence.lua",
+        "if redis.call('GET', FENCE) == token then",
+        "if redis.call('GET', FENCE) then",
+        SHARD_TESTS,
+    ),
+    Mutant(
+        "a_shard_keeps_inherited_lists_with_types_spread",
+        "shared/stores/lua/fence.lua",
+        "      redis.call('UNLINK', list)",
+        "      -- kept",
+        SHARD_TESTS,
     ),
     Mutant(
         "a_cluster_shard_fence_accepts_any_owner_token",
