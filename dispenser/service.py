@@ -102,8 +102,10 @@ class Dispenser:
         metrics.issued.also(self.coalescer.handed_out)
         self._last_nudge: dict[str, float] = {}
         self._memory_policy_ok = False  # checked once the primary answers
-        self._backlog = 0  # ledger stream length, as last read
-        self._backlog_read_at = -math.inf
+        # Each ledger type's stream length, as last read, and when (with types spread
+        # over a cluster's shards each type has a stream of its own).
+        self._backlog: dict[str, int] = {}
+        self._backlog_read_at: dict[str, float] = {}
         self._nudges: set[asyncio.Task[None]] = set()
 
     def canonical(self, segment: str) -> str:
@@ -214,17 +216,19 @@ class Dispenser:
         return popped
 
     async def ledger_open(self, id_type: IdType) -> None:
-        """Refuse (LedgerBacklogFull) while the ledger stream is over its maximum backlog.
+        """Refuse (LedgerBacklogFull) while the ledger stream that holds the type's
+        entries is over its maximum backlog (a stream on a shard that is down refuses
+        only its own types: StoreUnavailable).
 
         Its length is read at most once per LEDGER_BACKLOG_READ_S, so the bound may be
         passed by what a process hands out in that time.
         """
-        now = time.monotonic()
-        if now - self._backlog_read_at >= LEDGER_BACKLOG_READ_S:
-            self._backlog_read_at = now
-            self._backlog = await self.ledger_stream.backlog()
-            self.metrics.ledger_backlog.set(self._backlog)
-        if self._backlog >= self.settings.dispenser.ledger_max_backlog:
+        name, now = id_type.name, time.monotonic()
+        if now - self._backlog_read_at.get(name, -math.inf) >= LEDGER_BACKLOG_READ_S:
+            self._backlog_read_at[name] = now
+            self._backlog[name] = await self.ledger_stream.backlog(name)
+            self.metrics.ledger_backlog.set(max(self._backlog.values()))
+        if self._backlog.get(name, 0) >= self.settings.dispenser.ledger_max_backlog:
             self.metrics.ledger_refusals.labels(id_type.name).inc()
             raise LedgerBacklogFull(id_type.name, self.settings.dispenser.retry_after_max_s)
 

@@ -414,7 +414,7 @@ async def serve(settings: Settings) -> None:
             )
             if drain.enabled:
                 ttl = settings.keysync.ledger_early_mark_ttl_s
-                tasks.append(drain_ledger(drain, metrics, ledger.backlog, stop, ttl))
+                tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl))
         await asyncio.gather(*tasks)
     finally:
         await cold.close()

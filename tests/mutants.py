@@ -83,6 +83,13 @@ MUTANTS: Final = (
         GROUP_TESTS,
     ),
     Mutant(
+        "a_ledger_type_reads_every_shards_backlog",
+        "shared/stores/groups.py",
+        "        return await self.of(name).backlog(name)",
+        "        return sum(await self._all(lambda stream: stream.backlog()))",
+        SHARD_TESTS,
+    ),
+    Mutant(
         "a_shard_fence_accepts_any_owner_token_with_types_spread",
         "shared/stores/lua/fence.lua",
         "if redis.call('GET', FENCE) == token then",

@@ -65,7 +65,7 @@ class LedgerWrites(Protocol):
     """The ledger stream as a dispenser writes it (marks of use, releases) and reads it:
     its length, and whether keysync has applied it up to an entry."""
 
-    async def backlog(self) -> int: ...
+    async def backlog(self, name: str) -> int: ...
 
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False

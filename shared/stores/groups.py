@@ -167,7 +167,12 @@ class LedgerRouter(_ByType[LedgerStream]):
     """The ledger streams of every group (``LedgerWrites``): a type's entries are all
     in its group's stream, in order."""
 
-    async def backlog(self) -> int:
+    async def backlog(self, name: str) -> int:
+        """The length of the stream that holds type ``name``'s entries."""
+        return await self.of(name).backlog(name)
+
+    async def total_backlog(self) -> int:
+        """Every stream's length, together (keysync's ``kd_ledger_backlog``)."""
         return sum(await self._all(lambda stream: stream.backlog()))
 
     async def record_used(

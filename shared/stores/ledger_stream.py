@@ -154,7 +154,8 @@ class LedgerStream(RedisPort):
                 pipe.xdel(stream, *entry_ids)
                 await pipe.execute()
 
-    async def backlog(self) -> int:
+    async def backlog(self, name: str = "") -> int:
+        """The length of this stream (the one that holds type ``name``'s entries)."""
         async with self._guard("ledger_backlog"):
             return int(
                 await (await self._endpoint.client()).xlen(

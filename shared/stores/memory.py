@@ -104,7 +104,7 @@ class MemoryLedger:
     released: list[tuple[str, str, str, bool]] = field(default_factory=list)
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
 
-    async def backlog(self) -> int:
+    async def backlog(self, name: str = "") -> int:
         return self.held
 
     async def record_used(

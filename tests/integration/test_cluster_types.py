@@ -45,11 +45,13 @@ async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedRedisCluster]:
 def spread_settings(
     servers: Servers, database: str, cluster: EmbeddedRedisCluster, slot_per: str = "type"
 ) -> tuple[Settings, list[str]]:
-    """Three types (numeric, base62 with a ledger, numeric), one per shard (with
-    ``slot_per: namespace``, the control: all three on the namespace's shard)."""
+    """Three types (numeric with a ledger, base62 with a ledger, numeric), one per
+    shard (with ``slot_per: namespace``, the control: all three on the namespace's
+    shard)."""
     small = small_types()
     names = cluster.spread(NAMESPACE, ["farmer", "shortlink", "citizen"])
-    configs = [small["farmer"], small["shortlink"] | {"ledger": True}, small["farmer"]]
+    ledger = {"ledger": True}
+    configs = [small["farmer"] | ledger, small["shortlink"] | ledger, small["farmer"]]
     settings = make_settings(
         servers,
         database,
@@ -65,9 +67,10 @@ def tag(name: str) -> str:
 
 
 async def failover_under_load(
-    settings: Settings, names: list[str], cluster: EmbeddedRedisCluster
+    settings: Settings, names: list[str], cluster: EmbeddedRedisCluster, kill: bool = False
 ) -> tuple[Any, list[tuple[Counter[int], list[str]]], Counter[int], HotRouter, Groups]:
-    """3,000 keys of each type; CLUSTER FAILOVER on the first type's shard while
+    """3,000 keys of each type; CLUSTER FAILOVER (or SIGKILL) on the first type's
+    shard while
     clients take keys of the other two over HTTP and a probe asks /readyz. Returns
     what the first type's hot list looked like after the failover, each other type's
     answers and keys, the probe's answers, and the stores (to close)."""
@@ -86,7 +89,10 @@ async def failover_under_load(
         taking = [asyncio.ensure_future(take_until(client, name, stop)) for name in others]
         probing = asyncio.ensure_future(probe_until(client, stop))
         await asyncio.sleep(0.3)
-        await asyncio.to_thread(cluster.failover, cluster.replica_of(old))
+        if kill:  # SIGKILL: the cluster promotes the replica after the node timeout
+            cluster.kill(old)
+        else:
+            await asyncio.to_thread(cluster.failover, cluster.replica_of(old))
         await asyncio.to_thread(cluster.wait_healthy)
         struck_store: HotStore = hot.of(struck)
         seen = await eventually(lambda: struck_store.observe(struck))
@@ -141,14 +147,16 @@ async def test_each_type_lives_in_its_own_slot_on_its_own_shard(
     )
 
 
+@pytest.mark.parametrize("kill", [False, True], ids=["cluster_failover", "primary_killed"])
 async def test_a_shard_failover_touches_only_its_type_and_the_others_never_pause(
-    servers: Servers, database: str, cluster: EmbeddedRedisCluster
+    servers: Servers, database: str, cluster: EmbeddedRedisCluster, kill: bool
 ) -> None:
     """The promoted node discards exactly what it inherited of its own type; every
     request for the other types is answered with a key, before, during and after the
-    failover; their lists lose only the keys handed out."""
+    failover (the struck type keeps a ledger, and so does one of the others: each reads
+    its own stream's backlog); their lists lose only the keys handed out."""
     settings, names = spread_settings(servers, database, cluster)
-    seen, taken, probed, hot, groups = await failover_under_load(settings, names, cluster)
+    seen, taken, probed, hot, groups = await failover_under_load(settings, names, cluster, kill)
     try:
         # Exactly what it inherited (whichever call ran the new primary's fence first).
         struck = names[0]
