@@ -62,6 +62,20 @@ MUTANTS: Final = (
         ("tests/integration/test_cluster_types.py",),
     ),
     Mutant(
+        "a_new_timeline_taken_up_by_one_groups_write",
+        "shared/stores/sql.py",
+        "        WHEN $4::int = 2 AND c.timeline <> here.tl THEN false\n",
+        "",
+        (SPLIT_BRAIN_TESTS,),
+    ),
+    Mutant(
+        "a_pending_claim_taken_for_a_committed_fence",
+        "shared/stores/postgres_fence.py",
+        '        return "confirm" if on_claim and row.fences >= record.claim_fences else "behind"',
+        '        return "confirm"',
+        (SPLIT_BRAIN_TESTS,),
+    ),
+    Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/postgres_fence.py",
         "    for sync, record in read.items():\n        claimed = await sync.reset(",

@@ -207,13 +207,45 @@ class SyncRecords:
     against its group's record; a fence judges and claims them all
     (``postgres_fence.settle``)."""
 
-    def __init__(self, records: dict[str, SyncRecord], types: dict[str, tuple[str, ...]]):
+    def __init__(
+        self,
+        records: dict[str, SyncRecord],
+        types: dict[str, tuple[str, ...]],
+        opener: Callable[[str], SyncRecord] | None = None,
+    ):
         self.records = records  # namespace -> its record
         self._of_type = {name: ns for ns, names in types.items() for name in names}
+        # With a record per type: the record of a type this process is not configured
+        # with (the database may hold it: a rolling update, a retired type).
+        self._opener = opener
+        self._extra: dict[str, SyncRecord] = {}  # type name -> its record, once opened
 
     @classmethod
     def open(cls, groups: Groups) -> SyncRecords:
-        return cls(groups.each(SyncRecord), groups.types)
+        def opener(name: str) -> SyncRecord:
+            return SyncRecord(*groups.place(name))
+
+        opens = opener if groups.settings.slot_per_type else None
+        return cls(groups.each(SyncRecord), groups.types, opens)
+
+    @property
+    def several(self) -> bool:
+        """Whether types have records of their own (the guard is strict then)."""
+        return self._opener is not None or len(self.records) > 1
+
+    def covering(self, names: Sequence[str]) -> list[SyncRecord]:
+        """Every record that judges one of the types ``names`` (every type the
+        database holds, for a fence): the configured ones, and with a record per type
+        those of types this process was not configured with."""
+        found = dict(self.records)
+        for name in names:
+            if self._opener is None or name in self._of_type:
+                continue
+            record = self._extra.get(name)
+            if record is None:
+                record = self._extra[name] = self._opener(name)
+            found.setdefault(record.namespace, record)
+        return list(found.values())
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SyncRecords:
@@ -234,7 +266,7 @@ class SyncRecords:
         return iter(self.records.values())
 
     async def close(self) -> None:
-        for record in self.records.values():
+        for record in [*self.records.values(), *self._extra.values()]:
             await record.close()
 
 

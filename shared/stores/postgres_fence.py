@@ -48,6 +48,7 @@ from shared.domain.errors import (
     NamespaceBound,
     PostgresBehind,
     PostgresSuperseded,
+    StoreUnavailable,
 )
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import NO_STAMP, LeasedRange, SequenceState, Stamp
@@ -82,6 +83,7 @@ class ClockRow:
     clock: int
     here: int
     database: str = ""
+    fences: int = 0
 
     def history_start(self) -> int:
         """The clock value this server's history covers on its current timeline."""
@@ -177,11 +179,15 @@ async def _settle_once(
     cold: ColdStore, records: SyncRecords, skip_ranges: int | None, take_over: bool
 ) -> FenceReport | None:
     operator = skip_ranges is not None
-    report, vouched, halt = None, None, ""
+    report, vouched, halt, claimed = None, None, "", None
     async with cold.connection() as conn, translated("postgres_fence"), conn.transaction():
         await conn.execute(sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
         row = _clock_row(one_row(await conn.fetchrow(sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
-        read = {sync: await sync.read() for sync in records}  # under the lock it fences under
+        # Every record that judges a type the database holds (with a record per type,
+        # also those of types this process is not configured with).
+        held = [str(r["name"]) for r in await conn.fetch(sql.SELECT_FENCED_TYPES)]
+        judged = records.covering(held)
+        read = {sync: await sync.read() for sync in judged}  # under the lock it fences under
         for record in read.values():
             if record.halted and not operator:
                 raise FenceHalted(record.halt_reason or "halted")
@@ -189,21 +195,34 @@ async def _settle_once(
         for sync, each in found.items():
             _refuse(each, row, read[sync])
         worst = combined(list(found.values()), list(read.values()))
+        if worst == "ok" and records.several and row.timeline not in (0, row.here):
+            worst = "adopt"  # a new timeline that covers every record: taken up here
         if worst == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):
             halt = SPLIT_HALT_REASON
         elif worst == "vouch":
             vouched = await _vouch_stamp(conn)
         elif worst == "halt":
             halt = HALT_REASON
+        elif worst == "adopt":
+            claimed = await _adopt(conn, read, row)
         elif worst != "ok":
             mode = "take_over" if take_over else ("operator" if operator else "automatic")
-            report = await _fence(conn, read, row, worst, skip_ranges or 0, mode)
+            pending = records.several
+            report = await _fence(conn, read, row, worst, skip_ranges or 0, mode, pending)
+            claimed = report.stamp if pending else None
     if vouched is not None:  # committed first: PostgreSQL ahead of the record is harmless
         for sync, each in found.items():
             if each == "vouch":
                 await _record_vouch(sync, row, *vouched)
     if halt:
-        await _halt(records, halt)
+        await _halt(judged, halt)
+    # Committed: the claims this settle made, or found made by a fence that committed,
+    # are no longer pending (a record left pending is confirmed by the next settle).
+    for sync, record in read.items():
+        expected = claimed.fences if claimed is not None else record.claim_fences
+        if (claimed is not None or found[sync] == "confirm") and expected:
+            with contextlib.suppress(StoreUnavailable):
+                await sync.confirm(expected)
     if report is not None:
         log.warning("postgres_fenced", extra=_fields(report))
     return report
@@ -212,6 +231,12 @@ async def _settle_once(
 def _verdict_of(row: ClockRow, record: Record, operator: bool) -> str:
     if operator:
         return "operator"
+    if record.claim_fences and not record.needs_vouch:
+        # Claimed by a fence (or a new timeline's take-up) of several records: it holds
+        # only if that transaction committed, i.e. this server is on the claimed history
+        # with at least the fence count the claim expected; else as lost commits.
+        on_claim = row.timeline == record.timeline == row.here and row.fork == record.fork
+        return "confirm" if on_claim and row.fences >= record.claim_fences else "behind"
     found = verdict(row, record)
     return "stamp" if found == "ok" and record.fence_needed else found  # a stamp proved a
     # commit this server lacks
@@ -224,6 +249,7 @@ def combined(verdicts: list[str], records: list[Record]) -> str:
     vouched for ('halt': the leases that group lost may be above anything it can
     name; an operator's fence claims them all regardless); else 'vouch' if any must
     be; else 'ok'. With one record this is that record's verdict."""
+    verdicts = ["ok" if v == "confirm" else v for v in verdicts]
     if "halt" in verdicts:
         return "halt"
     fence = next((v for v in ("operator", "behind", "stamp") if v in verdicts), None)
@@ -293,9 +319,27 @@ async def _record_vouch(
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 
 
-async def _halt(records: SyncRecords, reason: str) -> None:
+async def _adopt(conn: Any, read: dict[SyncRecord, Record], row: ClockRow) -> Stamp:
+    """Take up this server's new timeline (every record is covered by its history):
+    a guarded write of its own starts the new history, and every record is claimed for
+    it, pending until the commit (with a record per type, the guard lets no statement
+    do this: it would be judged against one record only)."""
+    stamp = Stamp.of(one_row(await conn.fetchrow(sql.VOUCH), "adopt_timeline"))
+    for sync, record in read.items():
+        status = await sync.reset(stamp, record.leased, "automatic", pending=True)
+        if status == "moved":
+            raise _Moved()
+        _refuse(status, row, await sync.read())
+    log.info("postgres_timeline_adopted", extra={"timeline": stamp.timeline, "fork": stamp.fork})
+    return stamp
+
+
+async def _halt(records: list[SyncRecord], reason: str) -> None:
+    """Halt every record that can be reached (one on a shard that is down stays as
+    it is: nothing of its types runs meanwhile), then refuse."""
     for sync in records:
-        await sync.halt(reason)
+        with contextlib.suppress(StoreUnavailable):
+            await sync.halt(reason)
     log.critical("postgres_fence_halted", extra={"reason": reason})
     raise FenceHalted(reason)
 
@@ -316,6 +360,7 @@ def _clock_row(row: Any) -> ClockRow:
         int(row["clock"]),
         int(row["here"]),
         str(row["database"]),
+        int(row["fences"]),
     )
 
 
@@ -326,6 +371,7 @@ async def _fence(
     reason: str,
     skip_ranges: int,
     mode: str,
+    pending: bool = False,
 ) -> FenceReport:
     """Discard, move the sequences of every type the database holds past the highest
     counter any record holds, reset the clock past every record's, then claim every
@@ -352,7 +398,7 @@ async def _fence(
     detail = {"next_starts": starts, "record_clock": record_clock, "server_clock": row.clock}
     await conn.execute(sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail))
     for sync, record in read.items():
-        claimed = await sync.reset(stamp, record.leased, mode)
+        claimed = await sync.reset(stamp, record.leased, mode, pending)
         if claimed == "moved":
             raise _Moved()
         _refuse(claimed, row, await sync.read())
@@ -422,10 +468,10 @@ class GuardedCold:
         record = await sync.read()
         if record.halted:
             raise FenceHalted(record.halt_reason or "halted")
-        if record.fence_needed or record.needs_vouch:
+        if record.fence_needed or record.needs_vouch or record.claim_fences:
             await self.fence()
             record = await sync.read()
-        return record
+        return dataclasses.replace(record, strict=self._sync.several)
 
     async def fence(self) -> FenceReport | None:
         """Settle this server and the records (``settle``); the fence's report if one ran."""

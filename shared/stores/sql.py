@@ -326,9 +326,13 @@ SELECT_DATABASE_IDENTITY: Final = "SELECT " + DATABASE_IDENTITY
 # restored from before a fence, has another) and a clock at least the record's; on a
 # newer timeline only when it forked at or after the record's clock; on an older
 # timeline never (a superseded primary that still takes writes).
-# $1: record timeline, $2: record clock, $3: record fork, $4: the record needs a vouch
-# (Redis lost it, or has none yet): nothing passes until the fence rebuilds it (VOUCH
-# below, postgres_fence.py).
+# $1: record timeline, $2: record clock, $3: record fork, $4: 1 when the record needs a
+# vouch (Redis lost it, or has none yet): nothing passes until the fence rebuilds it
+# (VOUCH below, postgres_fence.py); 2 with several key groups (a record per type): the
+# first write on a new timeline does not pass either, so that a new timeline is taken
+# up only by ``settle``, judged against every group's record (one type's write, judged
+# against its own record alone, would otherwise move the clock on past commits the
+# new server lacks of another type); 0 otherwise.
 _GUARD: Final = (
     """
 WITH here AS (SELECT """
@@ -341,7 +345,8 @@ stamp AS (
         clock = c.clock + 1
     FROM here
     WHERE c.id = 1 AND CASE
-        WHEN $4::boolean THEN false
+        WHEN $4::int = 1 THEN false
+        WHEN $4::int = 2 AND c.timeline <> here.tl THEN false
         WHEN here.tl = $1::bigint THEN c.clock >= $2::bigint
             AND (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) = $3::bigint
         WHEN here.tl > $1::bigint THEN

@@ -30,6 +30,12 @@ class Record:
     halt_reason: str = ""
     leased: dict[str, int] = field(default_factory=dict)  # type -> highest counter leased
     database: str = ""  # the database this namespace is bound to ("": not yet)
+    # With several key groups a fence claims every record before it commits, each
+    # marked with the fence count the claim expects (the fence's own, once committed):
+    # until ``settle`` saw the server at that count on the claimed history (and cleared
+    # the mark), the claim may belong to a fence that rolled back.
+    claim_fences: int = 0
+    strict: bool = False  # not stored: the guard refuses a new timeline (several groups)
 
     @property
     def needs_vouch(self) -> bool:
@@ -39,7 +45,8 @@ class Record:
 
     def guard_args(self) -> list[object]:
         """$1..$4 of the guarded statements in sql.py."""
-        return [self.timeline, self.clock, self.fork, self.needs_vouch]
+        mode = 1 if self.needs_vouch else (2 if self.strict else 0)
+        return [self.timeline, self.clock, self.fork, mode]
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Record:
@@ -55,6 +62,7 @@ class Record:
                 k.removeprefix(LEASED): int(v) for k, v in fields.items() if k.startswith(LEASED)
             },
             database=fields.get("database", ""),
+            claim_fences=int(fields.get("claim_fences", 0)),
         )
 
 
@@ -104,16 +112,28 @@ class SyncRecord(RedisPort):
             )
         return str(status)
 
-    async def reset(self, stamp: Stamp, floors: dict[str, int], mode: str = "automatic") -> str:
+    async def reset(
+        self,
+        stamp: Stamp,
+        floors: dict[str, int],
+        mode: str = "automatic",
+        pending: bool = False,
+    ) -> str:
         """A fence claims the record for its server: 'ok', or 'foreign', 'superseded',
         'moved' (a lease was recorded above ``floors`` since the fence read the record, or
         Redis lost state meanwhile) with nothing changed (lua/reset_record.lua).
         ``mode``: 'automatic', 'operator' (fence-postgres), 'take_over' (fence-postgres
         --take-over: database and timeline are the operator's word)."""
-        args = [*stamp.args(), mode, *_pairs(floors)]
+        args = [*stamp.args(), mode, stamp.fences if pending else 0, *_pairs(floors)]
         async with self._guard("reset_record"):
             status, _ = await self._run("reset_record", record_keys(self.namespace), args)
         return str(status)
+
+    async def confirm(self, claim_fences: int) -> None:
+        """The fence whose claim expected ``claim_fences`` committed: clear the mark
+        (only that claim's; lua/confirm_record.lua)."""
+        async with self._guard("confirm_record"):
+            await self._run("confirm_record", record_keys(self.namespace), [claim_fences])
 
     async def halt(self, reason: str) -> None:
         async with self._guard("halt_record"):

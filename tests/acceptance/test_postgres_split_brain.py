@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
@@ -32,8 +34,10 @@ from shared.ops.databases import run_migrate, scratch_database
 from shared.ops.drill.postgres import PostgresPair
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
+from shared.stores.groups import SyncRecords
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold, settle
+from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import SyncRecord
 from tests.conftest import Servers, make_settings
 
@@ -223,12 +227,18 @@ class LeasesDuringTheClaim(SyncRecord):
         super().__init__(other.endpoint, other.namespace)
         self.before_claim: list[object] = []
 
-    async def reset(self, stamp: Stamp, floors: dict[str, int], mode: str = "automatic") -> str:
+    async def reset(
+        self,
+        stamp: Stamp,
+        floors: dict[str, int],
+        mode: str = "automatic",
+        pending: bool = False,
+    ) -> str:
         while self.before_claim:
             step = self.before_claim.pop()
             assert callable(step)
             await step()
-        return await super().reset(stamp, floors, mode)
+        return await super().reset(stamp, floors, mode, pending)
 
 
 async def test_a_lease_recorded_during_a_fence_moves_the_fence_past_it(
@@ -304,3 +314,150 @@ async def test_redis_losing_the_record_during_a_split_brain_halts_both_sides(
         await cold.close()
     record = await split.sync.read()
     assert record.halted and record.timeline == 0  # nothing was rebuilt from either
+
+
+async def test_with_a_record_per_type_a_new_timeline_is_judged_against_every_record(
+    pair: PostgresPair, split: Split, servers: Servers, redis_client: aioredis.Redis
+) -> None:
+    """Each type with a record of its own (a Redis Cluster's ``slot_per: type``).
+    farmer's last batch on the old primary never reached the replica that is promoted;
+    shortlink's record knows nothing of it. shortlink's first write on the promoted
+    server must not take up its new timeline on shortlink's record alone: it is refused,
+    and ``settle`` judges every record, finds farmer's ahead of the new history, and
+    fences. Without that, the promoted server's clock would move on past the lost
+    batch, and once farmer's record is lost (its shard restarted empty) it would be
+    vouched for, and the lost batch's keys handed out again."""
+    old, new = split.old, split.new
+    endpoint = RedisEndpoint(servers.redis_url)
+    spaces = {"farmer": "kd-split-farmer", "shortlink": "kd-split-shortlink"}
+    records = SyncRecords(
+        {ns: SyncRecord(endpoint, ns) for ns in spaces.values()},
+        {ns: (name,) for name, ns in spaces.items()},
+    )
+    try:
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(old.settings, old.cold, records, asyncio.Event(), generator)
+            for id_type in old.types.values():
+                await keygen.lease_and_generate(id_type)
+        finally:
+            generator.close()
+        on_old = GuardedCold(old.cold, records, old.types)
+        hot = {name: HotStore(endpoint, ns) for name, ns in spaces.items()}
+
+        async def dispensed(name: str) -> set[str]:
+            """A batch taken and pushed (its stamp recorded in its type's record)."""
+            keys, stamp = await on_old.take_batch(name, 100)
+            pushed = await hot[name].push(name, keys, uuid.uuid4().hex, stamp=stamp)
+            assert pushed.status == "pushed", pushed
+            return set((await hot[name].pop(name, 1_000)).keys)
+
+        taken = await dispensed("farmer")
+        await dispensed("shortlink")
+        await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
+        await pair.pause_replication()
+        lost = await dispensed("farmer")  # its take never reached the replica
+        assert lost
+        await pair.promote_replica()
+
+        on_new = GuardedCold(new.cold, records, new.types)
+        await on_new.take_batch("shortlink", 100)  # refused, settled: a fence
+        conn = await asyncpg.connect(new.settings.postgres_dsn)
+        try:
+            event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+        finally:
+            await conn.close()
+        assert event is not None and event["reason"] == "behind"
+        await redis_client.delete(redis_keys.sync_record_key(spaces["farmer"]))
+        after: set[str] = set()
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(new.settings, new.cold, records, asyncio.Event(), generator)
+            await keygen.lease_and_generate(new.farmer)
+        finally:
+            generator.close()
+        for _ in range(5):
+            after |= set((await on_new.take_batch("farmer", 1_000))[0])
+        assert after  # new keys flow on the promoted server
+        assert not after & (taken | lost)
+    finally:
+        await endpoint.close()
+
+
+class ClaimFailsOnce(SyncRecord):
+    """A record whose shard fails a fence's claim once (down for a moment)."""
+
+    failed = False
+
+    async def reset(
+        self,
+        stamp: Stamp,
+        floors: dict[str, int],
+        mode: str = "automatic",
+        pending: bool = False,
+    ) -> str:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailable("redis", "reset_record failed: the shard is down")
+        return await super().reset(stamp, floors, mode, pending)
+
+
+async def test_with_a_record_per_type_a_fence_that_rolled_back_is_done_again(
+    pair: PostgresPair, split: Split, servers: Servers
+) -> None:
+    """The promoted server's fence claims farmer's record (farmer's last batch on the
+    old primary never reached it), then fails to claim shortlink's and rolls back.
+    farmer's record, claimed for a fence that never committed, must not pass for
+    fenced: on the next settle (shortlink's write on the new timeline) farmer's claim
+    is found pending on a history the server does not have, and the fence runs again,
+    for real. Taken for fenced, the new timeline would be taken up over farmer's lost
+    batch, and its keys, still in the promoted server's cold table, handed out again."""
+    old, new = split.old, split.new
+    endpoint = RedisEndpoint(servers.redis_url)
+    spaces = {"farmer": "kd-split2-farmer", "shortlink": "kd-split2-shortlink"}
+    records = SyncRecords(
+        {
+            spaces["farmer"]: SyncRecord(endpoint, spaces["farmer"]),
+            spaces["shortlink"]: ClaimFailsOnce(endpoint, spaces["shortlink"]),
+        },
+        {ns: (name,) for name, ns in spaces.items()},
+    )
+    hot = {name: HotStore(endpoint, ns) for name, ns in spaces.items()}
+    try:
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(old.settings, old.cold, records, asyncio.Event(), generator)
+            for id_type in old.types.values():
+                await keygen.lease_and_generate(id_type)
+        finally:
+            generator.close()
+        on_old = GuardedCold(old.cold, records, old.types)
+
+        async def dispensed(name: str) -> set[str]:
+            keys, stamp = await on_old.take_batch(name, 100)
+            pushed = await hot[name].push(name, keys, uuid.uuid4().hex, stamp=stamp)
+            assert pushed.status == "pushed", pushed
+            return set((await hot[name].pop(name, 1_000)).keys)
+
+        await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
+        await pair.pause_replication()
+        lost = await dispensed("farmer")  # its take never reached the replica
+        await pair.promote_replica()
+
+        on_new = GuardedCold(new.cold, records, new.types)
+        with pytest.raises(StoreUnavailable):
+            await on_new.take_batch("shortlink", 100)  # the fence rolled back
+        await on_new.take_batch("shortlink", 100)  # settled again: fenced for real
+        after: set[str] = set()
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(new.settings, new.cold, records, asyncio.Event(), generator)
+            await keygen.lease_and_generate(new.farmer)
+        finally:
+            generator.close()
+        for _ in range(5):
+            after |= set((await on_new.take_batch("farmer", 1_000))[0])
+        assert after and not after & lost
+        assert [(await r.read()).claim_fences for r in records] == [0, 0]
+    finally:
+        await endpoint.close()

@@ -20,8 +20,9 @@ from keygen.generation import Generator
 from keygen.main import Keygen
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.domain.errors import FenceHalted
+from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.tiers import Stamp
 from shared.stores import sql
 from shared.stores.groups import SyncRecords
 from shared.stores.postgres_fence import GuardedCold, combined
@@ -191,3 +192,63 @@ def test_the_worst_verdict_decides() -> None:
     assert combined(["behind", "vouch"], [trusted, lost]) == "halt"
     assert combined(["operator", "operator"], [trusted, lost]) == "operator"
     assert combined(["halt", "ok"], [lost, trusted]) == "halt"
+
+
+class ClaimFailsOnce(SyncRecord):
+    """A record whose shard fails the fence's claim once (down for a moment)."""
+
+    failed = False
+
+    async def reset(
+        self,
+        stamp: Stamp,
+        floors: dict[str, int],
+        mode: str = "automatic",
+        pending: bool = False,
+    ) -> str:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailable("redis", "reset_record failed: the shard is down")
+        return await super().reset(stamp, floors, mode, pending)
+
+
+async def test_a_claim_made_by_a_fence_that_rolled_back_is_not_taken_for_a_fence(
+    servers: Servers, database: str, settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    """A fence claims farmer's record, then fails to claim shortlink's and rolls back:
+    nothing was discarded, no sequence moved. farmer's record, claimed for that fence,
+    stays pending (the fence count it expects): the next settle finds the server not on
+    the claimed history and fences again, for real, before farmer's next take."""
+    endpoint = RedisEndpoint(servers.redis_url)
+    records = SyncRecords(
+        {
+            FARMER_NS: SyncRecord(endpoint, FARMER_NS),
+            SHORTLINK_NS: ClaimFailsOnce(endpoint, SHORTLINK_NS),
+        },
+        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
+    )
+    try:
+        types = build_id_types(settings)
+        for id_type in types.values():
+            await lease(settings, settings.postgres_dsn, records, id_type)
+        await clone(servers, database, f"{database}_replica")
+        # Only farmer's work is lost: shortlink's record is covered by the replica.
+        await take_all(settings.postgres_dsn, records, {"farmer": types["farmer"]})
+        await lease(settings, settings.postgres_dsn, records, types["farmer"])
+        replica = await promote(servers, database, f"{database}_replica")
+        try:
+            async with cold_at(replica) as cold:
+                guarded = GuardedCold(cold, records, types)
+                with pytest.raises(StoreUnavailable):
+                    await guarded.take_batch("farmer", 10)  # the fence rolled back
+                assert await fences(replica) == 0
+                assert (await records.of("farmer").read()).claim_fences > 0  # pending
+                keys, _ = await guarded.take_batch("farmer", 10)  # fenced, for real
+                assert keys == [] and await fences(replica) == 1
+            read = [await r.read() for r in records]
+            assert [r.claim_fences for r in read] == [0, 0]  # confirmed after the commit
+            assert len({(r.timeline, r.fork) for r in read}) == 1
+        finally:
+            await drop(servers, f"{database}_old")
+    finally:
+        await endpoint.close()

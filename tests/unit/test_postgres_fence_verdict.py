@@ -73,4 +73,4 @@ def test_record_parses_the_redis_hash() -> None:
     assert record.untrusted and not record.halted and not record.fence_needed
     assert record.leased == {"farmer": 40}
     assert record.database == DB
-    assert record.guard_args() == [2, 9, 7, True]
+    assert record.guard_args() == [2, 9, 7, 1]

@@ -10,11 +10,14 @@
 -- the process decided on, the record turned untrusted or halted meanwhile: Redis lost
 -- state during the fence; read again). An operator's take-over ignores database and
 -- timeline: they assert this server is the one from now on.
+-- With several key groups the claim is pending (claim_fences: the fence count it
+-- expects) until settle sees the fence committed (confirm_record.lua).
 -- Returns {status, discarded}; status 'ok' when claimed.
 local database = ARGV[1]
 local timeline, fork, clock = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local mode = ARGV[5]              -- 'automatic' | 'operator' | 'take_over'
-local FIRST_FLOOR = 6             -- ARGV[6..]: leased:<type>, floor the fence used, ...
+local pending = ARGV[6]           -- the fence count a pending claim expects ('0': none)
+local FIRST_FLOOR = 7             -- ARGV[7..]: leased:<type>, floor the fence used, ...
 
 local discarded = enforce_fence()
 local rec = redis.call('HMGET', SYNC_RECORD, 'database', 'timeline', 'untrusted', 'halted')
@@ -43,4 +46,9 @@ raise_leased(FIRST_FLOOR)
 redis.call('HSET', SYNC_RECORD, 'database', database, 'timeline', timeline, 'fork', fork,
            'clock', clock)
 redis.call('HDEL', SYNC_RECORD, 'untrusted', 'fence_needed', 'halted', 'halt_reason')
+if pending ~= '0' then
+  redis.call('HSET', SYNC_RECORD, 'claim_fences', pending)
+else
+  redis.call('HDEL', SYNC_RECORD, 'claim_fences')
+end
 return {'ok', discarded}
