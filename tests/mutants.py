@@ -76,6 +76,13 @@ MUTANTS: Final = (
         (SPLIT_BRAIN_TESTS,),
     ),
     Mutant(
+        "a_fence_judges_only_the_records_of_types_it_is_configured_with",
+        "shared/stores/groups.py",
+        "            if self._opener is None or name in self._of_type:\n                continue",
+        "            continue",
+        GROUP_TESTS,
+    ),
+    Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/postgres_fence.py",
         "    for sync, record in read.items():\n        claimed = await sync.reset(",

@@ -25,7 +25,7 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
 from shared.stores import sql
 from shared.stores.groups import SyncRecords
-from shared.stores.postgres_fence import GuardedCold, combined
+from shared.stores.postgres_fence import GuardedCold, combined, settle
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import Record, SyncRecord
 from tests.conftest import NS, Servers
@@ -248,6 +248,47 @@ async def test_a_claim_made_by_a_fence_that_rolled_back_is_not_taken_for_a_fence
             read = [await r.read() for r in records]
             assert [r.claim_fences for r in read] == [0, 0]  # confirmed after the commit
             assert len({(r.timeline, r.fork) for r in read}) == 1
+        finally:
+            await drop(servers, f"{database}_old")
+    finally:
+        await endpoint.close()
+
+
+async def test_a_fence_claims_the_records_of_types_its_process_does_not_know(
+    servers: Servers, database: str, settings: Settings
+) -> None:
+    """A process configured with farmer only (a rolling update is adding shortlink)
+    fences a server that lost shortlink's work: the fence still reads and claims
+    shortlink's record, and moves shortlink's sequence past the lease that record
+    holds."""
+    endpoint = RedisEndpoint(servers.redis_url)
+    full = SyncRecords(
+        {ns: SyncRecord(endpoint, ns) for ns in (FARMER_NS, SHORTLINK_NS)},
+        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
+    )
+
+    def opener(name: str) -> SyncRecord:
+        return SyncRecord(endpoint, f"{NS}-{name}")
+
+    farmer_only = SyncRecords(
+        {FARMER_NS: SyncRecord(endpoint, FARMER_NS)}, {FARMER_NS: ("farmer",)}, opener
+    )
+    try:
+        types = build_id_types(settings)
+        for id_type in types.values():
+            await lease(settings, settings.postgres_dsn, full, id_type)
+        await clone(servers, database, f"{database}_replica")
+        await lease(settings, settings.postgres_dsn, full, types["shortlink"])  # lost
+        leased = (await full.of("shortlink").read()).leased["shortlink"]
+        replica = await promote(servers, database, f"{database}_replica")
+        try:
+            async with cold_at(replica) as cold:
+                only = {"farmer": types["farmer"]}
+                report = await settle(cold, farmer_only, only, skip_ranges=None)
+                assert report is not None and report.reason == "behind"
+                assert report.next_starts["shortlink"] >= leased
+            read = [await r.read() for r in full]
+            assert len({(r.timeline, r.fork) for r in read}) == 1  # both claimed
         finally:
             await drop(servers, f"{database}_old")
     finally:
