@@ -489,8 +489,8 @@ def create_app(
             stream: LedgerWrites = LedgerStream(hot.endpoint, hot.namespace)
             place = _on_store(hot)
         else:  # every key group (one, unless a cluster holds each type in its own slot)
-            store, wake, stream = dispenser_ports(groups)
-            place = groups.place
+            router, wake, stream = dispenser_ports(groups)
+            store, place = router, groups.place
         source = leases or redis_leases(place, lease_metrics, lease_wait(settings))
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
@@ -515,8 +515,7 @@ def create_app(
         finally:
             fast_path.serve(None)
             await dispenser.close()
-            if hot is not None:
-                await hot.close()
+            await (hot if hot is not None else router).close()  # its lines, then endpoints
             await groups.close()
             log.info("dispenser_stopped", extra={"pid": os.getpid()})
 

@@ -49,6 +49,9 @@ def is_loopback(host: str) -> bool:
 
 # A refill rate keysync reported longer ago than this is not trusted for Retry-After.
 REFILL_FRESH_S = 30.0
+# With types spread over a cluster's shards: how long readiness waits for each shard
+# (a probe's own timeout is 1 s by default).
+TYPE_STATE_S = 0.4
 # How often the ledger stream's length is read (for dispenser.ledger_max_backlog).
 LEDGER_BACKLOG_READ_S = 1.0
 
@@ -313,25 +316,35 @@ class Dispenser:
             await self.hot.refuse_eviction()  # with types spread: shards not checked yet
             self._memory_policy_ok = True
         states: dict[str, dict[str, int | str]] = {}
-        for name in self.id_types:
-            try:
-                depth = await self.hot.depth(name)
-                state = "serving" if depth else "empty"
-                if not depth and await self.hot.exhausted(name):
-                    state = "exhausted"
-            except StoreUnavailable:
-                if not self.settings.slot_per_type:
-                    raise
-                # Its shard is down: its types are refused, the others still serve.
-                self.metrics.serving.labels(name).set(0)
-                states[name] = {"hot_depth": 0, "state": "unreachable"}
-                continue
-            self.metrics.hot_depth.labels(name).set(depth)
-            self.metrics.serving.labels(name).set(1 if depth else 0)
-            states[name] = {"hot_depth": depth, "state": state}
+        if self.settings.slot_per_type:
+            # Each type on its own shard, asked at once, each for a moment only: a shard
+            # whose host is gone (no reset, only timeouts) must not hold the answer up.
+            found = await asyncio.gather(
+                *(asyncio.wait_for(self._type_state(n), TYPE_STATE_S) for n in self.id_types),
+                return_exceptions=True,
+            )
+            for name, state in zip(self.id_types, found, strict=True):
+                if isinstance(state, StoreUnavailable | TimeoutError):
+                    self.metrics.serving.labels(name).set(0)  # its types are refused
+                    state = {"hot_depth": 0, "state": "unreachable"}
+                elif isinstance(state, BaseException):
+                    raise state
+                states[name] = state
+        else:
+            for name in self.id_types:
+                states[name] = await self._type_state(name)
         if states and all(each["state"] == "unreachable" for each in states.values()):
             raise StoreUnavailable("redis", "no shard that holds a type answers")
         return states | self.snowflakes.states()
+
+    async def _type_state(self, name: str) -> dict[str, int | str]:
+        depth = await self.hot.depth(name)
+        state = "serving" if depth else "empty"
+        if not depth and await self.hot.exhausted(name):
+            state = "exhausted"
+        self.metrics.hot_depth.labels(name).set(depth)
+        self.metrics.serving.labels(name).set(1 if depth else 0)
+        return {"hot_depth": depth, "state": state}
 
     async def close(self) -> None:
         await self.gate.close()

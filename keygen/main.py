@@ -84,12 +84,15 @@ class Keygen:
         metrics: KeygenMetrics | None = None,
         heartbeat: Heartbeat | None = None,
         fault: FaultPoint = no_fault,
+        database: str = "",
     ) -> Keygen:
         """keygen on PostgreSQL, its range leases behind the PostgreSQL fence (``sync``
-        None switches the fence off: scratch databases only)."""
+        None switches the fence off: scratch databases only; ``database``: what ``bind``
+        found, for records it could not bind yet)."""
         metrics = metrics or KeygenMetrics(CollectorRegistry())
         types = build_id_types(settings)
         leases = GuardedCold(cold, sync, types, metrics.fence.observe)
+        leases.database = database
         return cls(settings, cold, leases, stop, generator, metrics, heartbeat, fault)
 
     def _copied(self) -> None:
@@ -126,14 +129,27 @@ class Keygen:
                 await self._idle()
 
     async def step(self) -> bool:
-        """One range for every type that needs keys (round-robin); False when none did."""
+        """One range for every type that needs keys (round-robin); False when none did.
+
+        A type whose Redis cannot be reached (its record: with types spread over a
+        cluster's shards, its shard) is skipped, and the others are served; its error
+        is raised only when no type got a range (then the loop backs off)."""
         worked = False
+        unreachable: StoreUnavailable | None = None
         for id_type in self._types.values():
             if self._stop.is_set():
                 break
             if await self._needs_keys(id_type):
-                await self.lease_and_generate(id_type)
+                try:
+                    await self.lease_and_generate(id_type)
+                except StoreUnavailable as exc:
+                    if exc.store != "redis":
+                        raise
+                    unreachable = unreachable or exc
+                    continue
                 worked = True
+        if unreachable is not None and not worked:
+            raise unreachable
         return worked
 
     async def _needs_keys(self, id_type: IdType) -> bool:
@@ -311,8 +327,9 @@ async def serve(settings: Settings) -> None:
         heartbeat = Heartbeat(metrics.registry)
         host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
         serve_metrics(metrics.registry, host, port, heartbeat)
+        faults = fault_points_from_environ()
         keygen = Keygen.on_postgres(
-            settings, cold, sync, stop, generator, metrics, heartbeat, fault_points_from_environ()
+            settings, cold, sync, stop, generator, metrics, heartbeat, faults, bound
         )
         listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(build_id_types(settings))})

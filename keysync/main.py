@@ -402,6 +402,7 @@ async def serve(settings: Settings) -> None:
         for index, (namespace, names) in enumerate(groups.types.items()):
             mine = {name: types[name] for name in names}
             guarded = GuardedCold(cold, sync, mine, metrics.fence.observe)
+            guarded.database = bound
             keysync = Keysync(settings.with_types(names), guarded, hot[namespace], metrics, faults)
             tasks.append(run(keysync, wakes[namespace], settings, stop, beats.lane(index)))
             drain = LedgerDrain(

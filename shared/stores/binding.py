@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from shared.domain.errors import NamespaceBound
+from shared.domain.errors import NamespaceBound, StoreUnavailable
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated
 from shared.stores.groups import SyncRecords, records_of
@@ -44,8 +44,17 @@ async def bind(cold: ColdStore, sync: SyncRecord | SyncRecords | None, namespace
             f"redis_namespace to '{bound}', or point postgres_dsn at this environment's "
             "own database)"
         )
-    for record in records_of(sync) if sync is not None else ():
-        holder = await record.bind(database)  # every key group's record
+    records = records_of(sync) if sync is not None else None
+    for record in records or ():
+        try:
+            holder = await record.bind(database)  # every key group's record
+        except StoreUnavailable:
+            if records is None or not records.several:
+                raise
+            # Its shard is down: bound on its group's first guarded statement instead
+            # (GuardedCold), so that one shard does not hold every type's start-up.
+            log.warning("namespace_bind_deferred", extra={"key_namespace": record.namespace})
+            continue
         if holder != database:
             raise NamespaceBound(
                 f"redis_namespace: '{namespace}' is bound to database {holder}, and this "

@@ -16,6 +16,7 @@ per group (``keysync.main``), or per type against its group's record (``SyncReco
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
@@ -29,6 +30,9 @@ from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
 
 T = TypeVar("T")
+# With types spread over shards: how long a check of every shard (the eviction policy)
+# waits for each, at once.
+CHECK_S = 0.4
 P = TypeVar("P")
 
 
@@ -130,18 +134,25 @@ class HotRouter(_ByType[HotStore]):
         """ConfigError when a group's server may evict keys (a cluster's shards each
         have their own policy). A server not reachable yet is checked at the next
         call (each is checked once); StoreUnavailable only while none could be."""
-        unreachable: list[StoreUnavailable] = []
-        for namespace, hot in self.ports.items():
-            if namespace in self._checked:
-                continue
-            try:
-                await hot.refuse_eviction()
-            except StoreUnavailable as exc:
-                unreachable.append(exc)
-                continue
-            self._checked.add(namespace)
+        unchecked = [ns for ns in self.ports if ns not in self._checked]
+        wait = CHECK_S if self._groups.settings.slot_per_type else None  # one server: its own
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(self.ports[ns].refuse_eviction(), wait) for ns in unchecked),
+            return_exceptions=True,
+        )
+        unreachable: list[BaseException] = []
+        for namespace, answer in zip(unchecked, answers, strict=True):
+            if isinstance(answer, StoreUnavailable | TimeoutError):
+                unreachable.append(answer)
+            elif isinstance(answer, BaseException):
+                raise answer  # ConfigError: a server that may evict
+            else:
+                self._checked.add(namespace)
         if unreachable and not self._checked:
-            raise unreachable[0]
+            first = unreachable[0]
+            if isinstance(first, StoreUnavailable):
+                raise first
+            raise StoreUnavailable("redis", "no shard answered in time")
 
     async def warn_if_reloadable(self) -> bool:
         return any(await self._all(lambda hot: hot.warn_if_reloadable()))

@@ -17,7 +17,9 @@ import pytest
 from keygen.generation import Generator
 from keygen.main import Keygen
 from shared.domain.config import Settings, load_settings
-from shared.domain.idtypes import build_id_types
+from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.tiers import LeasedRange
 from shared.stores.memory import MemoryCold
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
@@ -100,3 +102,26 @@ async def test_at_the_keyspace_end_it_stops_leasing_and_says_so(generator: Gener
     assert not await loop._needs_keys(tiny)  # never leases again
     state = await cold.sequence_state(tiny)
     assert state.headroom == 0
+
+
+class ShardDown(MemoryCold):
+    """farmer's record is on a Redis shard that is down: its leases cannot be recorded."""
+
+    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
+        if id_type.name == "farmer":
+            raise StoreUnavailable("redis", "read_record failed: the shard is down")
+        return await super().lease_range(id_type, lessee)
+
+
+async def test_a_type_whose_redis_is_down_does_not_stop_the_others(
+    generator: Generator,
+) -> None:
+    cold = ShardDown()
+    loop = keygen(cold, generator)
+    assert await loop.step()  # tiny got its range
+    assert {name for name, _, _ in cold.ranges} == {"tiny"}
+    cold.take("tiny", len(cold.keys["tiny"]))
+    cold.next_counter["tiny"] = 10**9  # tiny used up: only farmer is left to serve
+    await loop.step()  # finds tiny's keyspace used up
+    with pytest.raises(StoreUnavailable):
+        await loop.step()  # nothing got a range: the error, for the loop's backoff

@@ -107,7 +107,7 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
         one holding every type, or with ``slot_per: type`` one per type. Each has its
         own fence, sync record, ledger stream and wake list (``shared.stores.groups``)."""
         pooled = tuple(n for n, c in self.id_types.items() if isinstance(c, IdTypeConfig))
-        if not self.slot_per_type:
+        if not self.slot_per_type or not pooled:
             return {self.redis_key_namespace: pooled}
         return {self.key_namespace_of(name): (name,) for name in pooled}
 
