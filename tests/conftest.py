@@ -31,6 +31,7 @@ from shared.domain.config import Settings, load_settings
 from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
+from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.hot_store import HotStore
 from shared.stores.machine_leases import MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -308,3 +309,16 @@ async def dispenser_in_process(settings: Settings) -> AsyncIterator[httpx.AsyncC
 @pytest.fixture
 def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
     return make_settings(servers, database)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedRedisCluster]:
+    """A Redis Cluster of 3 primaries and 3 replicas on loopback, for one test. Failure
+    detection in 2 s: fast enough for a killed primary, slow enough that a busy machine
+    (the suite runs two workers on two cores) does not fail a node by itself."""
+    made = EmbeddedRedisCluster(tmp_path / "cluster", node_timeout_ms=2_000)
+    await asyncio.to_thread(made.start)
+    try:
+        yield made
+    finally:
+        await asyncio.to_thread(made.stop)

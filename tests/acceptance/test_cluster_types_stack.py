@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import httpx
-import pytest
 from redis.crc import key_slot
 
 from shared.domain import redis_keys
@@ -30,16 +28,6 @@ from tests.conftest import Servers, dispenser_over_http, make_settings, small_ty
 
 NAMESPACE = "kd"
 READY_S = 60.0
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedRedisCluster]:
-    made = EmbeddedRedisCluster(tmp_path / "cluster", node_timeout_ms=2_000)
-    await asyncio.to_thread(made.start)
-    try:
-        yield made
-    finally:
-        await asyncio.to_thread(made.stop)
 
 
 def spread(servers: Servers, database: str, cluster: EmbeddedRedisCluster) -> Settings:

@@ -40,6 +40,7 @@ from shared.stores.postgres_fence import GuardedCold, settle
 from shared.stores.redis_endpoint import RedisEndpoint
 from shared.stores.sync_record import SyncRecord
 from tests.conftest import Servers, make_settings
+from tests.integration.test_key_groups import ClaimFailsOnce
 
 pytestmark = pytest.mark.acceptance
 DATABASE = "kd_split"
@@ -316,90 +317,85 @@ async def test_redis_losing_the_record_during_a_split_brain_halts_both_sides(
     assert record.halted and record.timeline == 0  # nothing was rebuilt from either
 
 
+@dataclass
+class PerType:
+    """farmer and shortlink each with a record of its own (a Redis Cluster's
+    ``slot_per: type``), here as two namespaces on the test server."""
+
+    records: SyncRecords
+    hot: dict[str, HotStore]
+    spaces: dict[str, str]
+
+    @classmethod
+    def on(cls, endpoint: RedisEndpoint, prefix: str, shortlink: type[SyncRecord]) -> PerType:
+        spaces = {name: f"{prefix}-{name}" for name in ("farmer", "shortlink")}
+        made: dict[str, type[SyncRecord]] = {"farmer": SyncRecord, "shortlink": shortlink}
+        records = SyncRecords(
+            {ns: made[name](endpoint, ns) for name, ns in spaces.items()},
+            {ns: (name,) for name, ns in spaces.items()},
+        )
+        return cls(records, {name: HotStore(endpoint, ns) for name, ns in spaces.items()}, spaces)
+
+    async def lease(self, side: Side, names: tuple[str, ...]) -> None:
+        generator = Generator(1)
+        try:
+            keygen = Keygen.on_postgres(
+                side.settings, side.cold, self.records, asyncio.Event(), generator
+            )
+            for name in names:
+                await keygen.lease_and_generate(side.types[name])
+        finally:
+            generator.close()
+
+    async def dispensed(self, side: Side, name: str) -> set[str]:
+        """A batch taken and pushed (its stamp recorded in its type's record)."""
+        keys, stamp = await GuardedCold(side.cold, self.records, side.types).take_batch(name, 100)
+        pushed = await self.hot[name].push(name, keys, uuid.uuid4().hex, stamp=stamp)
+        assert pushed.status == "pushed", pushed
+        return set((await self.hot[name].pop(name, 1_000)).keys)
+
+    async def farmer_after(self, side: Side) -> set[str]:
+        """farmer's keys once the promoted server leased a range of its own."""
+        await self.lease(side, ("farmer",))
+        guarded = GuardedCold(side.cold, self.records, side.types)
+        return {key for _ in range(5) for key in (await guarded.take_batch("farmer", 1_000))[0]}
+
+
 async def test_with_a_record_per_type_a_new_timeline_is_judged_against_every_record(
     pair: PostgresPair, split: Split, servers: Servers, redis_client: aioredis.Redis
 ) -> None:
-    """Each type with a record of its own (a Redis Cluster's ``slot_per: type``).
-    farmer's last batch on the old primary never reached the replica that is promoted;
-    shortlink's record knows nothing of it. shortlink's first write on the promoted
-    server must not take up its new timeline on shortlink's record alone: it is refused,
-    and ``settle`` judges every record, finds farmer's ahead of the new history, and
-    fences. Without that, the promoted server's clock would move on past the lost
-    batch, and once farmer's record is lost (its shard restarted empty) it would be
-    vouched for, and the lost batch's keys handed out again."""
+    """farmer's last batch on the old primary never reached the replica that is
+    promoted; shortlink's record knows nothing of it. shortlink's first write on the
+    promoted server must not take up its new timeline on shortlink's record alone: it
+    is refused, and ``settle`` judges every record, finds farmer's ahead of the new
+    history, and fences. Without that, the promoted server's clock would move on past
+    the lost batch, and once farmer's record is lost (its shard restarted empty) it
+    would be vouched for, and the lost batch's keys handed out again."""
     old, new = split.old, split.new
     endpoint = RedisEndpoint(servers.redis_url)
-    spaces = {"farmer": "kd-split-farmer", "shortlink": "kd-split-shortlink"}
-    records = SyncRecords(
-        {ns: SyncRecord(endpoint, ns) for ns in spaces.values()},
-        {ns: (name,) for name, ns in spaces.items()},
-    )
+    groups = PerType.on(endpoint, "kd-split", SyncRecord)
     try:
-        generator = Generator(1)
-        try:
-            keygen = Keygen.on_postgres(old.settings, old.cold, records, asyncio.Event(), generator)
-            for id_type in old.types.values():
-                await keygen.lease_and_generate(id_type)
-        finally:
-            generator.close()
-        on_old = GuardedCold(old.cold, records, old.types)
-        hot = {name: HotStore(endpoint, ns) for name, ns in spaces.items()}
-
-        async def dispensed(name: str) -> set[str]:
-            """A batch taken and pushed (its stamp recorded in its type's record)."""
-            keys, stamp = await on_old.take_batch(name, 100)
-            pushed = await hot[name].push(name, keys, uuid.uuid4().hex, stamp=stamp)
-            assert pushed.status == "pushed", pushed
-            return set((await hot[name].pop(name, 1_000)).keys)
-
-        taken = await dispensed("farmer")
-        await dispensed("shortlink")
+        await groups.lease(old, ("farmer", "shortlink"))
+        taken = await groups.dispensed(old, "farmer")
+        await groups.dispensed(old, "shortlink")
         await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
         await pair.pause_replication()
-        lost = await dispensed("farmer")  # its take never reached the replica
-        assert lost
+        lost = await groups.dispensed(old, "farmer")  # its take never reached the replica
         await pair.promote_replica()
 
-        on_new = GuardedCold(new.cold, records, new.types)
-        await on_new.take_batch("shortlink", 100)  # refused, settled: a fence
+        await GuardedCold(new.cold, groups.records, new.types).take_batch("shortlink", 100)
         conn = await asyncpg.connect(new.settings.postgres_dsn)
         try:
             event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
         finally:
             await conn.close()
-        assert event is not None and event["reason"] == "behind"
-        await redis_client.delete(redis_keys.sync_record_key(spaces["farmer"]))
-        after: set[str] = set()
-        generator = Generator(1)
-        try:
-            keygen = Keygen.on_postgres(new.settings, new.cold, records, asyncio.Event(), generator)
-            await keygen.lease_and_generate(new.farmer)
-        finally:
-            generator.close()
-        for _ in range(5):
-            after |= set((await on_new.take_batch("farmer", 1_000))[0])
-        assert after  # new keys flow on the promoted server
+        assert event is not None and event["reason"] == "behind"  # refused, settled
+        await redis_client.delete(redis_keys.sync_record_key(groups.spaces["farmer"]))
+        after = await groups.farmer_after(new)
+        assert lost and after  # new keys flow on the promoted server
         assert not after & (taken | lost)
     finally:
         await endpoint.close()
-
-
-class ClaimFailsOnce(SyncRecord):
-    """A record whose shard fails a fence's claim once (down for a moment)."""
-
-    failed = False
-
-    async def reset(
-        self,
-        stamp: Stamp,
-        floors: dict[str, int],
-        mode: str = "automatic",
-        pending: bool = False,
-    ) -> str:
-        if not self.failed:
-            self.failed = True
-            raise StoreUnavailable("redis", "reset_record failed: the shard is down")
-        return await super().reset(stamp, floors, mode, pending)
 
 
 async def test_with_a_record_per_type_a_fence_that_rolled_back_is_done_again(
@@ -414,50 +410,20 @@ async def test_with_a_record_per_type_a_fence_that_rolled_back_is_done_again(
     batch, and its keys, still in the promoted server's cold table, handed out again."""
     old, new = split.old, split.new
     endpoint = RedisEndpoint(servers.redis_url)
-    spaces = {"farmer": "kd-split2-farmer", "shortlink": "kd-split2-shortlink"}
-    records = SyncRecords(
-        {
-            spaces["farmer"]: SyncRecord(endpoint, spaces["farmer"]),
-            spaces["shortlink"]: ClaimFailsOnce(endpoint, spaces["shortlink"]),
-        },
-        {ns: (name,) for name, ns in spaces.items()},
-    )
-    hot = {name: HotStore(endpoint, ns) for name, ns in spaces.items()}
+    groups = PerType.on(endpoint, "kd-split2", ClaimFailsOnce)
     try:
-        generator = Generator(1)
-        try:
-            keygen = Keygen.on_postgres(old.settings, old.cold, records, asyncio.Event(), generator)
-            for id_type in old.types.values():
-                await keygen.lease_and_generate(id_type)
-        finally:
-            generator.close()
-        on_old = GuardedCold(old.cold, records, old.types)
-
-        async def dispensed(name: str) -> set[str]:
-            keys, stamp = await on_old.take_batch(name, 100)
-            pushed = await hot[name].push(name, keys, uuid.uuid4().hex, stamp=stamp)
-            assert pushed.status == "pushed", pushed
-            return set((await hot[name].pop(name, 1_000)).keys)
-
+        await groups.lease(old, ("farmer", "shortlink"))
         await caught_up(old.settings.postgres_dsn, new.settings.postgres_dsn)
         await pair.pause_replication()
-        lost = await dispensed("farmer")  # its take never reached the replica
+        lost = await groups.dispensed(old, "farmer")  # its take never reached the replica
         await pair.promote_replica()
 
-        on_new = GuardedCold(new.cold, records, new.types)
+        on_new = GuardedCold(new.cold, groups.records, new.types)
         with pytest.raises(StoreUnavailable):
             await on_new.take_batch("shortlink", 100)  # the fence rolled back
         await on_new.take_batch("shortlink", 100)  # settled again: fenced for real
-        after: set[str] = set()
-        generator = Generator(1)
-        try:
-            keygen = Keygen.on_postgres(new.settings, new.cold, records, asyncio.Event(), generator)
-            await keygen.lease_and_generate(new.farmer)
-        finally:
-            generator.close()
-        for _ in range(5):
-            after |= set((await on_new.take_batch("farmer", 1_000))[0])
+        after = await groups.farmer_after(new)
         assert after and not after & lost
-        assert [(await r.read()).claim_fences for r in records] == [0, 0]
+        assert [(await r.read()).claim_fences for r in groups.records] == [0, 0]
     finally:
         await endpoint.close()

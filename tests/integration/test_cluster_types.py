@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,16 +28,6 @@ from tests.conftest import Servers, dispenser_over_http, make_settings, small_ty
 from tests.integration.test_redis_cluster import caught_up, eventually, keys_by_node
 
 NAMESPACE = "kd"
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedRedisCluster]:
-    made = EmbeddedRedisCluster(tmp_path / "cluster", node_timeout_ms=2_000)
-    await asyncio.to_thread(made.start)
-    try:
-        yield made
-    finally:
-        await asyncio.to_thread(made.stop)
 
 
 def spread_settings(

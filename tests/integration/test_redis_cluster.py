@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,18 +33,6 @@ NAMESPACE = "kd"
 TAG = "{kd}"
 SLOT = key_slot(TAG.encode())
 FOLLOW_S = 30.0
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedRedisCluster]:
-    # Failure detection in 2 s: fast enough for the kill test, slow enough that a busy
-    # machine (the suite runs two workers on two cores) does not fail a node by itself.
-    made = EmbeddedRedisCluster(tmp_path / "cluster", node_timeout_ms=2_000)
-    await asyncio.to_thread(made.start)
-    try:
-        yield made
-    finally:
-        await asyncio.to_thread(made.stop)
 
 
 def on_cluster(servers: Servers, database: str, cluster: EmbeddedRedisCluster) -> Settings:
