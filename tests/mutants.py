@@ -425,8 +425,8 @@ MUTANTS: Final = (
     Mutant(
         "postgres_guard_given_a_permissive_record",
         "shared/stores/sync_record.py",
-        "return [self.timeline, self.clock, self.fork, self.needs_vouch]",
-        "return [-1, 0, 0, False]",
+        "return [self.timeline, self.clock, self.fork, mode]",
+        "return [-1, 0, 0, 0]",
         POSTGRES_FENCE_TESTS,
     ),
     Mutant(
@@ -600,7 +600,7 @@ MUTANTS: Final = (
     Mutant(
         "a_primary_rebuilds_the_record_beside_another_primary",
         "shared/stores/postgres_fence.py",
-        'if found == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):',
+        'if worst == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):',
         "if False:",
         (SPLIT_BRAIN_TESTS,),
     ),
