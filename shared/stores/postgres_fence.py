@@ -33,6 +33,7 @@ vouched for halts (that group's lost leases may be above anything it can name).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -187,7 +188,9 @@ async def _settle_once(
         # also those of types this process is not configured with).
         held = [str(r["name"]) for r in await conn.fetch(sql.SELECT_FENCED_TYPES)]
         judged = records.covering(held)
-        read = {sync: await sync.read() for sync in judged}  # under the lock it fences under
+        # Under the lock it fences under; every shard asked at once (the lock holds
+        # every type's takes and leases meanwhile).
+        read = dict(zip(judged, await asyncio.gather(*(s.read() for s in judged)), strict=True))
         for record in read.values():
             if record.halted and not operator:
                 raise FenceHalted(record.halt_reason or "halted")
