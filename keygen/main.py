@@ -84,15 +84,12 @@ class Keygen:
         metrics: KeygenMetrics | None = None,
         heartbeat: Heartbeat | None = None,
         fault: FaultPoint = no_fault,
-        database: str = "",
     ) -> Keygen:
         """keygen on PostgreSQL, its range leases behind the PostgreSQL fence (``sync``
-        None switches the fence off: scratch databases only; ``database``: what ``bind``
-        found, for records it could not bind yet)."""
+        None switches the fence off: scratch databases only)."""
         metrics = metrics or KeygenMetrics(CollectorRegistry())
         types = build_id_types(settings)
         leases = GuardedCold(cold, sync, types, metrics.fence.observe)
-        leases.database = database
         return cls(settings, cold, leases, stop, generator, metrics, heartbeat, fault)
 
     def _copied(self) -> None:
@@ -329,7 +326,7 @@ async def serve(settings: Settings) -> None:
         serve_metrics(metrics.registry, host, port, heartbeat)
         faults = fault_points_from_environ()
         keygen = Keygen.on_postgres(
-            settings, cold, sync, stop, generator, metrics, heartbeat, faults, bound
+            settings, cold, sync, stop, generator, metrics, heartbeat, faults
         )
         listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
         log.info("keygen_started", extra={"id_types": sorted(build_id_types(settings))})

@@ -264,15 +264,11 @@ async def run(
     wake: WakeChannel,
     settings: Settings,
     stop: asyncio.Event,
-    heartbeat: Heartbeat | Callable[[bool], None] | None = None,
+    beat: Callable[[bool], None] | None = None,
 ) -> None:
-    """Refill until stopped; every iteration beats ``heartbeat`` (the liveness probe;
-    or a key group's lane of it, ``GroupBeats``)."""
-    beat: Callable[[bool], None]
-    if heartbeat is None or isinstance(heartbeat, Heartbeat):
-        beat = (heartbeat or Heartbeat(CollectorRegistry())).beat
-    else:
-        beat = heartbeat
+    """Refill until stopped; every iteration calls ``beat`` (a ``Heartbeat``'s, the
+    liveness probe; or a key group's lane of it, ``GroupBeats``)."""
+    beat = beat or Heartbeat(CollectorRegistry()).beat
     # A Redis failover takes seconds: retry quickly so the new primary is refilled at once.
     pg_outage, redis_outage = (
         Outage("postgres", first_delay_s=0.1, max_delay_s=1.0),
@@ -402,7 +398,6 @@ async def serve(settings: Settings) -> None:
         for index, (namespace, names) in enumerate(groups.types.items()):
             mine = {name: types[name] for name in names}
             guarded = GuardedCold(cold, sync, mine, metrics.fence.observe)
-            guarded.database = bound
             keysync = Keysync(settings.with_types(names), guarded, hot[namespace], metrics, faults)
             tasks.append(run(keysync, wakes[namespace], settings, stop, beats.lane(index)))
             drain = LedgerDrain(

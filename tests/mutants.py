@@ -83,6 +83,13 @@ MUTANTS: Final = (
         GROUP_TESTS,
     ),
     Mutant(
+        "one_shard_down_holds_every_types_start",
+        "shared/stores/binding.py",
+        "            if records is None or not records.several:",
+        "            if True:",
+        GROUP_TESTS,
+    ),
+    Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/postgres_fence.py",
         "    for sync, record in read.items():\n        claimed = await sync.reset(",

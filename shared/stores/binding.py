@@ -51,8 +51,9 @@ async def bind(cold: ColdStore, sync: SyncRecord | SyncRecords | None, namespace
         except StoreUnavailable:
             if records is None or not records.several:
                 raise
-            # Its shard is down: bound on its group's first guarded statement instead
-            # (GuardedCold), so that one shard does not hold every type's start-up.
+            # Its shard is down: not to hold every type's start-up for it. The record
+            # is bound by its group's first guarded statement instead (a record never
+            # written must be vouched for first, and a vouch binds it).
             log.warning("namespace_bind_deferred", extra={"key_namespace": record.namespace})
             continue
         if holder != database:

@@ -30,10 +30,10 @@ from shared.stores.sync_record import SyncRecord
 from shared.stores.wake import WakeChannel
 
 T = TypeVar("T")
+P = TypeVar("P")
 # With types spread over shards: how long a check of every shard (the eviction policy)
 # waits for each, at once.
 CHECK_S = 0.4
-P = TypeVar("P")
 
 
 class Groups:
@@ -78,14 +78,8 @@ class _ByType(Generic[P]):
         self._groups = groups
 
     def of(self, name: str) -> P:
-        namespace = self._groups.settings.key_namespace_of(name)
-        found = self.ports.get(namespace)
-        if found is None:  # a name no group holds (an unknown type): its own namespace
-            raise KeyError(name)
-        return found
-
-    def __iter__(self) -> Iterator[P]:
-        return iter(self.ports.values())
+        """The port of the group that holds type ``name``."""
+        return self.ports[self._groups.settings.key_namespace_of(name)]
 
     async def _all(self, call: Callable[[P], Awaitable[T]]) -> list[T]:
         return [await call(port) for port in self.ports.values()]
@@ -156,12 +150,6 @@ class HotRouter(_ByType[HotStore]):
 
     async def warn_if_reloadable(self) -> bool:
         return any(await self._all(lambda hot: hot.warn_if_reloadable()))
-
-    async def discarded_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for found in await self._all(lambda hot: hot.discarded_counts()):
-            counts.update(found)
-        return counts
 
     async def close(self) -> None:
         await self._all(lambda hot: hot.close())

@@ -457,9 +457,6 @@ class GuardedCold:
         self._sync = records_of(sync) if sync is not None else None
         self._types = id_types
         self._on_fence = on_fence
-        # The database ``bind`` found: a record it could not bind (its shard was down)
-        # is bound before its group's first statement.
-        self.database = ""
 
     @property
     def guarded(self) -> bool:
@@ -472,14 +469,6 @@ class GuardedCold:
             return UNGUARDED
         sync = self._sync.of(name)
         record = await sync.read()
-        if self.database and not record.database:
-            holder = await sync.bind(self.database)
-            if holder != self.database:
-                raise NamespaceBound(
-                    f"redis_namespace: {sync.namespace} is bound to database {holder}, and "
-                    f"this process brings database {self.database}"
-                )
-            record = await sync.read()
         if record.halted:
             raise FenceHalted(record.halt_reason or "halted")
         if record.fence_needed or record.needs_vouch or record.claim_fences:

@@ -102,7 +102,7 @@ async def test_keysync_loop_beats(settings: Settings, sync: SyncRecord, hot: Hot
     stop = asyncio.Event()
     heartbeat = Heartbeat(CollectorRegistry())
     keysync = Keysync(settings, GuardedCold(cold, sync, build_id_types(settings)), hot)
-    running = asyncio.ensure_future(run(keysync, wake, settings, stop, heartbeat))
+    running = asyncio.ensure_future(run(keysync, wake, settings, stop, heartbeat.beat))
     try:
         for _ in range(600):  # deadline: 30 s
             if heartbeat.ready():

@@ -24,6 +24,7 @@ from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
 from shared.stores import sql
+from shared.stores.binding import bind
 from shared.stores.groups import SyncRecords
 from shared.stores.postgres_fence import GuardedCold, combined, settle
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -291,5 +292,42 @@ async def test_a_fence_claims_the_records_of_types_its_process_does_not_know(
             assert len({(r.timeline, r.fork) for r in read}) == 1  # both claimed
         finally:
             await drop(servers, f"{database}_old")
+    finally:
+        await endpoint.close()
+
+
+class BindFailsOnce(SyncRecord):
+    """A record whose shard is down when the process starts (binds the namespace)."""
+
+    failed = False
+
+    async def bind(self, database: str) -> str:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailable("redis", "bind_record failed: the shard is down")
+        return await super().bind(database)
+
+
+async def test_a_record_whose_shard_was_down_at_start_is_bound_before_its_first_statement(
+    settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    """One shard down does not hold every type's start-up: ``bind`` binds the records
+    it reaches, and the other is bound (one namespace, one database) by its type's
+    first guarded statement (the vouch that a record never written needs)."""
+    endpoint = RedisEndpoint(settings.redis_url)
+    records = SyncRecords(
+        {
+            FARMER_NS: SyncRecord(endpoint, FARMER_NS),
+            SHORTLINK_NS: BindFailsOnce(endpoint, SHORTLINK_NS),
+        },
+        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
+    )
+    try:
+        async with cold_at(settings.postgres_dsn) as cold:
+            bound = await bind(cold, records, NS)
+            assert (await records.of("farmer").read()).database == bound
+            assert (await records.of("shortlink").read()).database == ""  # deferred
+            await GuardedCold(cold, records, build_id_types(settings)).take_batch("shortlink", 1)
+            assert (await records.of("shortlink").read()).database == bound
     finally:
         await endpoint.close()
