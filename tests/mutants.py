@@ -111,6 +111,13 @@ MUTANTS: Final = (
         GROUP_TESTS,
     ),
     Mutant(
+        "readiness_waits_for_a_frozen_shard",
+        "dispenser/service.py",
+        "asyncio.wait_for(self._type_state(n), TYPE_STATE_S)",
+        "asyncio.wait_for(self._type_state(n), None)",
+        SHARD_TESTS,
+    ),
+    Mutant(
         "a_ledger_type_reads_every_shards_backlog",
         "shared/stores/groups.py",
         "        return await self.of(name).backlog(name)",

@@ -11,6 +11,7 @@ lists untouched.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter
 from typing import Any
@@ -207,3 +208,37 @@ async def probe_until(client: httpx.AsyncClient, stop: asyncio.Event) -> Counter
         codes[(await client.get("/readyz")).status_code] += 1
         await asyncio.sleep(0.05)
     return codes
+
+
+async def test_readiness_answers_within_a_probes_second_while_a_shard_is_frozen(
+    servers: Servers, database: str, cluster: EmbeddedRedisCluster
+) -> None:
+    """A shard's primary frozen (SIGSTOP: its host accepts connections and never
+    answers, as a host gone without a reset does): /readyz still answers within a
+    probe's default second, ready, with that shard's type unreachable and the others
+    serving."""
+    settings, names = spread_settings(servers, database, cluster)
+    struck, *others = names
+    groups = Groups(settings)
+    hot = HotRouter.open(groups)
+    frozen = cluster.primary_of(key_slot(tag(struck).encode()))
+    process = frozen.server.process
+    assert process is not None
+    try:
+        for name in names:
+            await hot.of(name).push(name, [f"{name}-{i}" for i in range(100)], f"b-{name}")
+        async with dispenser_over_http(settings) as client:
+            assert (await client.get("/readyz")).status_code == 200
+            process.send_signal(signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    reply = await client.get("/readyz", timeout=1.0)
+                    assert reply.status_code == 200, reply.text
+                    states = reply.json()["types"]
+                    assert states[struck]["state"] == "unreachable"
+                    assert all(states[name]["state"] == "serving" for name in others)
+            finally:
+                process.send_signal(signal.SIGCONT)
+    finally:
+        await hot.close()
+        await groups.close()
