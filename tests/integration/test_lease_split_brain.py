@@ -12,6 +12,7 @@ the ID at once.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -81,12 +82,17 @@ async def test_a_cut_off_primary_cannot_keep_a_lease_the_promoted_one_grants(
         )  # fmt: skip
 
     try:
-        # Before the split both replicas are there: the first grant may wait (a busy
-        # machine can take longer than one WAIT of 200 ms to acknowledge it).
-        async with holder(old_side, "old", wait_s=3 * TTL_S) as old:
-            await split(three)
-            async with holder(new_side, "new", wait_s=3 * TTL_S) as new:
-                both = old.valid() and new.valid()
+        # Every step is bounded; this bounds them together, well under the suite's
+        # per-test limit, so that a stall fails here with the awaiting line in its
+        # traceback (it stalled once under a full suite's load, where only the event
+        # loop's idle frame was left to see).
+        async with asyncio.timeout(90):
+            # Before the split both replicas are there: the first grant may wait (a busy
+            # machine can take longer than one WAIT of 200 ms to acknowledge it).
+            async with holder(old_side, "old", wait_s=3 * TTL_S) as old:
+                await split(three)
+                async with holder(new_side, "new", wait_s=3 * TTL_S) as new:
+                    both = old.valid() and new.valid()
         if replicas:
             assert not both, "two live holders of one machine ID"
             assert old.lost_reason == "deadline"
