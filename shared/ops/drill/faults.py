@@ -308,6 +308,18 @@ class Drill:
                 await conn.close()
         return 0
 
+    async def postgres_fenced_since(self, before: int, deadline_s: float) -> int:
+        """Cold keys a PostgreSQL fence discarded since ``before``. The process that
+        fences is the first to write on the promoted server, which may be one that
+        reconnects only once the fault is over (after its backoff): wait for it, up to
+        ``deadline_s``."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            fenced = await self.postgres_discarded() - before
+            if fenced > 0 or time.monotonic() >= deadline:
+                return max(fenced, 0)
+            await asyncio.sleep(0.2)
+
     # --- checks after a Redis fault -----------------------------------------------
 
     async def fence_engaged(self, identity: str, deadline_s: float) -> bool:

@@ -67,7 +67,7 @@ REDIS_FAULTS = frozenset(
         "redis_restart_empty",
     }
 )
-FENCE_DEADLINE_S = 15.0  # how long after a Redis fault the fence may take to engage
+FENCE_DEADLINE_S = 15.0  # how long after a fault the fence (Redis's, PostgreSQL's) may take
 
 
 @dataclass(frozen=True)
@@ -203,12 +203,18 @@ class Runner:
             figures |= identity_figures
             # Leases were held through it: every worker must hold a new one.
             figures |= await drill.lease_faults.reacquired(wall * 1000)
+        fenced_before = outcome.postgres_discarded_before
+        if fenced_before is not None:
+            # From the fault's end (its heal) to a PostgreSQL fence seen (None: none).
+            seen = await drill.postgres_fenced_since(fenced_before, FENCE_DEADLINE_S) > 0
+            seen_ms = round((time.monotonic() - ended) * 1000)
+            figures["postgres_fence_ms"] = seen_ms if seen else None
         await asyncio.sleep(1.0)  # let the first refill after the fault land
         if outcome.redis_discarded_before is not None:
             before = outcome.redis_discarded_before
         discarded = max(drill.discarded() - before, 0)
-        if outcome.postgres_discarded_before is not None:
-            fenced = await drill.postgres_discarded() - outcome.postgres_discarded_before
+        if fenced_before is not None:
+            fenced = max(await drill.postgres_discarded() - fenced_before, 0)
             figures["postgres_keys_discarded"] = fenced
             discarded += fenced
         drill.lease_faults.respawn_cli_holders()
