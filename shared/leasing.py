@@ -110,6 +110,11 @@ class MachineLease:
         self._issued: int | None = None
         self.granted_at = time.monotonic()  # when the grant was received
 
+    def end(self) -> None:
+        """The holder is done with the ID: lost at its deadline if that passed before
+        the renewer noticed, else released now."""
+        self.lose("deadline" if time.monotonic() >= self._deadline else "released")
+
     def valid(self) -> bool:
         """Not lost, and the monotonic clock is before the holder's safe deadline."""
         return not self.lost.is_set() and time.monotonic() < self._deadline
@@ -290,7 +295,7 @@ def _lost(lease: MachineLease, reason: str, metrics: LeaseMetrics | None) -> Non
 
 async def release(store: MachineLeases, lease: MachineLease) -> None:
     """Compare-and-delete; failures are logged (the lease then expires by its TTL)."""
-    lease.lose(lease.lost_reason or "released")
+    lease.end()
     try:
         call = store.release(lease.pool, lease.machine_id, lease.owner, lease.issued_ms)
         released = await asyncio.wait_for(call, timeout=_RELEASE_TIMEOUT_S)
@@ -343,12 +348,20 @@ async def lease_machine_id(
     try:
         yield lease
     finally:
+        # The lease's own flag stops the renewer too: a cancellation can be lost (before
+        # Python 3.12, asyncio.wait_for returns its call's result when the call finishes
+        # as the cancellation lands), and a renewer that kept renewing would hold this
+        # exit forever. Waiting with asyncio.wait passes on a cancellation of the caller.
+        lease.end()
         renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
-        await release(store, lease)
-        if metrics is not None:
-            metrics.held.labels(pool).dec()
+        try:
+            await asyncio.wait([renewer])
+        finally:
+            await release(store, lease)
+            if metrics is not None:
+                metrics.held.labels(pool).dec()
+        if not renewer.cancelled():
+            renewer.result()  # a renewer that failed raises here, as it did
 
 
 class SyncMachineLease:

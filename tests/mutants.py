@@ -819,6 +819,21 @@ MUTANTS: Final = (
         ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
     Mutant(
+        "a_lease_exit_waits_on_a_renewer_only_cancellation_stops",
+        "shared/leasing.py",
+        "        lease.end()\n        renewer.cancel()\n",
+        "        renewer.cancel()\n",
+        ("tests/integration/test_machine_leases.py",),
+    ),
+    Mutant(
+        "a_lease_exit_swallows_the_callers_cancellation",
+        "shared/leasing.py",
+        "            await asyncio.wait([renewer])\n",
+        "            with contextlib.suppress(asyncio.CancelledError):\n"
+        "                await renewer\n",
+        ("tests/integration/test_machine_leases.py",),
+    ),
+    Mutant(
         "the_pop_line_keeps_a_connection_whose_reply_was_not_read",
         "shared/stores/script_line.py",
         "            return await connection.read_response()\n"

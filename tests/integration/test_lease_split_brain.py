@@ -83,9 +83,9 @@ async def test_a_cut_off_primary_cannot_keep_a_lease_the_promoted_one_grants(
 
     try:
         # Every step is bounded; this bounds them together, well under the suite's
-        # per-test limit, so that a stall fails here with the awaiting line in its
-        # traceback (it stalled once under a full suite's load, where only the event
-        # loop's idle frame was left to see).
+        # per-test limit. (Under load this control once stalled: a renewer whose
+        # cancellation asyncio.wait_for had lost renewed on, and the holder's exit
+        # waited for it; the exit now stops it by the lease's flag as well.)
         async with asyncio.timeout(90):
             # Before the split both replicas are there: the first grant may wait (a busy
             # machine can take longer than one WAIT of 200 ms to acknowledge it).

@@ -9,13 +9,16 @@ is simulated as in test_fence.py: by overwriting the fence's owner token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from shared import leasing
 from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
 from shared.leasing import LeaseMetrics, SyncMachineLease, lease_machine_id
@@ -316,5 +319,107 @@ async def test_metrics_count_outcomes_held_leases_and_exhaustion(
             await redis_client.hdel(redis_keys.machine_leases_key(NS, "p"), "0")
             await asyncio.wait_for(held.lost.wait(), WAIT_DEADLINE_S)
         assert sample("kd_lease_renew_failures_total", reason="lost") == 1
+    finally:
+        await endpoint.close()
+
+
+RENEWALS_CAP = 40  # the stub renewer's own bound, so that the hazard fails, not hangs
+
+
+async def _renews_through_cancels(
+    store: MachineLeases, lease: Any, renew_every_s: float, metrics: object = None
+) -> None:
+    """The renewer as it runs when its cancellation is lost (before Python 3.12,
+    asyncio.wait_for returns its call's result when the call finishes as the
+    cancellation lands): it goes on until the lease is lost (or, here, its cap), then
+    takes a moment to end."""
+    for _ in range(RENEWALS_CAP):
+        if lease.lost.is_set():
+            break
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(renew_every_s)
+    else:
+        lease.renewed_past_its_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.5)
+
+
+async def test_leaving_the_block_stops_a_renewer_whose_cancellation_was_lost(
+    servers: Servers,
+    leases: MachineLeases,
+    redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await settle(leases, redis_client)
+    monkeypatch.setattr(leasing, "keep_renewed", _renews_through_cancels)
+    endpoint = RedisEndpoint(servers.redis_url)
+    try:
+        async with lease_machine_id(endpoint, "p", 4, 4, ttl_s=5, renew_every_s=0.05) as held:
+            await asyncio.sleep(0.2)  # the renewer runs
+            assert held.valid()
+        # Without the lease's flag the exit waited for a renewer that renewed on (up to
+        # its cap here; forever in the real one).
+        assert not getattr(held, "renewed_past_its_exit", False)
+        assert held.lost_reason == "released"
+        assert (await leases.holders("p")).holders == []  # released, not left to expire
+    finally:
+        await endpoint.close()
+
+
+async def test_a_holder_cancelled_while_leaving_is_cancelled_and_releases(
+    servers: Servers,
+    leases: MachineLeases,
+    redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's cancellation, landing while the exit waits for the renewer, is not
+    swallowed (a task that would not stop when cancelled), and the ID is released."""
+    await settle(leases, redis_client)
+    monkeypatch.setattr(leasing, "keep_renewed", _renews_through_cancels)
+    endpoint = RedisEndpoint(servers.redis_url)
+    leaving = asyncio.Event()
+
+    async def hold() -> None:
+        async with lease_machine_id(endpoint, "p", 6, 6, ttl_s=5, renew_every_s=0.05):
+            await asyncio.sleep(0.2)  # the renewer runs
+            leaving.set()
+        raise AssertionError("the holder went on after it was cancelled")
+
+    try:
+        task = asyncio.create_task(hold())
+        await leaving.wait()
+        await asyncio.sleep(0.1)  # in the exit, waiting for the renewer's last 0.5 s
+        task.cancel()
+        async with asyncio.timeout(WAIT_DEADLINE_S):
+            await asyncio.wait([task])
+        assert task.cancelled()
+        assert (await leases.holders("p")).holders == []
+    finally:
+        await endpoint.close()
+
+
+async def test_a_holder_leaving_after_an_unnoticed_deadline_says_deadline(
+    servers: Servers,
+    leases: MachineLeases,
+    redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The renewer had not run since the deadline passed (a loaded event loop): the
+    holder's use ended at its deadline, and its exit says so rather than "released"."""
+    await settle(leases, redis_client)
+
+    async def asleep(*args: object) -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(leasing, "keep_renewed", asleep)
+    endpoint = RedisEndpoint(servers.redis_url)
+    try:
+        async with lease_machine_id(
+            endpoint, "p", 7, 7, ttl_s=TTL_MS / 1000, renew_every_s=0.1
+        ) as held:
+            await asyncio.sleep(held.deadline - time.monotonic() + 0.02)
+            assert not held.valid()
+            assert not held.lost.is_set()  # nothing noticed the deadline yet
+        assert held.lost_reason == "deadline"
     finally:
         await endpoint.close()
