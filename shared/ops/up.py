@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 
 from shared.domain.config import Settings
-from shared.domain.errors import KeydispenserError
+from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops import stack
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -153,6 +153,14 @@ class Stack:
         self.stopping = False
 
     def start_servers(self) -> tuple[str, str]:
+        """PostgreSQL's DSN and Redis's URL ("" when Redis is a Sentinel-monitored
+        primary or a Redis Cluster the user named: no embedded Redis then)."""
+        found_by = redis_found_by(self.settings)
+        if found_by and self.args.redis_url:
+            raise ConfigError(
+                f"--redis-url: the settings find Redis through {found_by}, which takes "
+                "the place of a URL; give one or the other"
+            )
         dsn = self.args.postgres_dsn or os.environ.get("KD_POSTGRES_DSN")
         if not dsn:
             self.postgres = EmbeddedPostgres(self.data_dir / "postgres")
@@ -160,6 +168,8 @@ class Stack:
             dsn = self.postgres.dsn("keydispenser")
             log.info("embedded_postgres_started", extra={"port": self.postgres.port})
         url = self.args.redis_url or os.environ.get("KD_REDIS_URL")
+        if found_by:
+            return dsn, ""
         if not url:
             self.redis = EmbeddedRedis(self.data_dir / "redis")
             self.redis.start()
@@ -171,7 +181,10 @@ class Stack:
         """What the stack's processes, and every command run beside it, are given."""
         found = {
             "KD_POSTGRES_DSN": dsn,
-            "KD_REDIS_URL": url,
+            **({"KD_REDIS_URL": url} if url else {}),
+            # Named in the environment: the stack file carries it to every command run
+            # beside the stack (named in a configuration file: KD_CONFIG, below).
+            **{name: os.environ[name] for name in _REDIS_FOUND_BY if name in os.environ},
             "KD_PERMUTATION_KEY": permutation_key(self.settings, self.data_dir),
             "KD_DISPENSER__HOST": self.settings.dispenser.host,
             "KD_DISPENSER__PORT": str(self.args.port),
@@ -253,10 +266,23 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
                 f"no keys of {', '.join(waiting)} after {FIRST_KEYS_TIMEOUT_S:.0f} s; "
                 "see the keygen and keysync logs above"
             )
-        print(greeting(settings, base, _shown(dsn), _shown(url), _relative(written)), flush=True)
+        redis = _shown(url) if url else f"{redis_found_by(settings)} (as configured)"
+        print(greeting(settings, base, _shown(dsn), redis, _relative(written)), flush=True)
         stack_obj.supervise(env)
     finally:
         stack_obj.shutdown()
+
+
+_REDIS_FOUND_BY = ("KD_REDIS_SENTINEL", "KD_REDIS_CLUSTER")
+
+
+def redis_found_by(settings: Settings) -> str:
+    """How the settings find Redis other than by a URL ("" for a URL)."""
+    if settings.redis_sentinel:
+        return f"Sentinel ({','.join(settings.redis_sentinel.sentinels)})"
+    if settings.redis_cluster:
+        return f"Redis Cluster ({','.join(settings.redis_cluster.nodes)})"
+    return ""
 
 
 def _shown(url: str) -> str:
