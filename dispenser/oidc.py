@@ -4,8 +4,9 @@ A token arrives as ``Authorization: Bearer <jwt>`` or as the cookie ``Authorizat
 (how MOSIP's clients send it). It is verified with PyJWT against the signing keys its
 issuer publishes (JWKS): signature, ``exp``/``nbf`` (with a small leeway), ``iss`` and
 ``aud``, with asymmetric algorithms only. The client it names (``azp``, ``client_id``
-or ``sub``) is the client everywhere a client matters (rate limits, idempotency
-records, the ledger), and its roles say which ID types it may use.
+or ``sub``), after its issuer's ``client_prefix``, is the client everywhere a client
+matters (rate limits, idempotency records, the ledger), and its roles say which ID
+types it may use.
 
 Keys are fetched at start and refreshed off the request path: on a schedule, and on
 an unknown ``kid`` at most once per ``jwks_min_refetch_s`` (the request itself is
@@ -200,6 +201,7 @@ class Verifier:
         self._segments = segments or {}
         self._algorithms = list(config.algorithms)
         self._audiences = list(config.audiences)
+        self._prefixes = {p.issuer: p.client_prefix for p in config.providers}
         self._remembered: dict[str, Principal] = {}
 
     def verify(self, token: str) -> Principal:
@@ -258,14 +260,15 @@ class Verifier:
             raise TokenRefused("token issuer is not accepted") from exc
         except (jwt.PyJWTError, TypeError, ValueError) as exc:  # PyJWT's own, or a key
             raise TokenRefused(f"token not accepted: {type(exc).__name__}") from exc
-        return self._principal(claims)
+        return self._principal(claims, self._prefixes[issuer])
 
-    def _principal(self, claims: Mapping[str, Any]) -> Principal:
-        client = claims.get(self.config.client_claim)
-        if not isinstance(client, str) or not API_CLIENT_NAME.fullmatch(client):
+    def _principal(self, claims: Mapping[str, Any], prefix: str) -> Principal:
+        named = claims.get(self.config.client_claim)
+        client = prefix + named if isinstance(named, str) else None
+        if client is None or not API_CLIENT_NAME.fullmatch(client):
             raise TokenRefused(
                 f"token claim {self.config.client_claim!r} does not name a client "
-                f"(must match {API_CLIENT_NAME.pattern})"
+                f"(with its issuer's client_prefix, must match {API_CLIENT_NAME.pattern})"
             )
         roles = roles_of(claims, self.config.roles_claim)
         granted = [self.config.roles[r] for r in sorted(roles) if r in self.config.roles]

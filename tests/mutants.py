@@ -819,6 +819,13 @@ MUTANTS: Final = (
         ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
     Mutant(
+        "token_clients_of_two_issuers_share_a_name",
+        "dispenser/oidc.py",
+        "client = prefix + named if isinstance(named, str) else None",
+        "client = named if isinstance(named, str) else None",
+        ("tests/integration/test_oidc.py", "tests/unit/test_oidc.py"),
+    ),
+    Mutant(
         "a_lease_exit_waits_on_a_renewer_only_cancellation_stops",
         "shared/leasing.py",
         "        lease.end()\n        renewer.cancel()\n",

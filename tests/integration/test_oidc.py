@@ -405,3 +405,46 @@ async def test_a_token_client_named_like_an_api_key_client_is_refused(
 ) -> None:
     reply = await allocate(http, bearer(idp.token(azp="batch-job")))
     assert reply.status_code == 401 and "name of an API key client" in reply.text
+
+
+PARTNER = "https://keycloak.test/realms/partner"
+
+
+async def test_two_realms_clients_of_one_name_are_two_clients(
+    servers: Servers, database: str, hot: HotStore, idp: IdentityProvider
+) -> None:
+    """Each issuer's client_prefix scopes its clients: the same azp and Idempotency-Key
+    from another realm is another client's request, never a replay of the first's keys."""
+    settings = oidc_settings(servers, database, idp)
+    auth = settings.dispenser.auth.model_dump(mode="json")
+    auth["api_keys"][0]["sha256"] = API_DIGEST
+    auth["oidc"]["providers"] = [
+        {"issuer": ISSUER, "jwks_url": idp.url, "client_prefix": "mosip."},
+        {"issuer": PARTNER, "jwks_url": idp.url, "client_prefix": "partner."},
+    ]
+    types = small_types()
+    types["farmer"]["ledger"] = True
+    settings = make_settings(
+        servers, database, id_types=types, dispenser={"auth": auth, "mosip": {"uin": "farmer"}}
+    )
+    farmers = build_id_types(settings)["farmer"].generate(0, 2_000)[0][:50]
+    await hot.push("farmer", farmers, uuid.uuid4().hex)
+    async with dispenser_over_http(settings) as http:
+        answers = {}
+        for issuer in (ISSUER, PARTNER):
+            reply = await http.post(
+                "/v1/keys/farmer",
+                params={"count": 2},
+                headers=bearer(idp.token(iss=issuer)) | {"Idempotency-Key": "same-key"},
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.headers.get("Idempotent-Replayed") is None, reply.headers
+            answers[issuer] = reply.json()["keys"]
+        assert not set(answers[ISSUER]) & set(answers[PARTNER])
+        # Each realm's own retry is its replay.
+        again = await http.post(
+            "/v1/keys/farmer",
+            params={"count": 2},
+            headers=bearer(idp.token(iss=PARTNER)) | {"Idempotency-Key": "same-key"},
+        )
+        assert again.json()["keys"] == answers[PARTNER]

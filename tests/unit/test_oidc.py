@@ -132,3 +132,41 @@ def test_the_configuration_refuses_what_would_weaken_verification(
         config(**overrides)
     # Loopback JWKS over http is allowed (a sidecar, tests).
     config(providers=[{"issuer": ISSUER, "jwks_url": "http://127.0.0.1:9/certs"}])
+
+
+OTHER = "https://idp.test/realms/partner"
+
+
+async def test_each_issuers_clients_are_named_after_its_prefix() -> None:
+    """Two realms with a client of one name are two clients (rate limits, idempotency
+    records, the ledger): each issuer's prefix comes first."""
+    providers = [
+        {"issuer": ISSUER, "jwks_url": "https://idp.test/certs", "client_prefix": "home."},
+        {"issuer": OTHER, "jwks_url": "https://idp.test/p/certs", "client_prefix": "partner."},
+    ]
+    found = Verifier(config(providers=providers), fetch=lambda url: JWKS)
+    await found.keys.refresh(ISSUER)
+    await found.keys.refresh(OTHER)
+    assert found.verify(token()).client == "home.app"
+    assert found.verify(token(iss=OTHER)).client == "partner.app"
+    with pytest.raises(TokenRefused, match="client_prefix"):
+        found.verify(token(azp="a" * 60))  # 65 characters with its prefix
+
+
+@pytest.mark.parametrize(
+    "prefixes",
+    [("", ""), ("a.", ""), ("a.", "a."), ("a", "b."), ("a.b.", "c.")],
+)
+def test_several_issuers_need_prefixes_of_their_own(prefixes: tuple[str, str]) -> None:
+    providers = [
+        {"issuer": issuer, "jwks_url": "https://idp.test/certs", "client_prefix": prefix}
+        for issuer, prefix in zip((ISSUER, OTHER), prefixes, strict=True)
+    ]
+    with pytest.raises(ValidationError, match="client_prefix"):
+        config(providers=providers)
+
+
+def test_one_issuer_needs_no_prefix_and_may_have_one() -> None:
+    one = {"issuer": ISSUER, "jwks_url": "https://idp.test/certs"}
+    assert config(providers=[one]).providers[0].client_prefix == ""
+    assert config(providers=[one | {"client_prefix": "kc."}]).providers[0].client_prefix == "kc."

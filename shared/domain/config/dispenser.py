@@ -44,6 +44,10 @@ class OidcProvider(Strict):
 
     issuer: str = Field(min_length=1)
     jwks_url: str
+    # Put before the token's client name (e.g. "partner." makes "app" "partner.app"):
+    # with several providers, each has its own, so two realms' clients never share a
+    # name (rate limits, idempotency records, the ledger's client).
+    client_prefix: str = Field(default="", pattern=r"^([A-Za-z0-9_-]{1,24}\.)?$")
 
     @model_validator(mode="after")
     def _fetched_safely(self) -> OidcProvider:
@@ -104,6 +108,14 @@ class OidcConfig(Strict):
             )
         if len(set(self.issuers)) != len(self.providers):
             raise ValueError("providers: each issuer once")
+        prefixes = [p.client_prefix for p in self.providers]
+        if len(prefixes) > 1 and ("" in prefixes or len(set(prefixes)) != len(prefixes)):
+            raise ValueError(
+                "providers: with several issuers each needs a client_prefix of its own "
+                "(e.g. 'partner.'): client names are scoped by it, so that two realms' "
+                "clients of one name never share rate limits, idempotency records or "
+                "ledger entries"
+            )
         return self
 
     @property
