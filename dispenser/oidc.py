@@ -106,6 +106,7 @@ class SigningKeys:
         self._wanted: set[str] = set()  # issuers with an unknown kid seen
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def key(self, issuer: str, kid: str | None) -> SigningKey | None:
         """The key ``kid`` of ``issuer``, or None (and a refresh is asked for)."""
@@ -122,10 +123,13 @@ class SigningKeys:
         self._task = asyncio.get_running_loop().create_task(self._keep_fresh())
 
     async def close(self) -> None:
+        """Stop refreshing. The loop's own flag stops it too: a cancellation can be lost
+        (before Python 3.12, asyncio.wait_for returns its wait's result when the wait
+        ends as the cancellation lands), and a shutdown must not wait on it."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait([self._task])
 
     async def refresh(self, issuer: str) -> bool:
         """Fetch ``issuer``'s JWKS now; on failure keep the keys known. True on success."""
@@ -148,7 +152,7 @@ class SigningKeys:
 
     async def _keep_fresh(self) -> None:
         config = self._config
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), config.jwks_refresh_s)
             self._wake.clear()

@@ -131,9 +131,8 @@ class AsyncKeyClient:
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:  # asyncio.wait passes on a cancellation of the caller
+            await asyncio.wait(self._tasks)
         self._broadcast()
         await self._http.aclose()
 
