@@ -819,6 +819,16 @@ MUTANTS: Final = (
         ("tests/unit/test_leases.py", *LEASE_TESTS),
     ),
     Mutant(
+        "a_cluster_endpoint_asks_only_the_nodes_its_settings_list",
+        "shared/stores/redis_endpoint.py",
+        "others = [address for address in self._learned if address not in asked]",
+        "others: list[tuple[str, int]] = []",
+        (
+            "tests/integration/test_redis_cluster.py::"
+            "test_the_primary_is_found_through_the_cluster_after_every_given_node_is_gone",
+        ),
+    ),
+    Mutant(
         "token_clients_of_two_issuers_share_a_name",
         "dispenser/oidc.py",
         "client = prefix + named if isinstance(named, str) else None",

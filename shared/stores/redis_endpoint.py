@@ -80,6 +80,9 @@ class RedisEndpoint:
         # Cluster nodes asked for the map, one client each, kept (a re-check a second
         # would otherwise open a connection to every node each time).
         self._nodes: dict[tuple[str, int], aioredis.Redis] = {}
+        # Every node of the cluster the nodes asked named (CLUSTER NODES): asked when
+        # none of the given nodes answers (they may all be down, or replaced).
+        self._learned: list[tuple[str, int]] = []
         self._client: aioredis.Redis | None = None
         self._address: tuple[str, int] | None = None
         self._stale = True
@@ -182,6 +185,24 @@ class RedisEndpoint:
         asked = config.addresses()
         if self._address is not None and self._address not in asked:
             asked.append(self._address)
+        claims, problems = await self._claims(asked, config)
+        others = [address for address in self._learned if address not in asked]
+        if not claims and others:
+            claims, more = await self._claims(others, config)
+            problems += more
+        top = max((epoch for epoch, _ in claims), default=None)
+        found: list[tuple[str, int]] = []
+        for epoch, address in claims:
+            if epoch == top and address not in found:
+                found.append(address)
+        return found, problems
+
+    async def _claims(
+        self, asked: list[tuple[str, int]], config: ClusterConfig
+    ) -> tuple[list[tuple[int, tuple[str, int]]], list[str]]:
+        """What each node asked claims of this slot (its config epoch and primary), and
+        what went wrong with each node that claimed nothing; learns the cluster's nodes."""
+        assert self._slot is not None
         answers = await asyncio.gather(
             *(_slot_claim(self._node(address, config), address, self._slot) for address in asked),
             return_exceptions=True,
@@ -189,18 +210,18 @@ class RedisEndpoint:
         claims: list[tuple[int, tuple[str, int]]] = []
         problems: list[str] = []
         for node, answer in zip(asked, answers, strict=True):
-            if isinstance(answer, tuple):
-                claims.append((answer[0], config.reachable(answer[1])))
-            elif isinstance(answer, BaseException):
+            if isinstance(answer, BaseException):
                 problems.append(f"cluster node {_where(node)}: {answer}")
-            else:
+                continue
+            claim, members = answer
+            for member in members:
+                if (reached := config.reachable(member)) not in self._learned:
+                    self._learned.append(reached)
+            if claim is None:
                 problems.append(f"cluster node {_where(node)}: no node serves slot {self._slot}")
-        top = max((epoch for epoch, _ in claims), default=None)
-        found: list[tuple[str, int]] = []
-        for epoch, address in claims:
-            if epoch == top and address not in found:
-                found.append(address)
-        return found, problems
+            else:
+                claims.append((claim[0], config.reachable(claim[1])))
+        return claims, problems
 
     def _node(self, address: tuple[str, int], config: ClusterConfig) -> aioredis.Redis:
         client = self._nodes.get(address)
@@ -328,14 +349,32 @@ async def _primary_problem(
 
 async def _slot_claim(
     probe: aioredis.Redis, address: tuple[str, int], slot: int
-) -> tuple[int, tuple[str, int]] | None:
+) -> tuple[tuple[int, tuple[str, int]] | None, list[tuple[str, int]]]:
     """The primary that serves ``slot`` in the view of the node at ``address`` (asked
-    through ``probe``), with the config epoch that view holds for it."""
+    through ``probe``), with the config epoch that view holds for it (None: it names
+    none), and every node that view lists as reachable."""
     owner = _owner_in(await _command(probe, "CLUSTER", "SLOTS"), slot, address)
-    if owner is None:
-        return None
     nodes = await _command(probe, "CLUSTER", "NODES")
-    return config_epoch(nodes, owner[2]), owner[:2]
+    members = cluster_members(nodes, address)
+    if owner is None:
+        return None, members
+    return (config_epoch(nodes, owner[2]), owner[:2]), members
+
+
+def cluster_members(nodes: Any, asked: tuple[str, int]) -> list[tuple[str, int]]:
+    """The addresses of a CLUSTER NODES reply's nodes (``host:port@bus[,hostname]``;
+    an empty host is the asked node's), but for nodes flagged failed, without an
+    address, or still in handshake."""
+    text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+    found: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 3 or {"fail", "noaddr", "handshake"} & set(fields[2].split(",")):
+            continue
+        host, _, port = fields[1].split("@")[0].rpartition(":")
+        if port.isdigit() and int(port) > 0:
+            found.append((host or asked[0], int(port)))
+    return found
 
 
 def config_epoch(nodes: Any, node_id: str) -> int:

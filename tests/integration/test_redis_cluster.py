@@ -211,6 +211,43 @@ async def test_the_endpoint_names_every_node_it_could_not_use(tmp_path: Path) ->
         await endpoint.close()
 
 
+async def test_the_primary_is_found_through_the_cluster_after_every_given_node_is_gone(
+    cluster: EmbeddedRedisCluster,
+) -> None:
+    """The one node given (a replica of another shard) is gone, then the slot's primary
+    fails over: the endpoint finds the promoted replica through the nodes the cluster
+    had named (CLUSTER NODES), not only the nodes its settings list."""
+    from redis.exceptions import RedisError
+
+    from shared.domain.config import ClusterConfig
+
+    primary = cluster.primary_of(SLOT)
+    ours = {primary.address, cluster.replica_of(primary).address}
+    seed = next(
+        node
+        for node in cluster.live()
+        if node.address not in ours and node.client().info("replication")["role"] == "slave"
+    )
+    endpoint = RedisEndpoint(cluster=ClusterConfig(nodes=(seed.address,)), key_namespace=TAG)
+
+    async def written() -> tuple[str, int] | None:
+        try:
+            await (await endpoint.client()).set(f"{TAG}:probe", "1")
+        except RedisError as exc:
+            endpoint.invalidate()
+            raise StoreUnavailable("redis", str(exc)) from exc
+        return endpoint.address
+
+    try:
+        assert await eventually(written) == ("127.0.0.1", primary.server.port)
+        promoted = cluster.replica_of(primary)
+        cluster.kill(seed)
+        cluster.kill(primary)
+        assert await eventually(written) == ("127.0.0.1", promoted.server.port)
+    finally:
+        await endpoint.close()
+
+
 async def test_moving_the_slot_to_another_shard_hands_out_nothing_twice(
     servers: Servers, database: str, cluster: EmbeddedRedisCluster
 ) -> None:
