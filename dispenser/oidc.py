@@ -155,6 +155,8 @@ class SigningKeys:
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), config.jwks_refresh_s)
+            if self._closing:
+                return
             self._wake.clear()
             now = time.monotonic()
             for issuer in self._urls:

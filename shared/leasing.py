@@ -297,8 +297,10 @@ async def release(store: MachineLeases, lease: MachineLease) -> None:
     """Compare-and-delete; failures are logged (the lease then expires by its TTL)."""
     lease.end()
     try:
-        call = store.release(lease.pool, lease.machine_id, lease.owner, lease.issued_ms)
-        released = await asyncio.wait_for(call, timeout=_RELEASE_TIMEOUT_S)
+        async with asyncio.timeout(_RELEASE_TIMEOUT_S):  # not wait_for: it can lose a cancel
+            released = await store.release(
+                lease.pool, lease.machine_id, lease.owner, lease.issued_ms
+            )
     except (StoreUnavailable, TimeoutError) as exc:
         log.warning("lease_release_failed", extra={"pool": lease.pool, "error": str(exc)})
         return
@@ -357,9 +359,11 @@ async def lease_machine_id(
         try:
             await asyncio.wait([renewer])
         finally:
-            await release(store, lease)
-            if metrics is not None:
-                metrics.held.labels(pool).dec()
+            try:
+                await release(store, lease)
+            finally:
+                if metrics is not None:
+                    metrics.held.labels(pool).dec()
         if not renewer.cancelled():
             renewer.result()  # a renewer that failed raises here, as it did
 

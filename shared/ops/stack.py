@@ -46,6 +46,9 @@ EXAMPLES = {
 
 def write(data_dir: Path, values: Mapping[str, str]) -> Path:
     """``stack.env`` (0600, atomically) and ``up.pid`` in ``data_dir``."""
+    for key, value in values.items():
+        if "\n" in value or "\r" in value:
+            raise ConfigError(f"{key}: a value on several lines cannot go into {STACK_FILE}")
     lines = [
         "# The stack `keydispenser up` runs (removed when it stops). Every keydispenser",
         "# command run in the directory above this one uses these settings; a shell can",

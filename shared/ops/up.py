@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -184,7 +185,7 @@ class Stack:
             **({"KD_REDIS_URL": url} if url else {}),
             # Named in the environment: the stack file carries it to every command run
             # beside the stack (named in a configuration file: KD_CONFIG, below).
-            **{name: os.environ[name] for name in _REDIS_FOUND_BY if name in os.environ},
+            **_redis_named_in_environment(),
             "KD_PERMUTATION_KEY": permutation_key(self.settings, self.data_dir),
             "KD_DISPENSER__HOST": self.settings.dispenser.host,
             "KD_DISPENSER__PORT": str(self.args.port),
@@ -274,6 +275,19 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
 
 
 _REDIS_FOUND_BY = ("KD_REDIS_SENTINEL", "KD_REDIS_CLUSTER")
+
+
+def _redis_named_in_environment() -> dict[str, str]:
+    """KD_REDIS_SENTINEL / KD_REDIS_CLUSTER and their nested variables (``__PASSWORD``),
+    each on one line (the stack file has a line per variable): JSON compacted."""
+    found = {}
+    for name, value in os.environ.items():
+        if any(name == n or name.startswith(n + "__") for n in _REDIS_FOUND_BY):
+            if name in _REDIS_FOUND_BY:  # a JSON object (a nested value is taken as is)
+                with contextlib.suppress(ValueError):
+                    value = json.dumps(json.loads(value), separators=(",", ":"))
+            found[name] = value
+    return found
 
 
 def redis_found_by(settings: Settings) -> str:

@@ -185,11 +185,14 @@ class RedisEndpoint:
         asked = config.addresses()
         if self._address is not None and self._address not in asked:
             asked.append(self._address)
-        claims, problems = await self._claims(asked, config)
+        claims, problems, silent = await self._claims(asked, config)
         others = [address for address in self._learned if address not in asked]
-        if not claims and others:
-            claims, more = await self._claims(others, config)
-            problems += more
+        # No claim, or only claims of nodes that did not answer (a node that has not yet
+        # heard of a failover names the dead primary): ask the nodes the cluster named.
+        if others and all(address in silent for _, address in claims):
+            more_claims, more, _ = await self._claims(others, config)
+            claims, problems = claims + more_claims, problems + more
+        await self._forget_nodes_left(config)
         top = max((epoch for epoch, _ in claims), default=None)
         found: list[tuple[str, int]] = []
         for epoch, address in claims:
@@ -197,11 +200,18 @@ class RedisEndpoint:
                 found.append(address)
         return found, problems
 
+    async def _forget_nodes_left(self, config: ClusterConfig) -> None:
+        """Close the probes of nodes neither listed, nor in use, nor named any more."""
+        keep = {*config.addresses(), *self._learned, self._address}
+        for address in [a for a in self._nodes if a not in keep]:
+            await self._nodes.pop(address).aclose()
+
     async def _claims(
         self, asked: list[tuple[str, int]], config: ClusterConfig
-    ) -> tuple[list[tuple[int, tuple[str, int]]], list[str]]:
-        """What each node asked claims of this slot (its config epoch and primary), and
-        what went wrong with each node that claimed nothing; learns the cluster's nodes."""
+    ) -> tuple[list[tuple[int, tuple[str, int]]], list[str], set[tuple[str, int]]]:
+        """What each node asked claims of this slot (its config epoch and primary), what
+        went wrong with each node that claimed nothing, and the nodes that did not
+        answer. The cluster's nodes, as the answers name them, replace those learned."""
         assert self._slot is not None
         answers = await asyncio.gather(
             *(_slot_claim(self._node(address, config), address, self._slot) for address in asked),
@@ -209,19 +219,24 @@ class RedisEndpoint:
         )
         claims: list[tuple[int, tuple[str, int]]] = []
         problems: list[str] = []
+        silent: set[tuple[str, int]] = set()
+        named: list[tuple[str, int]] = []
         for node, answer in zip(asked, answers, strict=True):
             if isinstance(answer, BaseException):
                 problems.append(f"cluster node {_where(node)}: {answer}")
+                silent.add(node)
                 continue
             claim, members = answer
             for member in members:
-                if (reached := config.reachable(member)) not in self._learned:
-                    self._learned.append(reached)
+                if (reached := config.reachable(member)) not in named:
+                    named.append(reached)
             if claim is None:
                 problems.append(f"cluster node {_where(node)}: no node serves slot {self._slot}")
             else:
                 claims.append((claim[0], config.reachable(claim[1])))
-        return claims, problems
+        if named:
+            self._learned = named
+        return claims, problems, silent
 
     def _node(self, address: tuple[str, int], config: ClusterConfig) -> aioredis.Redis:
         client = self._nodes.get(address)

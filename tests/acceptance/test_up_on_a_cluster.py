@@ -43,7 +43,7 @@ async def test_up_runs_the_stack_on_the_cluster_the_user_named(
 
 
 def up_on(cluster: EmbeddedRedisCluster, dsn: str, home: Path) -> None:
-    named = json.dumps({"nodes": list(cluster.seeds)})
+    named = json.dumps({"nodes": list(cluster.seeds)}, indent=2)  # as a YAML block gives it
     env = plain_env() | {"KD_POSTGRES_DSN": dsn, "KD_REDIS_CLUSTER": named}
     port = free_port()
     # A URL beside the cluster is refused before anything starts.

@@ -170,3 +170,14 @@ def test_one_issuer_needs_no_prefix_and_may_have_one() -> None:
     one = {"issuer": ISSUER, "jwks_url": "https://idp.test/certs"}
     assert config(providers=[one]).providers[0].client_prefix == ""
     assert config(providers=[one | {"client_prefix": "kc."}]).providers[0].client_prefix == "kc."
+
+
+def test_an_api_key_client_may_not_take_a_providers_prefix() -> None:
+    from shared.domain.config.dispenser import AuthConfig
+
+    provider = {"issuer": ISSUER, "jwks_url": "https://idp.test/certs", "client_prefix": "kc."}
+    oidc_config = config(providers=[provider]).model_dump(mode="json")
+    api_key = {"name": "kc.batch", "sha256": "0" * 64}
+    with pytest.raises(ValidationError, match=r"kc\.batch begin with .*client_prefix"):
+        AuthConfig.model_validate({"api_keys": [api_key], "oidc": oidc_config})
+    AuthConfig.model_validate({"api_keys": [api_key | {"name": "batch"}], "oidc": oidc_config})

@@ -131,10 +131,12 @@ class AsyncKeyClient:
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        if self._tasks:  # asyncio.wait passes on a cancellation of the caller
-            await asyncio.wait(self._tasks)
-        self._broadcast()
-        await self._http.aclose()
+        try:
+            if self._tasks:  # asyncio.wait passes on a cancellation of the caller
+                await asyncio.wait(self._tasks)
+        finally:
+            self._broadcast()
+            await self._http.aclose()
 
     def _want(self) -> None:
         self._filling = True

@@ -139,6 +139,15 @@ class AuthConfig(Strict):
             raise ValueError("api_keys: names must be unique")
         if len({k.sha256 for k in self.api_keys}) != len(self.api_keys):
             raise ValueError("api_keys: two clients share one key")
+        prefixes = (
+            [p.client_prefix for p in self.oidc.providers if p.client_prefix] if (self.oidc) else []
+        )
+        taken = sorted(n for n in names if any(n.startswith(p) for p in prefixes))
+        if taken:
+            raise ValueError(
+                f"api_keys: {', '.join(taken)} begin with an OIDC provider's client_prefix: "
+                "the names of that provider's token clients are not for API keys"
+            )
         return self
 
 
