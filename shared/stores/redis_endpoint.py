@@ -204,7 +204,9 @@ class RedisEndpoint:
         """Close the probes of nodes neither listed, nor in use, nor named any more."""
         keep = {*config.addresses(), *self._learned, self._address}
         for address in [a for a in self._nodes if a not in keep]:
-            await self._nodes.pop(address).aclose()
+            probe = self._nodes.pop(address, None)  # a background re-check may be here too
+            if probe is not None:
+                await probe.aclose()
 
     async def _claims(
         self, asked: list[tuple[str, int]], config: ClusterConfig

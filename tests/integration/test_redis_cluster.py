@@ -150,7 +150,9 @@ async def test_a_shard_failover_discards_exactly_what_its_new_primary_inherited(
         seen = await eventually(lambda: hot.observe("farmer"))
         assert cluster.primary_of(SLOT).address == replica.address
         assert seen.token != before
-        assert (seen.discarded, seen.length) == (25, 0)  # exactly the inherited keys
+        # Exactly the inherited keys, as the fence recorded them (the figure of the call
+        # that took over is lost when its reply is: a call retried finds none left).
+        assert seen.length == 0
         assert await hot.discarded_counts() == {redis_keys.hot_list_key(TAG, "farmer"): 25}
         assert (await hot.pop("farmer", 30)).keys == []
         # The shard serves new keys; the old primary, now a replica, refuses.
@@ -181,7 +183,8 @@ async def test_a_killed_shard_primary_is_replaced_and_serving_resumes_without_a_
         await caught_up(cluster, old)
         cluster.kill(old)
         seen = await eventually(lambda: hot.observe("farmer"))
-        assert seen.discarded == 600 and seen.length == 0
+        assert seen.length == 0  # the inherited keys discarded, as the fence recorded:
+        assert await hot.discarded_counts() == {redis_keys.hot_list_key(TAG, "farmer"): 600}
         await hot.push("farmer", [f"g{i}" for i in range(100)], "b2")
         after = (await hot.pop("farmer", 1_000)).keys
         assert len(after) == 100 and handed_out.isdisjoint(after)
@@ -281,7 +284,8 @@ async def test_moving_the_slot_to_another_shard_hands_out_nothing_twice(
         await asyncio.to_thread(cluster.wait_healthy)
         seen = await eventually(lambda: hot.observe("farmer"))
         assert cluster.primary_of(SLOT).address == target.address
-        assert (seen.discarded, seen.length) == (40, 0)
+        assert seen.length == 0
+        assert await hot.discarded_counts() == {redis_keys.hot_list_key(TAG, "farmer"): 40}
         await hot.push("farmer", ["g1"], "b2")
         after = (await hot.pop("farmer", 50)).keys
         assert after == ["g1"] and handed_out.isdisjoint(after)
