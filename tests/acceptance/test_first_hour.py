@@ -7,6 +7,7 @@ an empty directory. Commands then find it through `.keydispenser/stack.env`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -74,16 +75,15 @@ def read_stack_env(path: Path) -> dict[str, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    home = tmp_path_factory.mktemp("first-hour")
-    os.chmod(home, 0o755)
-    port = free_port()
+@contextlib.contextmanager
+def running_up(home: Path, env: dict[str, str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """``keydispenser up --port port`` in ``home`` (its output in ``home/up.log``) once
+    it serves every type and printed its banner; stopped by Ctrl-C (SIGINT) on exit."""
     log = (home / "up.log").open("w")
     up = subprocess.Popen(
         [str(BIN / "keydispenser"), "up", "--port", str(port)],
         cwd=home,
-        env=plain_env(),
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -100,7 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         while "keydispenser is up" not in (home / "up.log").read_text():
             assert time.monotonic() < deadline and up.poll() is None, "no banner"
             time.sleep(0.1)
-        yield Stack(home, port, read_stack_env(env_file))
+        yield up
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -108,6 +108,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         except subprocess.TimeoutExpired:
             up.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("first-hour")
+    os.chmod(home, 0o755)
+    port = free_port()
+    with running_up(home, plain_env(), port):
+        yield Stack(home, port, read_stack_env(home / ".keydispenser" / "stack.env"))
 
 
 def post(url: str) -> dict[str, object]:

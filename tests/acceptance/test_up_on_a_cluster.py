@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from shared.ops.embedded import free_port
-from shared.ops.processes import serving, types_not_serving
 from shared.ops.redis_cluster import EmbeddedRedisCluster
-from tests.acceptance.test_first_hour import BIN, UP_DEADLINE_S, plain_env, read_stack_env
+from tests.acceptance.test_first_hour import BIN, plain_env, read_stack_env, running_up
 from tests.conftest import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
@@ -51,24 +48,8 @@ def up_on(cluster: EmbeddedRedisCluster, dsn: str, home: Path) -> None:
     assert both.returncode == 2 and "--redis-url" in both.stderr and "Cluster" in both.stderr
     assert not (home / ".keydispenser" / "stack.env").exists()
 
-    log = (home / "up.log").open("w")
-    up = subprocess.Popen(
-        [str(BIN / "keydispenser"), "up", "--port", str(port)],
-        cwd=home,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + UP_DEADLINE_S
-        ready = serving(f"{base}/healthz", UP_DEADLINE_S)
-        waiting = types_not_serving(f"{base}/readyz", max(deadline - time.monotonic(), 1))
-        assert ready and not waiting, (home / "up.log").read_text()[-4000:]
-        while "keydispenser is up" not in (home / "up.log").read_text():
-            assert time.monotonic() < deadline and up.poll() is None, "no banner"
-            time.sleep(0.1)
+    base = f"http://127.0.0.1:{port}"
+    with running_up(home, env, port) as up:
         assert "Redis Cluster (" in (home / "up.log").read_text()
         assert not (home / ".keydispenser" / "redis").exists()  # no embedded Redis
         written = read_stack_env(home / ".keydispenser" / "stack.env")
@@ -87,11 +68,4 @@ def up_on(cluster: EmbeddedRedisCluster, dsn: str, home: Path) -> None:
         # The keys are on the cluster: the farmer hot list is on the primary of its slot.
         hot = [key for node in cluster.live() for key in node.client().scan_iter("{kd}:*farmer*")]
         assert hot, "no farmer key on the cluster"
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        log.close()
     assert up.returncode == 0

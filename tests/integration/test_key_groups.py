@@ -195,6 +195,14 @@ def test_the_worst_verdict_decides() -> None:
     assert combined(["halt", "ok"], [lost, trusted]) == "halt"
 
 
+def with_shortlinks(endpoint: RedisEndpoint, record: type[SyncRecord]) -> SyncRecords:
+    """farmer's group with a plain record, shortlink's with ``record``."""
+    return SyncRecords(
+        {FARMER_NS: SyncRecord(endpoint, FARMER_NS), SHORTLINK_NS: record(endpoint, SHORTLINK_NS)},
+        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
+    )
+
+
 class ClaimFailsOnce(SyncRecord):
     """A record whose shard fails the fence's claim once (down for a moment)."""
 
@@ -221,13 +229,7 @@ async def test_a_claim_made_by_a_fence_that_rolled_back_is_not_taken_for_a_fence
     stays pending (the fence count it expects): the next settle finds the server not on
     the claimed history and fences again, for real, before farmer's next take."""
     endpoint = RedisEndpoint(servers.redis_url)
-    records = SyncRecords(
-        {
-            FARMER_NS: SyncRecord(endpoint, FARMER_NS),
-            SHORTLINK_NS: ClaimFailsOnce(endpoint, SHORTLINK_NS),
-        },
-        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
-    )
+    records = with_shortlinks(endpoint, ClaimFailsOnce)
     try:
         types = build_id_types(settings)
         for id_type in types.values():
@@ -315,13 +317,7 @@ async def test_a_record_whose_shard_was_down_at_start_is_bound_before_its_first_
     it reaches, and the other is bound (one namespace, one database) by its type's
     first guarded statement (the vouch that a record never written needs)."""
     endpoint = RedisEndpoint(settings.redis_url)
-    records = SyncRecords(
-        {
-            FARMER_NS: SyncRecord(endpoint, FARMER_NS),
-            SHORTLINK_NS: BindFailsOnce(endpoint, SHORTLINK_NS),
-        },
-        {FARMER_NS: ("farmer",), SHORTLINK_NS: ("shortlink",)},
-    )
+    records = with_shortlinks(endpoint, BindFailsOnce)
     try:
         async with cold_at(settings.postgres_dsn) as cold:
             bound = await bind(cold, records, NS)

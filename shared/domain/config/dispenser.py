@@ -139,9 +139,8 @@ class AuthConfig(Strict):
             raise ValueError("api_keys: names must be unique")
         if len({k.sha256 for k in self.api_keys}) != len(self.api_keys):
             raise ValueError("api_keys: two clients share one key")
-        prefixes = (
-            [p.client_prefix for p in self.oidc.providers if p.client_prefix] if (self.oidc) else []
-        )
+        providers = self.oidc.providers if self.oidc else ()
+        prefixes = [p.client_prefix for p in providers if p.client_prefix]
         taken = sorted(n for n in names if any(n.startswith(p) for p in prefixes))
         if taken:
             raise ValueError(
