@@ -152,10 +152,10 @@ class SigningKeys:
 
     async def _keep_fresh(self) -> None:
         config = self._config
-        while not self._closing:
+        while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), config.jwks_refresh_s)
-            if self._closing:
+            if self._closing:  # closed while waiting (its cancellation may be lost)
                 return
             self._wake.clear()
             now = time.monotonic()

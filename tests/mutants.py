@@ -836,6 +836,35 @@ MUTANTS: Final = (
         ("tests/integration/test_oidc.py", "tests/unit/test_oidc.py"),
     ),
     Mutant(
+        "the_jwks_refresher_waits_on_after_a_lost_cancellation",
+        "dispenser/oidc.py",
+        "            if self._closing:  # closed while waiting (its cancellation may be lost)\n"
+        "                return\n",
+        "",
+        ("tests/unit/test_oidc.py",),
+    ),
+    Mutant(
+        "an_api_key_may_take_a_token_providers_prefix",
+        "shared/domain/config/dispenser.py",
+        "        if taken:\n",
+        "        if False:\n",
+        ("tests/unit/test_oidc.py",),
+    ),
+    Mutant(
+        "up_starts_an_embedded_redis_beside_a_named_cluster",
+        "shared/ops/up.py",
+        '        if found_by:\n            return dsn, ""\n',
+        "",
+        ("tests/acceptance/test_up_on_a_cluster.py",),
+    ),
+    Mutant(
+        "up_writes_a_pretty_printed_cluster_setting_as_it_came",
+        "shared/ops/up.py",
+        'value = json.dumps(json.loads(value), separators=(",", ":"))',
+        "pass",
+        ("tests/acceptance/test_up_on_a_cluster.py",),
+    ),
+    Mutant(
         "a_lease_exit_waits_on_a_renewer_only_cancellation_stops",
         "shared/leasing.py",
         "        lease.end()\n        renewer.cancel()\n",

@@ -181,3 +181,28 @@ def test_an_api_key_client_may_not_take_a_providers_prefix() -> None:
     with pytest.raises(ValidationError, match=r"kc\.batch begin with .*client_prefix"):
         AuthConfig.model_validate({"api_keys": [api_key], "oidc": oidc_config})
     AuthConfig.model_validate({"api_keys": [api_key | {"name": "batch"}], "oidc": oidc_config})
+
+
+async def test_closing_stops_the_refresher_even_when_its_cancellation_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio.wait_for before Python 3.12 may return instead of raising when it is
+    cancelled as its wait ends: the refresher must stop on close all the same."""
+    real, lost = asyncio.wait_for, list[bool]()
+
+    async def loses_the_cancel(awaitable: Any, timeout: float | None) -> Any:  # noqa: ASYNC109
+        try:
+            return await real(awaitable, timeout)
+        except asyncio.CancelledError:
+            if lost:  # the race loses one; a later cancellation (teardown's) lands
+                raise
+            lost.append(True)
+            return None
+
+    found = await verifier()
+    monkeypatch.setattr(asyncio, "wait_for", loses_the_cancel)  # as dispenser.oidc sees it
+    await found.keys.start()
+    await asyncio.sleep(0.05)  # the refresher waits (jwks_refresh_s: 300 s)
+    async with asyncio.timeout(5):  # it waited on, for the next refresh, without the flag
+        await found.keys.close()
+    assert found.keys._task is not None and found.keys._task.done() and lost
