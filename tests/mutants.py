@@ -52,6 +52,7 @@ CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
 # The fence's guarantee per shard with each type on a shard of its own.
 SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
+LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 
 MUTANTS: Final = (
     Mutant(
@@ -233,17 +234,57 @@ MUTANTS: Final = (
     Mutant(
         "a_redelivered_release_gives_back_the_next_issue",
         "shared/stores/sql.py",
-        "      AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)\n"
-        "    RETURNING l.key, l.issued_at",
-        "      AND (u.admin OR l.client = u.client)\n    RETURNING l.key, l.issued_at",
-        ("tests/integration/test_mosip.py",),
+        "      AND NOT EXISTS (\n"
+        "          SELECT 1 FROM kd_released_issues AS r\n"
+        "          WHERE r.id_type = $1 AND r.key = u.key AND r.release_entry = u.entry\n"
+        "      )\n",
+        "",
+        (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
         "released_key_requeued_at_once",
         "shared/stores/sql.py",
-        "      AND released_at <= now() - make_interval(secs => $2::double precision)",
+        "      AND r.recorded_at <= now() - make_interval(secs => $2::double precision)",
         "      AND true",
-        ("tests/integration/test_mosip.py",),
+        ("tests/integration/test_mosip.py", LEDGER_RECORD_TESTS),
+    ),
+    Mutant(
+        "a_release_aged_on_the_redis_servers_clock",
+        "shared/stores/sql.py",
+        "      AND r.recorded_at <= now() - make_interval(secs => $2::double precision)",
+        "      AND r.released_at <= now() - make_interval(secs => $2::double precision)",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "a_replayed_issue_revives_a_released_issue",
+        "shared/stores/sql.py",
+        "WHERE NOT EXISTS (\n"
+        "    SELECT 1 FROM kd_released_issues AS r\n"
+        "    WHERE r.id_type = $6 AND r.key = u.key AND r.entry_id = u.entry_id\n"
+        ")\n",
+        "",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "a_replayed_issue_of_a_released_key_raises_the_duplicate_alarm",
+        "shared/stores/ledger.py",
+        'and (r["key"], entry_of[r["key"]]) not in replays',
+        "",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "a_released_key_requeued_while_its_issue_is_live",
+        "shared/stores/sql.py",
+        "INSERT INTO {cold} (key) SELECT key FROM due WHERE NOT requeue_discarded",
+        "INSERT INTO {cold} (key) SELECT key FROM due",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "a_fence_leaves_releases_to_be_requeued",
+        "shared/stores/postgres_fence.py",
+        "    rows = await conn.fetch(sql.SETTLE_RELEASES)",
+        "    rows = []",
+        (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
         "a_jwks_key_without_alg_verifies_any_algorithm",

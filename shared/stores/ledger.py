@@ -61,6 +61,7 @@ class Used:
     times: list[datetime] = field(default_factory=list)
     clients: list[str] = field(default_factory=list)  # who marked each key
     admin: list[bool] = field(default_factory=list)  # whether it may mark any key
+    entries: list[str] = field(default_factory=list)  # the stream entry of each mark
 
 
 @dataclass
@@ -94,6 +95,7 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
             used.times.extend([when] * len(keys))
             used.clients.extend([fields.get("clients") or ANONYMOUS] * len(keys))
             used.admin.extend([fields.get("admin") == "1"] * len(keys))
+            used.entries.extend([entry_id] * len(keys))
             continue
         clients = fields.get("clients", ANONYMOUS).split() or [ANONYMOUS]
         if len(clients) != len(keys):
@@ -134,21 +136,14 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():
         statement = sql.for_type(sql.INSERT_LEDGER_ISSUED, name)
-        inserted = {
-            r["key"]
-            for r in await conn.fetch(
-                statement, rows.keys, rows.times, rows.clients, rows.idempotency_keys, rows.entries
-            )
-        }
+        arrays = (rows.keys, rows.times, rows.clients, rows.idempotency_keys, rows.entries)
+        inserted = {r["key"] for r in await conn.fetch(statement, *arrays, name)}
         issued += len(inserted)
         early = await _apply_early_marks(conn, name, inserted)
         used, refused = used + early[1], refused + early[0] - early[1]
         conflicts = [k for k in rows.keys if k not in inserted]
         if conflicts:
-            entry_of = dict(zip(rows.keys, rows.entries, strict=True))
-            stored = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), conflicts)
-            # The same entry again is a redelivery; another entry means a second issue.
-            twice = [r["key"] for r in stored if r["entry_id"] != entry_of[r["key"]]]
+            twice = await _issued_twice(conn, name, rows, conflicts)
             duplicates.setdefault(name, []).extend(twice)
     for name, marks in batch.used.items():
         updated = {
@@ -173,13 +168,31 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     return Applied(issued, used, dups, unknown, refused, released)
 
 
+async def _issued_twice(
+    conn: asyncpg.Connection, name: str, rows: Issued, conflicts: list[str]
+) -> list[str]:
+    """Of keys whose issue was not inserted, those issued by another entry: a second
+    issue. The same entry again, in the ledger or among released issues, is a replay
+    (a redelivery, an older snapshot, a re-application after a promotion)."""
+    entry_of = dict(zip(rows.keys, rows.entries, strict=True))
+    stored = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), conflicts)
+    released = await conn.fetch(sql.SELECT_RELEASED_ENTRIES, name, conflicts)
+    replays = {(r["key"], r["entry_id"]) for r in released}
+    return [
+        r["key"]
+        for r in stored
+        if r["entry_id"] != entry_of[r["key"]] and (r["key"], entry_of[r["key"]]) not in replays
+    ]
+
+
 async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:
     """Record keys given back (issued, neither used nor released, by their client or one
     with ledger permission); with ``reissue`` their issue rows move to
     kd_released_issues, from which ``requeue_released`` puts them back later."""
     arrays = (marks.keys, marks.times, marks.clients, marks.admin)
     if reissue:
-        rows = await conn.fetch(sql.for_type(sql.RELEASE_TO_HISTORY, name), name, *arrays)
+        statement = sql.for_type(sql.RELEASE_TO_HISTORY, name)
+        rows = await conn.fetch(statement, name, *arrays, marks.entries)
     else:
         rows = await conn.fetch(sql.for_type(sql.RELEASE_LEDGER, name), *arrays)
     done = {r["key"] for r in rows}

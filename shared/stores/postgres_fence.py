@@ -12,9 +12,11 @@ record under that lock, and does what the verdict says:
   guarded write: the record is rebuilt from it (its stamp, the highest counter its
   history leased per type);
 - ``behind``/``stamp``: this server lost commits: discard the cold inventory of every
-  type (counted, never reissued), move every sequence past the highest counter ever
-  leased, and claim the record for this server (a new history) before committing; the
-  claim is refused when a lease was recorded since the record was read (read again);
+  type (counted, never reissued), settle every released key not yet requeued (never
+  requeued: the lost history may have requeued and issued it), move every sequence
+  past the highest counter ever leased, and claim the record for this server (a new
+  history) before committing; the claim is refused when a lease was recorded since
+  the record was read (read again);
 - ``superseded``: the record follows a newer timeline: this server must not write
   (``PostgresSuperseded``: fail closed, never fence back);
 - ``foreign``: the namespace is bound to another database (``NamespaceBound``);
@@ -134,6 +136,8 @@ class FenceReport:
     keys_discarded: dict[str, int]
     next_starts: dict[str, int]  # type -> where its next lease starts
     stamp: Stamp
+    # type -> releases settled instead of requeued (their keys never go back)
+    releases_settled: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total_discarded(self) -> int:
@@ -351,6 +355,7 @@ def _fields(report: FenceReport) -> dict[str, object]:
     return {
         "reason": report.reason,
         "keys_discarded": report.total_discarded,
+        "releases_settled": report.releases_settled,
         "next_starts": report.next_starts,
         "clock": report.stamp.clock,
     }
@@ -393,6 +398,7 @@ async def _fence(
         if held["has_cold"]:
             discarded[name] = await _discard_cold(conn, name)
         starts[name] = await _advance_sequence(conn, held, floors.get(name, 0), skip_ranges)
+    settled = await _settle_releases(conn)
     stamp_row = one_row(
         await conn.fetchrow(sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
         "reset_sync_clock",
@@ -405,7 +411,14 @@ async def _fence(
         if claimed == "moved":
             raise _Moved()
         _refuse(claimed, row, await sync.read())
-    return FenceReport(reason, discarded, starts, stamp)
+    return FenceReport(reason, discarded, starts, stamp, settled)
+
+
+async def _settle_releases(conn: Any) -> dict[str, int]:
+    """Every released key not requeued yet, per type: the history this server lost may
+    have requeued and issued it already, so it never goes back (counted)."""
+    rows = await conn.fetch(sql.SETTLE_RELEASES)
+    return {str(r["id_type"]): int(r["releases"]) for r in rows}
 
 
 async def _discard_cold(conn: Any, name: str) -> int:

@@ -154,14 +154,28 @@ ADD_LEDGER_RELEASED: Final = (
     "ADD COLUMN IF NOT EXISTS released_by text"
 )
 
-# $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays).
-# Returns the keys inserted; the others were already in the ledger.
+# $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays), $6:
+# id type. Returns the keys inserted; the others were already in the ledger, or their
+# issue by that very entry was released since (an entry applied again never revives a
+# released issue, wherever its row went).
 INSERT_LEDGER_ISSUED: Final = """
 INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
-SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
+SELECT u.key, u.issued_at, u.client, u.idempotency_key, u.entry_id
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
+    AS u(key, issued_at, client, idempotency_key, entry_id)
+WHERE NOT EXISTS (
+    SELECT 1 FROM kd_released_issues AS r
+    WHERE r.id_type = $6 AND r.key = u.key AND r.entry_id = u.entry_id
+)
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 """
+
+# $1: id type, $2: keys. The issue entries of those of them whose issues were released
+# (an issue entry found here again is a replay, not a second issue).
+SELECT_RELEASED_ENTRIES: Final = (
+    "SELECT key, entry_id FROM kd_released_issues WHERE id_type = $1 AND key = ANY($2::text[])"
+)
 
 # $1: keys. The recorded stream entry and client of each (to tell redeliveries from
 # duplicates, and a refused mark-used from one of a key never issued).
@@ -195,39 +209,63 @@ WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
 RETURNING l.key
 """
 
-# $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4. A type with reissue_released: the
-# issue row moves to kd_released_issues (REQUEUE_RELEASED puts the key back in the cold
-# table later). Returns the keys released now.
+# $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4, $6: the release entries (array). A type
+# with reissue_released: the issue row moves to kd_released_issues (REQUEUE_RELEASED
+# puts the key back in the cold table later); a release entry already recorded there
+# (applied again) does nothing. Returns the keys released now.
 RELEASE_TO_HISTORY: Final = """
 WITH released AS (
     DELETE FROM {ledger} AS l
-    USING unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[])
-        AS u(key, released_at, client, admin)
+    USING unnest($2::text[], $3::timestamptz[], $4::text[], $5::bool[], $6::text[])
+        AS u(key, released_at, client, admin, entry)
     WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
       AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
+      AND NOT EXISTS (
+          SELECT 1 FROM kd_released_issues AS r
+          WHERE r.id_type = $1 AND r.key = u.key AND r.release_entry = u.entry
+      )
     RETURNING l.key, l.issued_at, l.client, l.idempotency_key, l.entry_id,
-              u.released_at, u.client AS released_by
+              u.released_at, u.client AS released_by, u.entry AS release_entry
 )
 INSERT INTO kd_released_issues
-    (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by)
-SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by
+    (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by,
+     release_entry)
+SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by,
+       release_entry
 FROM released
 ON CONFLICT DO NOTHING
 RETURNING key
 """
 
-# $1: id type, $2: seconds. Releases older than that go back to the cold table, each
-# once (requeued_at is set in the same statement). Returns the keys put back.
+# $1: id type, $2: seconds. Releases PostgreSQL recorded longer ago than that (its own
+# clock: recorded_at, never the Redis server's released_at) are settled, each once
+# (requeued_at is set in the same statement): the key goes back to the cold table only
+# when no issue of it is live in the ledger (a live one, e.g. an issue applied again
+# after a promotion, keeps it out for good: requeue_discarded). Returns the keys put back.
 REQUEUE_RELEASED: Final = """
 WITH due AS (
-    UPDATE kd_released_issues SET requeued_at = now()
-    WHERE id_type = $1 AND requeued_at IS NULL
-      AND released_at <= now() - make_interval(secs => $2::double precision)
-    RETURNING key
+    UPDATE kd_released_issues AS r
+    SET requeued_at = now(),
+        requeue_discarded = EXISTS (SELECT 1 FROM {ledger} AS l WHERE l.key = r.key)
+    WHERE r.id_type = $1 AND r.requeued_at IS NULL
+      AND r.recorded_at <= now() - make_interval(secs => $2::double precision)
+    RETURNING r.key, r.requeue_discarded
 )
-INSERT INTO {cold} (key) SELECT key FROM due
+INSERT INTO {cold} (key) SELECT key FROM due WHERE NOT requeue_discarded
 ON CONFLICT (key) DO NOTHING
 RETURNING key
+"""
+
+# No parameters. The fence settles every release not requeued yet: the history this
+# server lost may have requeued and issued it already (never issued again). Counts per
+# type.
+SETTLE_RELEASES: Final = """
+WITH settled AS (
+    UPDATE kd_released_issues SET requeued_at = now(), requeue_discarded = true
+    WHERE requeued_at IS NULL
+    RETURNING id_type
+)
+SELECT id_type, count(*) AS releases FROM settled GROUP BY id_type
 """
 
 # $1: id type, $2: keys. Those of them whose last issue was given back and moved to

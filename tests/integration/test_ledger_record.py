@@ -1,0 +1,206 @@
+"""The ledger as a system of record: an entry applied again changes nothing, and a
+released key goes back only when nothing anywhere may still hold it.
+
+Entries are applied as keysync applies them (``apply`` on real PostgreSQL), with the
+entry IDs a Redis stream gives; a promoted replica that lost commits is a clone of the
+database promoted after the old primary committed more (``promote``, as in
+test_postgres_fence.py), and each hazard has its control case with the guard off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from keysync.main import Keysync
+from shared.domain.config import Settings
+from shared.domain.idtypes import build_id_types
+from shared.ops.databases import run_migrate
+from shared.stores import sql
+from shared.stores.hot_store import HotStore
+from shared.stores.ledger import LedgerDrain, apply, parse
+from shared.stores.ledger_stream import LedgerEntry, LedgerStream
+from shared.stores.postgres_fence import GuardedCold
+from shared.stores.sync_record import SyncRecord
+from tests.conftest import Servers, make_settings, small_types
+from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
+
+# Counters far above anything a test's keygen leases: the keys tests issue by hand.
+HIGH_COUNTER = 900_000_000
+
+
+def reissue_settings(servers: Servers, database: str) -> Settings:
+    types = small_types()
+    types["farmer"] |= {"ledger": True, "reissue_released": True, "reissue_after_s": 0}
+    return make_settings(servers, database, id_types=types)
+
+
+def entry(ms: int, op: str, key: str, client: str) -> LedgerEntry:
+    return f"{ms}-0", {"op": op, "type": "farmer", "keys": key, "clients": client}
+
+
+async def applied(settings: Settings, *batches: list[LedgerEntry]) -> dict[str, list[str]]:
+    """Apply each batch in a transaction of its own; the duplicates alarmed."""
+    types = build_id_types(settings)
+    alarms: dict[str, list[str]] = {}
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        for batch in batches:
+            async with conn.transaction():
+                result = await apply(conn, parse(batch, types))
+            for name, keys in result.duplicates.items():
+                alarms.setdefault(name, []).extend(keys)
+    finally:
+        await conn.close()
+    return alarms
+
+
+async def fetch(settings: Settings, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        return list(await conn.fetch(sql.for_type(query, "farmer"), *args))
+    finally:
+        await conn.close()
+
+
+def high_key(settings: Settings, offset: int = 0) -> str:
+    farmer = build_id_types(settings)["farmer"]
+    return farmer.generate(HIGH_COUNTER + offset * 100, HIGH_COUNTER + offset * 100 + 100)[0][0]
+
+
+async def test_a_replayed_issue_never_revives_a_released_issue(
+    servers: Servers, database: str
+) -> None:
+    """A Redis restart from a snapshot taken while an issue entry was still in the
+    stream brings the entry back after its key was released (and requeued, and issued
+    again): applied again, it neither revives the first issue nor raises the
+    duplicate alarm, while the key is out of the ledger and after its next issue."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    key = high_key(settings)
+    first, release = entry(1_000, "issue", key, "c1"), entry(2_000, "release", key, "c1")
+    assert await applied(settings, [first], [release]) == {}
+    # Released (its issue row moved to the history), not issued again yet.
+    assert await applied(settings, [first]) == {}
+    assert await fetch(settings, "SELECT * FROM {ledger} WHERE key = $1", key) == []
+    # Issued again, to another client: the replay is still only a replay.
+    second = entry(3_000, "issue", key, "c2")
+    assert await applied(settings, [second], [first]) == {}
+    rows = await fetch(settings, "SELECT client, entry_id FROM {ledger} WHERE key = $1", key)
+    assert [(r["client"], r["entry_id"]) for r in rows] == [("c2", "3000-0")]
+    # A true second issue of a key still held (another entry) does raise the alarm.
+    assert await applied(settings, [entry(4_000, "issue", key, "c3")]) == {"farmer": [key]}
+
+
+async def test_a_replayed_release_never_gives_back_the_next_issue_whatever_the_clock(
+    servers: Servers, database: str
+) -> None:
+    """A release applied again is recognised by its entry, not by its time: after a
+    failover to a Redis whose clock is behind, the key's next issue (to the same
+    client) can carry an earlier entry time than the old release."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    key = high_key(settings)
+    release = entry(3_000, "release", key, "c1")
+    await applied(settings, [entry(1_000, "issue", key, "c1")], [release])
+    await applied(settings, [entry(2_000, "issue", key, "c1")], [release])
+    rows = await fetch(settings, "SELECT * FROM {ledger} WHERE key = $1", key)
+    assert len(rows) == 1 and rows[0]["entry_id"] == "2000-0"
+    assert rows[0]["released_at"] is None  # the second issue is still held
+    history = await fetch(settings, "SELECT * FROM kd_released_issues WHERE key = $1", key)
+    assert [(r["entry_id"], r["release_entry"]) for r in history] == [("1000-0", "3000-0")]
+
+
+async def test_a_release_waits_on_postgresqls_clock_and_never_requeues_a_live_key(
+    servers: Servers, database: str, hot: HotStore
+) -> None:
+    """reissue_after_s counts from when PostgreSQL recorded the release (its own
+    clock), not from the Redis server's entry time; and a released key whose issue is
+    live again in the ledger is settled, never put back."""
+    types = small_types()
+    types["farmer"] |= {"ledger": True, "reissue_released": True, "reissue_after_s": 0.5}
+    settings = make_settings(servers, database, id_types=types)
+    await run_migrate(settings)
+    key, live = high_key(settings, 0), high_key(settings, 1)
+    # Released "an hour ago" by the Redis server's clock, recorded just now.
+    hour_ago = 1_000
+    await applied(
+        settings,
+        [entry(hour_ago, "issue", key, "c1"), entry(hour_ago, "issue", live, "c1")],
+        [entry(hour_ago + 1, "release", key, "c1"), entry(hour_ago + 1, "release", live, "c1")],
+    )
+    # The live key's first issue comes back (applied again after a promotion lost its
+    # release's requeue and the key's next issue was re-applied).
+    await applied(settings, [entry(5_000, "issue", live, "c2")])
+    async with cold_at(settings.postgres_dsn) as cold:
+        drain = LedgerDrain(
+            LedgerStream(hot.endpoint, hot.namespace), cold, build_id_types(settings), "t", 10
+        )
+        assert await drain.requeue_released() == {}  # not yet: recorded < 0.5 s ago
+        await asyncio.sleep(0.6)
+        assert await drain.requeue_released() == {"farmer": 1}
+    in_cold = await fetch(settings, "SELECT key FROM {cold} WHERE key = ANY($1)", [key, live])
+    assert [r["key"] for r in in_cold] == [key]
+    settled = await fetch(
+        settings, "SELECT requeue_discarded FROM kd_released_issues WHERE key = $1", live
+    )
+    assert [r["requeue_discarded"] for r in settled] == [True]
+
+
+async def requeue_then_dispense(
+    settings: Settings, dsn: str, sync: SyncRecord | None, hot: HotStore
+) -> list[str]:
+    """keysync on ``dsn``: a refill (the fence runs here when it must), the requeue of
+    due releases, another refill; every key pushed is then dispensed."""
+    types = build_id_types(settings)
+    farmer = types["farmer"]
+    async with cold_at(dsn) as cold:
+        keysync = Keysync(settings, GuardedCold(cold, sync, types), hot)
+        drain = LedgerDrain(LedgerStream(hot.endpoint, hot.namespace), cold, types, "t", 10)
+        await keysync.refill(farmer)
+        await drain.requeue_released()
+        await keysync.refill(farmer)
+    return (await hot.pop(farmer.name, 10_000)).keys
+
+
+async def requeue_across_a_promotion(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord | None
+) -> tuple[str, list[str], list[str]]:
+    """A released key is requeued and dispensed on the old primary; the promoted
+    replica never saw the requeue. (key, dispensed before, dispensed after)."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    key = high_key(settings)
+    await applied(
+        settings, [entry(1_000, "issue", key, "c1")], [entry(2_000, "release", key, "c1")]
+    )
+    replica = f"{database}_replica"
+    await clone(servers, database, replica)
+    try:
+        before = await requeue_then_dispense(settings, settings.postgres_dsn, sync, hot)
+        await promote(servers, database, replica)
+        after = await requeue_then_dispense(settings, settings.postgres_dsn, sync, hot)
+    finally:
+        await drop(servers, f"{database}_old")
+    return key, before, after
+
+
+async def test_a_requeue_the_promotion_lost_is_settled_by_the_fence(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    key, before, after = await requeue_across_a_promotion(servers, database, hot, sync)
+    assert key in before
+    assert key not in after  # the fence settled the release: never requeued again
+    settings = reissue_settings(servers, database)
+    rows = await fetch(
+        settings, "SELECT requeue_discarded FROM kd_released_issues WHERE key = $1", key
+    )
+    assert [r["requeue_discarded"] for r in rows] == [True]
+
+
+async def test_control_without_the_guard_a_released_key_is_handed_out_twice(
+    servers: Servers, database: str, hot: HotStore
+) -> None:
+    key, before, after = await requeue_across_a_promotion(servers, database, hot, None)
+    assert key in before and key in after  # the hazard the fence closes
