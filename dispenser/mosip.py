@@ -274,7 +274,11 @@ async def _change(
     if wanted == "assigned":
         entry = await dispenser.ledger_stream.record_used(name, [uin], client, admin)
     else:
-        entry = await dispenser.ledger_stream.record_released(name, [uin], client, admin)
+        # The Idempotency-Key it was issued under is forgotten with the release: a
+        # retry of that request never gets back a key given back.
+        held = found.idempotency_key
+        forget = [(found.client, held)] if held and found.client else []
+        entry = await dispenser.ledger_stream.record_released(name, [uin], client, admin, forget)
     await _caught_up(dispenser, name, entry, deadline)
     after = _visible(await dispenser.ledger.status(name, uin), client, admin)
     if after.state != wanted:

@@ -256,6 +256,13 @@ MUTANTS: Final = (
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
+        "a_retry_gets_back_a_uin_given_back",
+        "dispenser/mosip.py",
+        "        forget = [(found.client, held)] if held and found.client else []",
+        "        forget = []",
+        ("tests/integration/test_mosip.py",),
+    ),
+    Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
         "WHERE NOT EXISTS (\n"

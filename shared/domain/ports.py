@@ -72,7 +72,12 @@ class LedgerWrites(Protocol):
     ) -> str: ...
 
     async def record_released(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        forget: Sequence[tuple[str, str]] = (),
     ) -> str: ...
 
     async def newest_entry(self, name: str) -> str | None: ...

@@ -107,3 +107,4 @@ class KeyStatus:
     state: Literal["unknown", "issued", "assigned", "released"]
     client: str | None = None  # the client it was issued to
     reissued: bool = False
+    idempotency_key: str | None = None  # the Idempotency-Key it was issued under

@@ -180,9 +180,14 @@ class LedgerRouter(_ByType[LedgerStream]):
         return await self.of(name).record_used(name, keys, client, admin)
 
     async def record_released(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        forget: Sequence[tuple[str, str]] = (),
     ) -> str:
-        return await self.of(name).record_released(name, keys, client, admin)
+        return await self.of(name).record_released(name, keys, client, admin, forget)
 
     async def newest_entry(self, name: str) -> str | None:
         return await self.of(name).newest_entry(name)

@@ -326,7 +326,7 @@ class LedgerReader:
                 return KeyStatus("assigned", row["client"])
             if row["released_at"] is not None:
                 return KeyStatus("released", row["client"])
-            return KeyStatus("issued", row["client"])
+            return KeyStatus("issued", row["client"], idempotency_key=row["idempotency_key"])
         if past is not None:
             return KeyStatus("released", past["client"], reissued=True)
         return KeyStatus("unknown")

@@ -36,22 +36,43 @@ class LedgerStream(RedisPort):
         return await self._record("used", name, keys, client, admin)
 
     async def record_released(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        forget: Sequence[tuple[str, str]] = (),
     ) -> str:
         """Append a "release" event: keys ``client`` gives back unused (applied, as a
-        mark of use is, only to keys issued to it unless ``admin``); its entry ID."""
-        return await self._record("release", name, keys, client, admin)
+        mark of use is, only to keys issued to it unless ``admin``); its entry ID.
+
+        ``forget``: the (client, Idempotency-Key) pairs the keys were issued under; their
+        records go in the same step, so a retry of the first request never gets back a
+        key given back (and perhaps issued again since): it is answered afresh."""
+        records = [redis_keys.idempotency_key(self.namespace, c, k) for c, k in forget]
+        return await self._record("release", name, keys, client, admin, records)
 
     async def _record(
-        self, op: str, name: str, keys: Sequence[str], client: str, admin: bool
+        self,
+        op: str,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool,
+        forget: Sequence[str] = (),
     ) -> str:
         fields: dict[Any, Any] = {"op": op, "type": name, "keys": " ".join(keys), "clients": client}
         if admin:
             fields["admin"] = "1"
+        stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard(f"record_{op}"):
-            entry = await (await self._endpoint.client()).xadd(
-                redis_keys.ledger_stream_key(self.namespace), fields
-            )
+            client_ = await self._endpoint.client()
+            if not forget:
+                return _entry_id(await client_.xadd(stream, fields))
+            async with client_.pipeline(transaction=True) as pipe:
+                pipe.xadd(stream, fields)
+                pipe.delete(*forget)
+                entry, _ = await pipe.execute()
         return _entry_id(entry)
 
     async def newest_entry(self, name: str) -> str | None:

@@ -102,6 +102,7 @@ class MemoryLedger:
 
     used: list[tuple[str, str, str, bool]] = field(default_factory=list)
     released: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    forgotten: list[tuple[str, str]] = field(default_factory=list)  # idempotency records
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
 
     async def backlog(self, name: str = "") -> int:
@@ -114,9 +115,15 @@ class MemoryLedger:
         return f"0-{len(self.used)}"
 
     async def record_released(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        forget: Sequence[tuple[str, str]] = (),
     ) -> str:
         self.released.extend((name, key, client, admin) for key in keys)
+        self.forgotten.extend(forget)
         return f"1-{len(self.released)}"
 
     async def newest_entry(self, name: str) -> str | None:

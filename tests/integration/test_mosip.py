@@ -298,3 +298,23 @@ async def test_the_mosip_paths_are_opt_in(
     async with dispenser_over_http(make_settings(servers, database)) as http:
         assert (await http.get("/v1/idgenerator/uin")).status_code == 404
         assert (await http.get("/v1/idgenerator/vid")).status_code == 404
+
+
+async def test_a_retry_never_gets_back_a_uin_given_back(
+    servers: Servers, database: str, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    """The Idempotency-Key a UIN was issued under is forgotten with its release: a
+    retry of that request is answered afresh, never with the UIN given back (which may
+    be issued to another client by then)."""
+    async with stack(servers, database, hot, reissue=True) as (http, _, _settings, _):
+        path, headers = "/v1/idgenerator/farmer/id", {"Idempotency-Key": "enrol-7"}
+        first = (await http.post(path, headers=headers)).json()["response"]["id"]
+        replay = (await http.post(path, headers=headers)).json()["response"]["id"]
+        assert replay == first  # held: the retry gets the same UIN
+        assert (await put(http, first, "UNASSIGNED"))["response"]["status"] == "UNUSED"
+        after = (await http.post(path, headers=headers)).json()["response"]["id"]
+        assert after != first
+        # The other request's record is untouched.
+        other = {"Idempotency-Key": "enrol-8"}
+        kept = (await http.post(path, headers=other)).json()["response"]["id"]
+        assert (await http.post(path, headers=other)).json()["response"]["id"] == kept
