@@ -319,6 +319,11 @@ async def drain_ledger(
         except StoreUnavailable as exc:
             await sleep_or_stop(stop, outage.failed(exc))
             continue
+        except FENCE_REFUSALS as exc:
+            # The batch stays pending (applied again, harmlessly) until the fence has
+            # settled this server: behind, superseded or halted, said as for refills.
+            await sleep_or_stop(stop, outage.failed(StoreUnavailable("postgres", str(exc))))
+            continue
         except Exception:
             # Never let the ledger take refills down with it: log, back off, retry.
             # The entries stay in the stream (kd_ledger_backlog grows) until applied.
@@ -330,6 +335,7 @@ async def drain_ledger(
             metrics.ledger_used.inc(applied.used)
             metrics.ledger_used_unknown.inc(applied.used_unknown)
             metrics.ledger_used_refused.inc(applied.used_refused)
+            metrics.ledger_replayed.inc(applied.replayed)
             for name, keys in applied.duplicates.items():
                 metrics.ledger_duplicates.labels(name).inc(len(keys))
         with contextlib.suppress(StoreUnavailable):
@@ -407,6 +413,8 @@ async def serve(settings: Settings) -> None:
                 instance_name(),
                 settings.keysync.ledger_batch,
                 settings.keysync.ledger_claim_idle_s,
+                guard=guarded,
+                retain_s=settings.keysync.ledger_retain_s,
             )
             if drain.enabled:
                 ttl = settings.keysync.ledger_early_mark_ttl_s

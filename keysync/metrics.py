@@ -35,6 +35,11 @@ class KeysyncMetrics:
             "Keys marked used by a client they were not issued to (not applied)",
             registry=registry,
         )
+        self.ledger_replayed = Counter(
+            "kd_ledger_replayed",
+            "Retained ledger entries applied again after a PostgreSQL fence",
+            registry=registry,
+        )
         self.ledger_duplicates = Counter(
             "kd_ledger_duplicates",
             "Keys the ledger saw issued twice (must stay 0)",

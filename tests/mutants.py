@@ -263,6 +263,27 @@ MUTANTS: Final = (
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(
+        "applied_ledger_entries_not_retained",
+        "shared/stores/ledger_stream.py",
+        "[LEDGER_GROUP, retain_ms, *entry_ids]",
+        "[LEDGER_GROUP, 0, *entry_ids]",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "retained_ledger_entries_not_applied_again_after_a_fence",
+        "shared/stores/ledger.py",
+        "if stamp is not None and (self._replayed is None or stamp.fences > self._replayed):",
+        "if False:",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "ledger_batches_not_guarded",
+        "shared/stores/postgres_fence.py",
+        "            if self._sync is None:\n                return result, None",
+        "            if True:\n                return result, None",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
         "WHERE NOT EXISTS (\n"

@@ -73,6 +73,17 @@ def ledger_stream_key(namespace: str) -> str:
     return f"{namespace}:ledger"
 
 
+def ledger_retained_key(namespace: str) -> str:
+    """Stream of applied ledger entries, each kept for ``ledger_retain_s`` with its own
+    entry ID (field ``id``): applied again after a PostgreSQL fence."""
+    return f"{namespace}:ledger:retained"
+
+
+def ledger_replayed_key(namespace: str) -> str:
+    """The PostgreSQL fence count up to which retained entries were applied again."""
+    return f"{namespace}:ledger:replayed"
+
+
 def ledger_consumer_key(namespace: str, consumer: str) -> str:
     """Heartbeat of a keysync draining the ledger stream (expires when it stops): the
     pending entries of a consumer without one are claimed first by another."""

@@ -22,6 +22,7 @@ issue row; drains take one advisory lock, so the two never miss each other.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -33,10 +34,11 @@ import asyncpg
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import KeyStatus
+from shared.domain.tiers import KeyStatus, Stamp
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated
 from shared.stores.ledger_stream import LedgerEntry, LedgerStream
+from shared.stores.postgres_fence import GuardedCold
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class Applied:
     used_unknown: int  # marks of keys not (yet) issued: they wait for their issue row
     used_refused: int = 0  # marks by a client the key was not issued to (not applied)
     released: int = 0  # keys given back (and put back in the cold tier when reissued)
+    replayed: int = 0  # retained entries applied again after a PostgreSQL fence
 
 
 # The advisory lock every ledger drain takes in its transaction ("kdlg").
@@ -348,7 +351,15 @@ def _iso(value: datetime | None) -> str | None:
 
 
 class LedgerDrain:
-    """keysync's side: stream -> PostgreSQL, one transaction per batch."""
+    """keysync's side: stream -> PostgreSQL, one transaction per batch.
+
+    With ``guard`` each batch's transaction ends with the PostgreSQL fence's guard and
+    its stamp is recorded (``GuardedCold.write``): a promotion that lost ledger commits
+    is fenced like one that lost a take, and a superseded primary applies nothing. An
+    applied entry is kept ``retain_s`` (``LedgerStream.ack``); after a fence, every
+    entry kept is applied again (``replay``), which brings back what the promotion lost
+    and changes nothing else.
+    """
 
     def __init__(
         self,
@@ -358,6 +369,8 @@ class LedgerDrain:
         consumer: str,
         batch_size: int,
         claim_idle_s: float = 30.0,
+        guard: GuardedCold | None = None,
+        retain_s: float = 0.0,
     ) -> None:
         self._stream = stream
         self._cold = cold
@@ -365,6 +378,13 @@ class LedgerDrain:
         self._consumer = consumer
         self._batch_size = batch_size
         self._claim_idle_ms = int(claim_idle_s * 1000)
+        self._guard = guard
+        self._retain_ms = int(retain_s * 1000)
+        # The type whose key group's record the batches are judged against (one group
+        # per drain: its types share it).
+        self._lane = next(iter(sorted(types)), "")
+        self._retry_own = False  # the last batch failed: read this consumer's own first
+        self._replayed: int | None = None  # fence count replayed up to, as last seen
 
     @property
     def enabled(self) -> bool:
@@ -400,17 +420,48 @@ class LedgerDrain:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
         await self._stream.beat(self._consumer)
         entries = await self._stream.read(
-            self._consumer, self._batch_size, block_ms, self._claim_idle_ms
+            self._consumer, self._batch_size, block_ms, self._claim_idle_ms, self._retry_own
         )
+        self._retry_own = False
         if not entries:
             return None
-        batch = parse(entries, self._types)
-        async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
-            applied = await apply(conn, batch)
-        await self._stream.ack([entry_id for entry_id, _ in entries])
+        try:
+            applied, stamp = await self._apply(parse(entries, self._types))
+        except BaseException:
+            self._retry_own = True  # left pending: applied again (harmless) next time
+            raise
+        await self._stream.ack([entry_id for entry_id, _ in entries], self._retain_ms)
         for name, keys in applied.duplicates.items():
             log.error(
                 "duplicate_key_issued",
                 extra={"id_type": name, "keys": keys[:10], "count": len(keys)},
             )
+        if stamp is not None and (self._replayed is None or stamp.fences > self._replayed):
+            replayed = await self.replay(stamp.fences)
+            applied = dataclasses.replace(applied, replayed=replayed)
         return applied
+
+    async def _apply(self, batch: Batch) -> tuple[Applied, Stamp | None]:
+        if self._guard is None:
+            async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
+                return await apply(conn, batch), None
+        return await self._guard.write(self._lane, lambda conn: apply(conn, batch), "ledger")
+
+    async def replay(self, fences: int) -> int:
+        """After a PostgreSQL fence (``fences``: the count this server's history has
+        seen): apply every retained entry again, once per fence; how many were."""
+        done = await self._stream.replayed_fences()
+        if done is not None and done >= fences:
+            self._replayed = done
+            return 0
+        after, count, issued = "-", 0, 0
+        while chunk := await self._stream.retained(after, self._batch_size):
+            applied, _ = await self._apply(parse([e for _, e in chunk], self._types))
+            after, count, issued = chunk[-1][0], count + len(chunk), issued + applied.issued
+        await self._stream.set_replayed(fences)
+        self._replayed = fences
+        log.warning(
+            "ledger_replayed_after_fence",
+            extra={"fences": fences, "entries": count, "issues_restored": issued},
+        )
+        return count

@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import RedisPort, forget_consumer_keys
+from shared.stores.redis_scripts import RedisPort, forget_consumer_keys, ledger_ack_keys
 
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
 LedgerEntry = tuple[str, dict[str, str]]
@@ -104,15 +104,23 @@ class LedgerStream(RedisPort):
             )
 
     async def read(
-        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
+        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int, own: bool = False
     ) -> list[LedgerEntry]:
-        """Entries for ``consumer``, oldest obligations first: entries a stopped consumer
-        (no heartbeat) left pending, then any another consumer has held unacknowledged
-        for ``claim_idle_ms``, then new ones."""
+        """Entries for ``consumer``, oldest obligations first: with ``own``, those it read
+        and did not acknowledge (its last batch failed); entries a stopped consumer (no
+        heartbeat) left pending, then any another consumer has held unacknowledged for
+        ``claim_idle_ms``, then new ones."""
         stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_read"):
             client = await self._endpoint.client()
             try:
+                if own:
+                    mine: Any = await client.xreadgroup(
+                        LEDGER_GROUP, consumer, {stream: "0"}, count=count
+                    )
+                    found = [(str(i), dict(f)) for _, es in mine for i, f in es if f is not None]
+                    if found:
+                        return found
                 orphans = await self._claim_from_stopped(client, stream, consumer, count)
                 if orphans:
                     return orphans
@@ -165,15 +173,44 @@ class LedgerStream(RedisPort):
             if "BUSYGROUP" not in str(race):  # another keysync just created it
                 raise
 
-    async def ack(self, entry_ids: Sequence[str]) -> None:
-        """Acknowledge and delete applied entries, so the stream only holds the backlog."""
-        stream = redis_keys.ledger_stream_key(self.namespace)
+    async def ack(self, entry_ids: Sequence[str], retain_ms: int = 0) -> None:
+        """Acknowledge and delete applied entries, so the stream only holds the backlog;
+        each is kept ``retain_ms`` in the retained stream (``lua/ledger_ack.lua``)."""
+        if not entry_ids:
+            return
+        keys = ledger_ack_keys(self.namespace)
         async with self._guard("ledger_ack"):
-            client = await self._endpoint.client()
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.xack(stream, LEDGER_GROUP, *entry_ids)
-                pipe.xdel(stream, *entry_ids)
-                await pipe.execute()
+            await self._run("ledger_ack", keys, [LEDGER_GROUP, retain_ms, *entry_ids])
+
+    async def retained(self, after: str, count: int) -> list[tuple[str, LedgerEntry]]:
+        """Up to ``count`` retained entries after the retained stream's ID ``after``
+        ("-": from the oldest): (its ID there, the entry with its own ID and fields)."""
+        start = "-" if after == "-" else f"({after}"
+        async with self._guard("ledger_retained"):
+            found: Any = await (await self._endpoint.client()).xrange(
+                redis_keys.ledger_retained_key(self.namespace), start, "+", count=count
+            )
+        kept = []
+        for kept_id, raw in found:
+            fields = {str(k): str(v) for k, v in dict(raw or {}).items()}
+            own = fields.pop("id", "")
+            kept.append((_entry_id(kept_id), (own, fields)))
+        return kept
+
+    async def replayed_fences(self) -> int | None:
+        """The fence count up to which retained entries were applied again (None:
+        never recorded here)."""
+        async with self._guard("ledger_replayed"):
+            found = await (await self._endpoint.client()).get(
+                redis_keys.ledger_replayed_key(self.namespace)
+            )
+        return None if found is None else int(found)
+
+    async def set_replayed(self, fences: int) -> None:
+        async with self._guard("ledger_replayed"):
+            await (await self._endpoint.client()).set(
+                redis_keys.ledger_replayed_key(self.namespace), fences
+            )
 
     async def backlog(self, name: str = "") -> int:
         """The length of this stream (the one that holds type ``name``'s entries)."""

@@ -40,9 +40,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -68,6 +68,7 @@ from shared.stores.pg_connect import any_server, dsn_hosts
 from shared.stores.sync_record import UNGUARDED, Record, SyncRecord
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # How often a fence reads the record again when its claim found a lease recorded since.
 CLAIM_ATTEMPTS = 5
 HALT_REASON = "redis and postgres both lost state; postgres forked since its last guarded write"
@@ -537,6 +538,39 @@ class GuardedCold:
             # Wasted, never used: the next read of the record settles what it says.
             raise PostgresBehind(f"lease of '{id_type.name}' not recorded: {status}")
         return leased
+
+    async def write(
+        self, name: str, work: Callable[[Any], Awaitable[T]], operation: str
+    ) -> tuple[T, Stamp | None]:
+        """Run ``work(conn)`` in one transaction that ends with the guard (judged against
+        type ``name``'s record), and record its stamp once committed: a promotion that
+        loses the commit is then seen by the fence. (result, stamp); the stamp is None
+        with the guard off. PostgresBehind when the write may be lost: refused twice (a
+        fence ran between), or committed on a history the record no longer follows
+        (the caller does it again later: the work must be harmless to repeat)."""
+        try:
+            return await self._write_once(name, work, operation)
+        except PostgresBehind:
+            await self.fence()
+            return await self._write_once(name, work, operation)
+
+    async def _write_once(
+        self, name: str, work: Callable[[Any], Awaitable[T]], operation: str
+    ) -> tuple[T, Stamp | None]:
+        record = await self.record(name)
+        async with self.cold.connection() as conn, translated(operation), conn.transaction():
+            result = await work(conn)
+            if self._sync is None:
+                return result, None
+            # Last: the clock row's lock is held only while the transaction commits.
+            guard = await conn.fetchrow(sql.GUARD_TAKE, *record.guard_args())
+            if guard is None:
+                raise PostgresBehind(f"{operation} of '{name}' refused by the guard")
+        stamp = Stamp.of(guard)
+        status = await self._sync.of(name).record_write(name, stamp)
+        if status != "ok":
+            raise PostgresBehind(f"{operation} of '{name}' not recorded: {status}")
+        return result, stamp
 
     async def vouch(self) -> None:
         """Settle now (a push found the record untrusted): rebuild it if Redis lost it."""

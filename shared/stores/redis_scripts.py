@@ -27,7 +27,7 @@ from shared.domain.errors import StoreUnavailable
 from shared.stores.redis_endpoint import RedisEndpoint, describe, means_primary_moved
 from shared.stores.script_line import LineScript, ScriptLine
 
-UNFENCED = frozenset({"nudge", "forget_consumer"})
+UNFENCED = frozenset({"nudge", "forget_consumer", "ledger_ack"})
 # Helpers some scripts need besides the fence's, prepended after them.
 HELPERS = {
     script: ("lease",)
@@ -112,6 +112,10 @@ def lease_holders_keys(ns: str, pool: str) -> list[str]:
 
 def forget_consumer_keys(ns: str, consumer: str) -> list[str]:
     return [redis_keys.ledger_stream_key(ns), redis_keys.ledger_consumer_key(ns, consumer)]
+
+
+def ledger_ack_keys(ns: str) -> list[str]:
+    return [redis_keys.ledger_stream_key(ns), redis_keys.ledger_retained_key(ns)]
 
 
 def nudge_keys(ns: str) -> list[str]:

@@ -96,6 +96,11 @@ class SyncRecord(RedisPort):
             )
         return str(status)
 
+    async def record_write(self, name: str, stamp: Stamp) -> str:
+        """Record a committed guarded write of type ``name`` that leased nothing (a
+        ledger batch): 'ok', or why what it wrote may be lost (``record_stamp``)."""
+        return await self.record_lease(name, 0, stamp)
+
     async def bind(self, database: str) -> str:
         """Bind the namespace to ``database`` on first use; the database it is bound to."""
         async with self._guard("bind_record"):

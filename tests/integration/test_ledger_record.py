@@ -204,3 +204,87 @@ async def test_control_without_the_guard_a_released_key_is_handed_out_twice(
 ) -> None:
     key, before, after = await requeue_across_a_promotion(servers, database, hot, None)
     assert key in before and key in after  # the hazard the fence closes
+
+
+async def issue(hot: HotStore, client: str, count: int) -> list[str]:
+    """``count`` keys popped as the dispenser pops a ledger type's: the same script
+    appends their issue entry to the ledger stream."""
+    return (await hot.pop("farmer", count, [client], ledger=True)).keys
+
+
+async def drained(
+    settings: Settings, hot: HotStore, sync: SyncRecord | None, retain_s: float
+) -> int:
+    """One keysync's drain, on whatever server the DSN reaches now, until the stream
+    is empty; how many entries it applied again after a fence."""
+    types = build_id_types(settings)
+    async with cold_at(settings.postgres_dsn) as cold:
+        drain = LedgerDrain(
+            LedgerStream(hot.endpoint, hot.namespace),
+            cold,
+            types,
+            "keysync-1",
+            100,
+            guard=GuardedCold(cold, sync, types),
+            retain_s=retain_s,
+        )
+        replayed = 0
+        first = await drain.drain_once(block_ms=10)  # creates the consumer group if need be
+        while (applied := first or await drain.drain_once(block_ms=10)) is not None:
+            replayed, first = replayed + applied.replayed, None
+    return replayed
+
+
+async def ledger_across_a_promotion(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord | None, retain_s: float
+) -> tuple[dict[str, str], dict[str, str], int]:
+    """Keys issued and applied before the standby's copy, then more applied on the
+    old primary only, then more after the promotion. (every key -> the client it went
+    to, the ledger's key -> client, entries applied again)."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    farmer = build_id_types(settings)["farmer"]
+    await hot.push("farmer", farmer.generate(HIGH_COUNTER, HIGH_COUNTER + 4_000)[0][:60], "b1")
+    handed: dict[str, str] = {}
+    replica = f"{database}_replica"
+    try:
+        handed |= dict.fromkeys(await issue(hot, "before", 20), "before")
+        await drained(settings, hot, sync, retain_s)
+        await clone(servers, database, replica)
+        handed |= dict.fromkeys(await issue(hot, "lost", 20), "lost")
+        await drained(settings, hot, sync, retain_s)  # committed on the old primary only
+        await promote(servers, database, replica)
+        handed |= dict.fromkeys(await issue(hot, "after", 20), "after")
+        replayed = await drained(settings, hot, sync, retain_s)
+        rows = await fetch(settings, "SELECT key, client FROM {ledger}")
+    finally:
+        await drop(servers, f"{database}_old")
+    return handed, {r["key"]: r["client"] for r in rows}, replayed
+
+
+async def test_ledger_rows_a_promotion_lost_are_applied_again_after_the_fence(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    handed, ledger, replayed = await ledger_across_a_promotion(
+        servers, database, hot, sync, retain_s=300
+    )
+    assert len(handed) == 60
+    assert ledger == handed  # every key, under the client it went to
+    assert replayed >= 2  # the entries retained (the lost one among them) applied again
+
+
+async def test_control_without_retention_a_promotion_loses_ledger_rows(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    handed, ledger, _ = await ledger_across_a_promotion(servers, database, hot, sync, retain_s=0)
+    assert set(handed) - set(ledger) == {k for k, c in handed.items() if c == "lost"}
+
+
+async def test_control_without_the_guard_nothing_sees_the_ledger_rows_lost(
+    servers: Servers, database: str, hot: HotStore
+) -> None:
+    handed, ledger, replayed = await ledger_across_a_promotion(
+        servers, database, hot, None, retain_s=300
+    )
+    assert replayed == 0
+    assert set(handed) - set(ledger) == {k for k, c in handed.items() if c == "lost"}

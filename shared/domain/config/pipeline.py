@@ -27,6 +27,11 @@ class KeysyncConfig(Strict):
     # A "used" mark applied before its key's issue entry waits this long for it, then
     # is forgotten (and logged): the key was never issued, or Redis lost its entry.
     ledger_early_mark_ttl_s: float = Field(default=7 * 86_400, ge=60)
+    # Applied ledger entries are kept this long in Redis and applied again after a
+    # PostgreSQL fence: a promotion that lost at most this much of the ledger's last
+    # commits loses no record (set it above the standby's worst lag plus the time a
+    # failover takes). 0: not kept (a promotion loses what its standby lacked).
+    ledger_retain_s: float = Field(default=300.0, ge=0, le=86_400)
     # Prometheus metrics over HTTP; None: not served.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
