@@ -108,6 +108,13 @@ class DispenserMetrics:
             "Ledger stream entries not yet drained into PostgreSQL, as last read",
             registry=registry,
         )
+        self.ledger_unconfirmed = Counter(
+            "kd_ledger_unconfirmed_keys",
+            "Keys of ledger types popped but never handed out: their issue entry was not "
+            "replicated (or fsynced) within ledger_wait_ms (ledger_durability)",
+            TYPE,
+            registry=registry,
+        )
         self.ledger_refusals = Counter(
             "kd_ledger_backlog_refusals",
             "Requests of ledger types refused (503) because the ledger stream is full",

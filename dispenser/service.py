@@ -191,7 +191,37 @@ class Dispenser:
         self._after_pop(id_type, popped)
         if not popped.keys:
             raise self._none_left(id_type, popped)
+        await self._confirmed(id_type, popped)
         return popped
+
+    async def _confirmed(self, id_type: IdType, popped: Popped) -> None:
+        """Return once the ledger type's issue entry of ``popped`` is as durable as its
+        ``ledger_durability`` asks; else its keys are never handed out (counted), and
+        StoreUnavailable says why (503)."""
+        config = id_type.config
+        if config.ledger_durability == "async" or not popped.keys:
+            return
+        try:
+            durable = await self.ledger_stream.confirm(
+                id_type.name,
+                config.ledger_durability,
+                config.ledger_replicas,
+                config.ledger_wait_ms,
+            )
+        except StoreUnavailable:
+            durable = False
+        if durable:
+            return
+        self.metrics.ledger_unconfirmed.labels(id_type.name).inc(len(popped.keys))
+        log.warning(
+            "ledger_entry_unconfirmed",
+            extra={"id_type": id_type.name, "count": len(popped.keys)},
+        )
+        raise StoreUnavailable(
+            "redis",
+            f"the ledger record of '{id_type.name}' was not {config.ledger_durability} on "
+            f"{config.ledger_replicas} replica(s) within {config.ledger_wait_ms} ms",
+        )
 
     async def _mint_one(self, minter: Minter) -> str:
         got = minter.mint_some(1)
@@ -216,6 +246,7 @@ class Dispenser:
         popped = await self.hot.pop(name, count, clients, id_type.config.ledger, on_line=True)
         self.metrics.pop_requests.observe(count)
         self._after_pop(id_type, popped, issued=False)  # counted as each is handed out
+        await self._confirmed(id_type, popped)
         return popped
 
     async def ledger_open(self, id_type: IdType) -> None:

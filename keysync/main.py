@@ -47,9 +47,6 @@ from shared.stores.wake import WakeChannel
 log = logging.getLogger(__name__)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
 LEDGER_FAILURE_DELAY_S = 5.0  # after an unexpected ledger error, before trying again
-# How often long-waiting ledger marks, and released keys due back in the cold table,
-# are looked for.
-PRUNE_EVERY_S = 60.0
 # How long the next batch's open transaction waits for the push before it is rolled back.
 # A push takes milliseconds; while the transaction is open, every guarded statement of
 # every type waits on the sync clock's row: a push that is retried (its shard failing
@@ -303,6 +300,7 @@ async def drain_ledger(
     backlog: Callable[[], Awaitable[int]],
     stop: asyncio.Event,
     early_mark_ttl_s: float = 7 * 86_400,
+    prune_every_s: float = 60.0,
 ) -> None:
     """Move ledger entries from the Redis stream into PostgreSQL until stopped;
     ``backlog`` reads the length of every stream (the ``kd_ledger_backlog`` gauge)."""
@@ -314,7 +312,7 @@ async def drain_ledger(
             if time.monotonic() >= next_prune:
                 metrics.ledger_marks_expired.inc(await drain.prune(early_mark_ttl_s))
                 await drain.requeue_released()
-                next_prune = time.monotonic() + PRUNE_EVERY_S
+                next_prune = time.monotonic() + prune_every_s
             outage.succeeded()
         except StoreUnavailable as exc:
             await sleep_or_stop(stop, outage.failed(exc))
@@ -418,7 +416,8 @@ async def serve(settings: Settings) -> None:
             )
             if drain.enabled:
                 ttl = settings.keysync.ledger_early_mark_ttl_s
-                tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl))
+                every = settings.keysync.ledger_requeue_every_s
+                tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl, every))
         await asyncio.gather(*tasks)
     finally:
         await cold.close()

@@ -284,6 +284,20 @@ MUTANTS: Final = (
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
+        "a_replicated_ledger_type_answers_before_its_record_is_copied",
+        "dispenser/service.py",
+        '        if config.ledger_durability == "async" or not popped.keys:',
+        "        if True:",
+        ("tests/integration/test_ledger_durability.py",),
+    ),
+    Mutant(
+        "a_ledger_retry_replayed_from_an_inherited_record",
+        "shared/stores/lua/pop_idempotent.lua",
+        "local owned_only = ARGV[7] == '1'",
+        "local owned_only = false",
+        ("tests/integration/test_ledger_durability.py",),
+    ),
+    Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
         "WHERE NOT EXISTS (\n"

@@ -84,6 +84,12 @@ def ledger_replayed_key(namespace: str) -> str:
     return f"{namespace}:ledger:replayed"
 
 
+def ledger_confirm_key(namespace: str) -> str:
+    """Written after a ledger type's pop, on any connection, so that a WAIT (WAITAOF) of
+    that connection covers the pop's issue entry too (``LedgerStream.confirm``)."""
+    return f"{namespace}:ledger:confirm"
+
+
 def ledger_consumer_key(namespace: str, consumer: str) -> str:
     """Heartbeat of a keysync draining the ledger stream (expires when it stops): the
     pending entries of a consumer without one are claimed first by another."""

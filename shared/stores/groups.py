@@ -189,6 +189,9 @@ class LedgerRouter(_ByType[LedgerStream]):
     ) -> str:
         return await self.of(name).record_released(name, keys, client, admin, forget)
 
+    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+        return await self.of(name).confirm(name, durability, replicas, timeout_ms)
+
     async def newest_entry(self, name: str) -> str | None:
         return await self.of(name).newest_entry(name)
 

@@ -171,7 +171,8 @@ class HotStore(RedisPort):
         client: str = ANONYMOUS,
         ledger: bool = False,
     ) -> Popped:
-        """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys.
+        """Like ``pop``, but a repeated ``idempotency_key`` gets the first answer's keys
+        (of a ``ledger`` type, only while the server that answered first owns the fence).
 
         The record belongs to ``client``: its Redis key and the request fingerprint
         stored in it both hold the client's name. Raises IdempotencyMismatch when the
@@ -179,7 +180,8 @@ class HotStore(RedisPort):
         """
         keys = pop_idempotent_keys(self.namespace, name, client, idempotency_key)
         request = request_fingerprint(client, name, count)
-        args = [count, name if ledger else "", client, ttl_s, request, idempotency_key]
+        owned_only = "1" if ledger else "0"
+        args = [count, name if ledger else "", client, ttl_s, request, idempotency_key, owned_only]
         async with self._guard("pop"):
             status, taken, remaining, exhausted, discarded, refill = await self._run(
                 "pop_idempotent", keys, args

@@ -75,6 +75,26 @@ class LedgerStream(RedisPort):
                 entry, _ = await pipe.execute()
         return _entry_id(entry)
 
+    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+        """Whether every write made before this call (the issue entries of pops that
+        returned) is on ``replicas`` replicas (``replicated``: WAIT), or in the
+        primary's and ``replicas`` replicas' append-only files (``fsynced``: WAITAOF),
+        within ``timeout_ms``. A write of its own comes first: WAIT covers the writes of
+        its own connection, and one made after the pops covers theirs."""
+        async with self._guard("ledger_confirm"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.incr(redis_keys.ledger_confirm_key(self.namespace))
+                if durability == "fsynced":
+                    pipe.execute_command("WAITAOF", 1, replicas, timeout_ms)
+                else:
+                    pipe.wait(replicas, timeout_ms)
+                _, acked = await pipe.execute()
+        if durability == "fsynced":
+            local, remote = (int(n) for n in acked)
+            return local >= 1 and remote >= replicas
+        return int(acked) >= replicas
+
     async def newest_entry(self, name: str) -> str | None:
         """The ID of the newest entry not yet applied in the stream that holds type
         ``name``'s entries (this one; None: keysync has applied all)."""

@@ -103,6 +103,8 @@ class MemoryLedger:
     used: list[tuple[str, str, str, bool]] = field(default_factory=list)
     released: list[tuple[str, str, str, bool]] = field(default_factory=list)
     forgotten: list[tuple[str, str]] = field(default_factory=list)  # idempotency records
+    confirms: list[str] = field(default_factory=list)  # types whose pops were confirmed
+    durable: bool = True  # what ``confirm`` answers
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
 
     async def backlog(self, name: str = "") -> int:
@@ -125,6 +127,10 @@ class MemoryLedger:
         self.released.extend((name, key, client, admin) for key in keys)
         self.forgotten.extend(forget)
         return f"1-{len(self.released)}"
+
+    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+        self.confirms.append(name)
+        return self.durable
 
     async def newest_entry(self, name: str) -> str | None:
         return None  # applied at once

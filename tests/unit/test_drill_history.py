@@ -6,16 +6,18 @@ import json
 from pathlib import Path
 
 from shared.ops.drill import history
-from shared.ops.drill.history import check_ledger, fail_closed_seconds, loss_windows
+from shared.ops.drill.history import check_ledger, fail_closed_seconds, loss_spans
 
 
-def test_a_record_missing_outside_every_loss_window_is_missing() -> None:
-    windows = loss_windows([("primary_sigkill", 100.0, 103.0, {})])
-    received = {"a": 50.0, "b": 101.0, "c": 200.0, "d": 96.0}
-    recorded = {"a": False, "d": False}
-    found = check_ledger(recorded, received, {}, windows, 0)
-    assert found["missing"] == 1 and found["missing_sample"] == ["c"]
-    assert found["lost_with_data"] == {"primary_sigkill": 1}  # b, while the fault ran
+def test_a_record_is_charged_to_a_fault_by_its_time_never_by_a_window() -> None:
+    # The stream held entries not applied since 97.0 when the primary was killed at 100.
+    spans = loss_spans([("primary_sigkill", 97.0, 103.0, {})])
+    received = {"a": 50.0, "b": 101.0, "c": 103.5, "d": 96.9, "e": 98.0}
+    recorded = {"a": False}
+    found = check_ledger(recorded, received, {}, spans, 0)
+    # c came after the fault was over, d was applied before it began: both are missing.
+    assert found["missing"] == 2 and found["missing_sample"] == ["c", "d"]
+    assert found["lost_to_fault"] == {"primary_sigkill": 2}  # b and e, in the stream
 
 
 def test_an_accepted_mark_must_reach_the_ledger() -> None:
@@ -25,21 +27,22 @@ def test_an_accepted_mark_must_reach_the_ledger() -> None:
     assert found["marked"] == 2
 
 
-def test_the_nearest_fault_takes_the_loss_and_process_pauses_lose_nothing() -> None:
-    windows = loss_windows(
+def test_postgresql_faults_and_process_pauses_excuse_nothing() -> None:
+    spans = loss_spans(
         [
             ("pause", 100.0, 106.0, {"paused": "keysync"}),  # no data destroyed
+            ("pause", 100.0, 106.0, {"paused": "postgres_primary"}),  # entries applied again
             ("postgres_split_brain", 109.0, 118.0, {}),
-            ("redis_restart_empty", 121.0, 122.0, {}),
+            ("postgres_failover", 119.0, 120.0, {}),
+            ("pause", 121.0, 127.0, {"paused": "redis_primary"}),  # a failover meanwhile
+            ("redis_restart_empty", 128.0, 129.0, {}),
         ]
     )
-    assert [w.fault for w in windows] == ["postgres_split_brain", "redis_restart_empty"]
-    # a: during the keysync pause, before the split brain's lead; d: between two faults,
-    # nearer the split brain's end than the restart's start.
-    received = {"a": 102.0, "b": 110.0, "c": 121.5, "d": 119.0}
-    found = check_ledger({}, received, {}, windows, 0)
-    assert found["missing_sample"] == ["a"]
-    assert found["lost_with_data"] == {"postgres_split_brain": 2, "redis_restart_empty": 1}
+    assert [s.fault for s in spans] == ["pause", "redis_restart_empty"]
+    received = {"a": 102.0, "b": 110.0, "c": 128.5, "d": 122.0}
+    found = check_ledger({}, received, {}, spans, 0)
+    assert found["missing_sample"] == ["a", "b"]
+    assert found["lost_to_fault"] == {"pause": 1, "redis_restart_empty": 1}
 
 
 def test_fail_closed_time_comes_from_the_processes_own_lines(tmp_path: Path) -> None:

@@ -30,10 +30,15 @@ PASSED = DrillReport(
     errors={},
     faults_not_injected=0,
     ledger={"rows": 500, "missing": 0, "used_missing": 0, "marked": 10, "duplicate_alarms": 0,
-            "lost_with_data": {}},
+            "lost_to_fault": {}},
     ledger_missing=0,
     ledger_used_missing=0,
     ledger_duplicate_alarms=0,
+    ledger_lost_to_fault={},
+    lifecycle={"uins_received": 40, "ledger_missing": 0, "retries_given_back_keys": 0},
+    keys_in_two_hands=0,
+    status_changes_lost=0,
+    ledger_wrong_client=0,
     fail_closed_s=0.0,
     fail_closed_by_process={},
     lease_renewals_unreplicated=0,
@@ -58,6 +63,9 @@ def test_each_broken_check_is_named() -> None:
         PASSED,
         duplicates=3,
         ledger_missing=2,
+        keys_in_two_hands=1,
+        status_changes_lost=4,
+        ledger_wrong_client=5,
         not_resumed=[1],
         process_exits=["keysync"],
         leases=dataclasses.replace(LEASES, lease_overlaps=1, snowflake_duplicates=5),
@@ -67,10 +75,13 @@ def test_each_broken_check_is_named() -> None:
         "snowflake IDs issued twice",
         "1 leases overlapped",
         "2 ledger records lost",
+        "1 keys live in two hands",
+        "4 status changes lost",
+        "5 under another client",
         "processes exited: ['keysync']",
         "no key after rounds [1]",
     ]
-    assert format_table(broken).count("FAILED: ") == 6
+    assert format_table(broken).count("FAILED: ") == 9
 
 
 def test_the_json_report_keeps_its_flat_shape_and_carries_the_verdict() -> None:

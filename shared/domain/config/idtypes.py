@@ -106,6 +106,15 @@ class IdTypeConfig(Strict):
     # longer than any client retries a release, so that a late retry of the release
     # finds it released rather than releasing its next issue.
     reissue_after_s: float = Field(default=3_600.0, ge=0, le=30 * 86_400)
+    # When a ledger type's answer is given (docs/reliability.md, "The ledger"): at once
+    # (async: a Redis primary lost before its replica copied the issue entry loses that
+    # record), once ``ledger_replicas`` replicas hold the entry (replicated: WAIT), or
+    # once the primary's append-only file and ``ledger_replicas`` replicas' have it on
+    # disk (fsynced: WAITAOF, Redis 7.2 or later). Not confirmed within
+    # ``ledger_wait_ms``: the request is answered 503 and its keys are never handed out.
+    ledger_durability: Literal["async", "replicated", "fsynced"] = "async"
+    ledger_replicas: int = Field(default=1, ge=0, le=16)
+    ledger_wait_ms: int = Field(default=500, ge=1, le=10_000)
     # This stack's share of the counters (docs/operations.md, "Two sites"). None: all.
     site: Site | None = None
 
@@ -151,6 +160,8 @@ class IdTypeConfig(Strict):
     def _reissue_needs_a_ledger(self) -> IdTypeConfig:
         if self.reissue_released and not self.ledger:
             raise ValueError("reissue_released: needs ledger: true (releases are ledger records)")
+        if self.ledger_durability != "async" and not self.ledger:
+            raise ValueError("ledger_durability: needs ledger: true (it is the ledger's)")
         return self
 
     @model_validator(mode="after")

@@ -32,6 +32,9 @@ class KeysyncConfig(Strict):
     # commits loses no record (set it above the standby's worst lag plus the time a
     # failover takes). 0: not kept (a promotion loses what its standby lacked).
     ledger_retain_s: float = Field(default=300.0, ge=0, le=86_400)
+    # How often released keys due back in the cold table (reissue_released), and
+    # "used" marks that waited too long, are looked for.
+    ledger_requeue_every_s: float = Field(default=60.0, ge=0.1, le=3_600)
     # Prometheus metrics over HTTP; None: not served.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -64,8 +64,6 @@ CLUSTER_FAULTS = (
     "lagging_replica_failover",
     "shard_restart_empty",
 )
-# Faults that destroy the whole ledger stream (undrained entries of any age).
-WHOLE_STREAM_LOST = frozenset({"shard_restart_empty"})
 LAG_S = 1.0  # lagging_replica_failover: how long the replica misses writes
 SETTLE_S = 2.0  # normal load between faults
 # ... and until the ledger stream holds at most this many entries (keysync caught up
@@ -169,8 +167,8 @@ def format_table(report: ClusterDrillReport) -> str:
     lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
     lines.append(
         f"ledger rows {ledger['rows']}, missing {ledger['missing']}, used marks missing "
-        f"{ledger['used_missing']} of {ledger['marked']}, lost with destroyed data "
-        f"{sum(ledger['lost_with_data'].values())}"
+        f"{ledger['used_missing']} of {ledger['marked']}, lost to faults "
+        f"{sum(ledger['lost_to_fault'].values())}"
     )
     lines.append(f"process exits {len(report.process_exits)}")
     for name, seen in report.bystanders.items():
@@ -394,8 +392,10 @@ def _longest_gap_ms(load: RecordingLoad, start: float, until: float) -> int:
 
 
 def _loss_from(done: ClusterRound) -> float:
-    """Where the records a round's fault may destroy start (monotonic time)."""
-    if done.fault in WHOLE_STREAM_LOST and done.undrained_since is not None:
+    """Where the records a round's fault may destroy start (monotonic time): the oldest
+    entry its shard's stream had not applied when it began (a replica promoted has
+    every entry it copied, applied or not; a restart without persistence has none)."""
+    if done.undrained_since is not None:
         return min(done.began, done.undrained_since)
     return done.began
 
@@ -533,15 +533,12 @@ async def _report(
 ) -> ClusterDrillReport:
     load = drill.load
     rows = [done.row() for done in drill.rounds]
-    # A shard restarted empty destroys every ledger entry keysync had not applied yet,
-    # however old: its window starts with the oldest of them. (Other faults keep the
-    # stream on the promoted replica but for its lag: their windows stay as they are.)
-    windows = history.loss_windows(
-        [(r.fault, _loss_from(r), r.ended, r.figures) for r in drill.rounds]
-    )
+    # What a fault destroys: entries its shard's stream had not applied when it began
+    # (each record charged by its time, from the oldest of them to the fault's end).
+    spans = history.loss_spans([(r.fault, _loss_from(r), r.ended, r.figures) for r in drill.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(recorded, load.received_at, load.marked, windows, alarms)
+    ledger = history.check_ledger(recorded, load.received_at, load.marked, spans, alarms)
     return ClusterDrillReport(
         faults=rows,
         keys_dispensed=load.dispensed,

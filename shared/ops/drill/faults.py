@@ -57,6 +57,9 @@ class Outcome:
 
     figures: dict[str, Any] = field(default_factory=dict)
     redis_discarded_before: int | None = None  # None: counted from the round's start
+    # When the Redis data the fault destroys starts (monotonic; a snapshot restarted
+    # from): None, from the oldest ledger entry not applied when the fault began.
+    destroys_from: float | None = None
     postgres_discarded_before: int | None = None  # None: the PostgreSQL fence is not counted
 
 
@@ -101,7 +104,7 @@ class Drill:
             "postgres_failover": self.postgres_failover,
             "cut_links_then_sigkill": self.cut_links_then_sigkill,
             "kill_keygen": self._kill_and_restart("keygen"),
-            "restart_from_old_snapshot": self.restart_from_old_snapshot,
+            "redis_restart_old_snapshot": self.redis_restart_old_snapshot,
             "kill_dispenser": self._kill_and_restart("dispenser-0"),
             "restart_postgres": self.restart_postgres,
             "kill_lease_holder": _figures_only(self.lease_faults.kill_lease_holder),
@@ -167,16 +170,23 @@ class Drill:
         await self.settle_redis()
         return Outcome()
 
-    async def restart_from_old_snapshot(self) -> Outcome:
+    async def redis_restart_old_snapshot(self) -> Outcome:
+        """The primary restarted in place from an RDB taken 1.5 s earlier: what was
+        dispensed, applied and deleted since comes back (hot lists, ledger entries)."""
         primary = self.topology.primary()
         baseline = self.discarded()
+        snapshot_at = time.monotonic()
         self.topology.snapshot(primary, self.snapshot)
         dispensed = self.load.dispensed
         await asyncio.sleep(1.5)  # keys dispensed after the snapshot: it is stale
         after = self.load.dispensed - dispensed
         self.topology.restart(primary, snapshot=self.snapshot)
         await self.settle_redis()
-        return Outcome({"keys_dispensed_after_snapshot": after}, redis_discarded_before=baseline)
+        return Outcome(
+            {"keys_dispensed_after_snapshot": after},
+            redis_discarded_before=baseline,
+            destroys_from=snapshot_at,
+        )
 
     async def redis_restart_empty(self) -> Outcome:
         """The primary restarts at once without persistence, before Sentinel notices:
@@ -319,6 +329,30 @@ class Drill:
             if fenced > 0 or time.monotonic() >= deadline:
                 return max(fenced, 0)
             await asyncio.sleep(0.2)
+
+    async def ledger_drained(self, deadline_s: float) -> bool:
+        """Wait until keysync has applied every ledger entry (up to ``deadline_s``)."""
+        stream = redis_keys.ledger_stream_key(DRILL_NAMESPACE)
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, RuntimeError):
+                if self.topology.primary().client().xlen(stream) == 0:
+                    return True
+            await asyncio.sleep(0.2)
+        return False
+
+    def oldest_undrained(self) -> float | None:
+        """When the oldest entry the ledger stream still holds was written (monotonic
+        time; None for none): keysync has applied everything before it."""
+        stream = redis_keys.ledger_stream_key(DRILL_NAMESPACE)
+        try:
+            first = self.topology.primary().client().xrange(stream, count=1)
+        except (redis.RedisError, RuntimeError):
+            return None
+        if not first:
+            return None
+        written_s = int(str(first[0][0]).split("-")[0]) / 1000
+        return time.monotonic() - (time.time() - written_s)
 
     # --- checks after a Redis fault -----------------------------------------------
 

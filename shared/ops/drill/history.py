@@ -2,11 +2,15 @@
 every key clients received and marked used, against the ledger PostgreSQL holds, and
 the time the service refused to work rather than risk a duplicate.
 
-A ledger record may be lost only with data a fault destroyed: entries a Redis primary
-had not replicated when it died (or was cut off, or restarted without persistence),
-rows a PostgreSQL primary had not replicated when a replica was promoted. Those are
-counted per fault (``ledger_lost_with_data``); any other missing record is
-``ledger_missing`` or ``ledger_used_missing`` and fails the drill.
+A ledger record may be lost only with data a fault destroyed by definition, and only
+for a type that keeps the default ``ledger_durability`` (async): entries a Redis primary
+held, not yet applied, when it died, was cut off or restarted without persistence (or
+entries made after the snapshot a restart went back to). Each such record is charged
+to its fault by its exact time (``LossSpan``: from the oldest entry the stream had not
+applied when the fault began, or from the snapshot, to the fault's end), never by a
+window around it, and counted apart (``lost_to_fault``); any other missing record is
+``ledger_missing`` or ``ledger_used_missing`` and fails the drill. PostgreSQL faults
+excuse nothing: keysync applies the entries a promotion lost again.
 """
 
 from __future__ import annotations
@@ -24,58 +28,49 @@ import asyncpg
 from shared.stores import sql
 
 LEDGER_SETTLE_S = 30.0  # how long the checker waits for keysync to drain the ledger
-# Faults that destroy data a record may sit in (unreplicated Redis writes, a Redis
-# restarted without persistence, unreplicated PostgreSQL commits).
+# Faults that destroy Redis data a record may sit in (writes a replica had not copied,
+# a Redis restarted without persistence or from an older snapshot).
 DATA_LOSS_FAULTS = frozenset(
     {
         "primary_sigkill",
         "cut_links_then_sigkill",
-        "restart_from_old_snapshot",
+        "redis_restart_old_snapshot",
         "sentinel_failover",
         "failback",
         "partition",
         "redis_restart_empty",
-        "pause",  # of a primary (``paused``: redis_primary, postgres_primary) only
-        "postgres_failover",
-        "postgres_split_brain",
+        "pause",  # of the Redis primary (``paused``: redis_primary) only
         # redis cluster drill (cluster.py): a shard's unreplicated writes, or its data
         "shard_primary_sigkill",
         "lagging_replica_failover",
         "shard_restart_empty",
     }
 )
-# A record issued this long before such a fault may still sit unreplicated or undrained.
-LOSS_LEAD_S = 5.0
-LOSS_TAIL_S = 5.0  # ... or this long after it ended (clients retrying, keysync catching up)
-
-
-PAUSED_PRIMARIES = frozenset({"redis_primary", "postgres_primary"})
 
 
 @dataclass(frozen=True)
-class Window:
-    """A fault that could destroy records: when it ran (monotonic time)."""
+class LossSpan:
+    """What a fault could destroy (monotonic seconds): records issued from ``start``
+    (the oldest entry the stream had not applied when the fault began, or the snapshot
+    a restart went back to, if earlier than the fault) to ``end`` (the fault over)."""
 
     fault: str
-    began: float
-    ended: float
+    start: float
+    end: float
 
     def holds(self, at: float) -> bool:
-        return self.began - LOSS_LEAD_S <= at <= self.ended + LOSS_TAIL_S
-
-    def distance(self, at: float) -> float:
-        """How far ``at`` is from the fault itself (0 while it ran)."""
-        return max(self.began - at, at - self.ended, 0.0)
+        return self.start <= at <= self.end
 
 
-def loss_windows(rounds: list[tuple[str, float, float, dict[str, Any]]]) -> list[Window]:
-    """(fault, began, ended, figures) of each round -> the windows of those that lose
-    data (a pause only when it stopped a primary)."""
+def loss_spans(rounds: list[tuple[str, float, float, dict[str, Any]]]) -> list[LossSpan]:
+    """(fault, start, ended, figures) of each round (``start``: from where the fault
+    could destroy records) -> the spans of those that destroy Redis data (a pause only
+    when it stopped the Redis primary)."""
     return [
-        Window(fault, began, ended)
-        for fault, began, ended, figures in rounds
+        LossSpan(fault, start, ended)
+        for fault, start, ended, figures in rounds
         if fault in DATA_LOSS_FAULTS
-        and (fault != "pause" or figures.get("paused") in PAUSED_PRIMARIES)
+        and (fault != "pause" or figures.get("paused") == "redis_primary")
     ]
 
 
@@ -102,33 +97,28 @@ def check_ledger(
     recorded: dict[str, bool],
     received: dict[str, float],
     marked: dict[str, float],
-    windows: list[Window],
+    spans: list[LossSpan],
     duplicate_alarms: int,
 ) -> dict[str, Any]:
-    """The ledger against what clients were given (``received``: key -> when) and
-    marked used (``marked``: key -> when the mark was accepted)."""
+    """The ledger against what clients were given (``received``: key -> when, unix
+    seconds) and marked used (``marked``: key -> when the mark was accepted)."""
     lost: dict[str, int] = {}
-    # per fault: seconds from its window's start to when the first few lost keys came
-    seen_at: dict[str, list[float]] = {}
 
-    def explained(at: float) -> bool:
-        """Whether a record issued at ``at`` fell to a fault (the nearest that can
-        explain it takes the count)."""
-        near = [w for w in windows if w.holds(at)]
-        if not near:
+    def destroyed(at: float) -> bool:
+        """Whether a record made at ``at`` fell with data a fault destroyed (the latest
+        such fault takes the count)."""
+        found = [span for span in spans if span.holds(at)]
+        if not found:
             return False
-        window = min(near, key=lambda w: w.distance(at))
-        lost[window.fault] = lost.get(window.fault, 0) + 1
-        offsets = seen_at.setdefault(window.fault, [])
-        if len(offsets) < 5:
-            offsets.append(round(at - window.began, 3))
+        fault = max(found, key=lambda span: span.start).fault
+        lost[fault] = lost.get(fault, 0) + 1
         return True
 
-    missing = [k for k, at in received.items() if k not in recorded and not explained(at)]
+    missing = [k for k, at in received.items() if k not in recorded and not destroyed(at)]
     used_missing = [
         k
         for k, at in marked.items()
-        if not recorded.get(k, False) and not explained(at) and not explained(received[k])
+        if not recorded.get(k, False) and not destroyed(at) and not destroyed(received[k])
     ]
     return {
         "rows": len(recorded),
@@ -136,9 +126,7 @@ def check_ledger(
         "used_missing": len(used_missing),
         "missing_sample": sorted(missing)[:10],
         "used_missing_sample": sorted(used_missing)[:10],
-        "lost_with_data": lost,
-        # seconds after its fault began (negative: before) that a few of them were issued
-        "lost_with_data_at_s": seen_at,
+        "lost_to_fault": lost,
         "marked": len(marked),
         "unreceived": len(recorded.keys() - received.keys()),
         "duplicate_alarms": duplicate_alarms,

@@ -29,6 +29,7 @@ class RecordingLoad:
     clients: int = 8
     max_requests: int = 2_000_000
     mark_every: int = 10
+    headers: dict[str, str] = field(default_factory=dict)  # every request's (an API key)
     keys: Counter[str] = field(default_factory=Counter)
     events: list[tuple[float, bool]] = field(default_factory=list)  # (time, dispensed)
     received_at: dict[str, float] = field(default_factory=dict)  # key -> monotonic time
@@ -50,7 +51,7 @@ class RecordingLoad:
 
     async def run(self, deadline: float) -> None:
         timeout = aiohttp.ClientTimeout(total=3)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
             await asyncio.gather(*(self._client(session, n, deadline) for n in range(self.clients)))
 
     async def _client(self, session: aiohttp.ClientSession, n: int, deadline: float) -> None:
@@ -131,6 +132,7 @@ class SnowflakeLoad:
     clients: int = 2
     count: int = 50
     max_requests: int = 1_000_000
+    headers: dict[str, str] = field(default_factory=dict)  # every request's (an API key)
     ids: array[int] = field(default_factory=lambda: array("q"))
     batches: list[tuple[float, int]] = field(default_factory=list)  # (wall ms, machine)
     errors: Counter[str] = field(default_factory=Counter)
@@ -148,7 +150,9 @@ class SnowflakeLoad:
     async def run(self, deadline: float) -> None:
         timeout = aiohttp.ClientTimeout(total=3)
         connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async with aiohttp.ClientSession(
+            timeout=timeout, connector=connector, headers=self.headers
+        ) as session:
             await asyncio.gather(*(self._client(session, n, deadline) for n in range(self.clients)))
 
     async def _client(self, session: aiohttp.ClientSession, n: int, deadline: float) -> None:

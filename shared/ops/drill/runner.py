@@ -22,10 +22,11 @@ import redis
 
 from shared.domain.config import Settings
 from shared.ops.databases import scratch_database
-from shared.ops.drill import history, leases
+from shared.ops.drill import history, leases, lifecycle
 from shared.ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.leases import LeaseFaults
+from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.links import PROCESSES, Links
 from shared.ops.drill.load import RecordingLoad, SnowflakeLoad
 from shared.ops.drill.postgres import PostgresPair
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults
 # The one ID type the drill takes keys of; it keeps a ledger, checked after the drill.
 DRILL_TYPE = "drill"
+DRILL_CLIENT = "drill-load"  # the API client of the plain loads (keys, snowflake IDs)
 DRILL_TYPE_CONFIG: dict[str, Any] = {
     "kind": "numeric",
     "length": 10,
@@ -54,6 +56,7 @@ DRILL_KEYSYNC = {
     "push_retry_s": 2.0,
     "batch_marker_ttl_s": 2.0,
     "take_idle_limit_s": 3.0,
+    "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
 REDIS_FAULTS = frozenset(
@@ -62,12 +65,13 @@ REDIS_FAULTS = frozenset(
         "sentinel_failover",
         "failback",
         "cut_links_then_sigkill",
-        "restart_from_old_snapshot",
+        "redis_restart_old_snapshot",
         "partition",
         "redis_restart_empty",
     }
 )
 FENCE_DEADLINE_S = 15.0  # how long after a fault the fence (Redis's, PostgreSQL's) may take
+LEDGER_DRAIN_S = 60.0  # how long the drill waits, at its end, for keysync to drain the ledger
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,15 @@ class Round:
     resume_ms: int = 0
     served_after_fault: int = 0
     fence_engaged: bool | None = None  # after a Redis fault: did the new primary own the fence
+    # From when the Redis data the fault may destroy was written (monotonic): the oldest
+    # ledger entry not applied when it began, or the snapshot it restarted from.
+    loss_from: float = 0.0
 
     def row(self) -> dict[str, Any]:
         """The round as the JSON report shows it (the fault's figures inline)."""
         fields = asdict(self)
         figures = fields.pop("figures")
-        for private in ("began", "ended", "wall"):
+        for private in ("began", "ended", "wall", "loss_from"):
             fields.pop(private)
         at = time.strftime("%H:%M:%S", time.gmtime(self.wall)) + f".{int(self.wall % 1 * 1000):03d}"
         return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
@@ -124,6 +131,13 @@ class DrillReport:
     ledger_missing: int
     ledger_used_missing: int
     ledger_duplicate_alarms: int
+    # What a fault destroyed by definition (the default durability's records in Redis
+    # data lost), per fault: each record charged by its time (history.LossSpan).
+    ledger_lost_to_fault: dict[str, int]
+    lifecycle: dict[str, Any]  # lifecycle.check's figures (the UIN lifecycle)
+    keys_in_two_hands: int
+    status_changes_lost: int
+    ledger_wrong_client: int
     fail_closed_s: float
     fail_closed_by_process: dict[str, float]
     lease_renewals_unreplicated: int
@@ -148,6 +162,18 @@ class DrillReport:
             (self.ledger_duplicate_alarms == 0, "the ledger raised its duplicate alarm"),
             (self.ledger_missing == 0, f"{self.ledger_missing} ledger records lost"),
             (self.ledger_used_missing == 0, f"{self.ledger_used_missing} accepted use marks lost"),
+            (self.keys_in_two_hands == 0, f"{self.keys_in_two_hands} keys live in two hands"),
+            (self.status_changes_lost == 0, f"{self.status_changes_lost} status changes lost"),
+            (self.ledger_wrong_client == 0, f"{self.ledger_wrong_client} under another client"),
+            (
+                self.lifecycle.get("ledger_missing", 0) == 0,
+                f"{self.lifecycle.get('ledger_missing')} lifecycle records lost",
+            ),
+            (
+                self.lifecycle.get("retries_given_back_keys", 0) == 0,
+                "a retry was answered with a key its client had given back",
+            ),
+            (self.lifecycle.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
             (not self.process_exits, f"processes exited: {self.process_exits}"),
             (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
             (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
@@ -185,6 +211,7 @@ class Runner:
         await asyncio.sleep(SETTLE_S)
         before, requests = drill.discarded(), drill.load.requests
         identity = await asyncio.to_thread(drill.topology.identity)
+        undrained_since = await asyncio.to_thread(drill.oldest_undrained)
         began, wall = time.monotonic(), time.time()
         error, outcome = None, Outcome()
         try:
@@ -222,6 +249,8 @@ class Runner:
             number, name, began, ended, wall, error, drill.load.requests - requests, discarded
         )
         done.figures, done.fence_engaged = figures, engaged
+        starts = [began, undrained_since, outcome.destroys_from]
+        done.loss_from = min(t for t in starts if t is not None)
         done.process_exits = drill.fleet.restart_exited()
         self.rounds.append(done)
         log.info("drill_round", extra=done.row())
@@ -293,7 +322,8 @@ async def _drill(
             [s.port for s in topology.sentinels],
             [s.port for s in postgres.pair()],
         )
-        fleet = _fleet(settings, base, postgres.dsn(database), topology, controls)
+        api_config, api_keys = lifecycle.api_keys((DRILL_CLIENT, *LIFECYCLE_CLIENTS))
+        fleet = _fleet(settings, base, postgres.dsn(database), topology, controls, api_config)
         fleet.overrides = {name: links.env(name, MASTER, database) for name in PROCESSES}
         migrated = await asyncio.to_thread(_migrate, fleet)
         if migrated:
@@ -308,8 +338,12 @@ async def _drill(
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
-        load = RecordingLoad(urls, DRILL_TYPE)
-        snowflakes = SnowflakeLoad(urls, leases.SNOWFLAKE_TYPE, leases.SNOWFLAKE_TYPE_CONFIG)
+        headers = {"X-API-Key": api_keys[DRILL_CLIENT]}
+        load = RecordingLoad(urls, DRILL_TYPE, headers=headers)
+        snowflakes = SnowflakeLoad(
+            urls, leases.SNOWFLAKE_TYPE, leases.SNOWFLAKE_TYPE_CONFIG, headers=headers
+        )
+        uins = LifecycleLoad(urls, {n: api_keys[n] for n in LIFECYCLE_CLIENTS})
         lease_faults = LeaseFaults(fleet, snowflakes)
         lease_faults.start_cli_holders()
         drill = Drill(
@@ -330,7 +364,10 @@ async def _drill(
         holders_done = asyncio.Event()  # the CLI lease holders' supervisor stops
         running = asyncio.ensure_future(
             asyncio.gather(
-                load.run(until), snowflakes.run(until), lease_faults.supervise(holders_done, until)
+                load.run(until),
+                snowflakes.run(until),
+                uins.run(until),
+                lease_faults.supervise(holders_done, until),
             )
         )
         runner = Runner(drill)
@@ -339,12 +376,22 @@ async def _drill(
         await asyncio.sleep(SETTLE_S)
         load.stop()
         snowflakes.stop()
+        uins.stop()
         holders_done.set()
         await running
         runner.measure_disruptions()
+        # keysync applies what the stream still holds before it stops (after a fence it
+        # first applies again every entry it kept): the checker reads the ledger after.
+        await drill.ledger_drained(LEDGER_DRAIN_S)
         fleet.stop()  # holders release their leases: every interval ends with its stop
         return await _report(
-            runner, kinds, postgres.dsn(database), base / "logs", lease_faults.report(), controls
+            runner,
+            kinds,
+            postgres.dsn(database),
+            base / "logs",
+            lease_faults.report(),
+            controls,
+            uins,
         )
     finally:
         if load is not None:
@@ -359,10 +406,23 @@ async def _drill(
 
 
 def _fleet(
-    settings: Settings, base: Path, dsn: str, topology: Topology, controls: Controls
+    settings: Settings,
+    base: Path,
+    dsn: str,
+    topology: Topology,
+    controls: Controls,
+    api_keys: list[dict[str, Any]],
 ) -> Fleet:
     config = base / "drill.yaml"
-    types = {DRILL_TYPE: DRILL_TYPE_CONFIG, leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG}
+    types = {
+        DRILL_TYPE: DRILL_TYPE_CONFIG,
+        lifecycle.LIFECYCLE_TYPE: lifecycle.LIFECYCLE_TYPE_CONFIG,
+        leases.SNOWFLAKE_TYPE: leases.SNOWFLAKE_TYPE_CONFIG,
+    }
+    dispenser = {
+        "auth": {"api_keys": api_keys},
+        "mosip": {"uin": lifecycle.LIFECYCLE_TYPE, "ledger_wait_s": 5},
+    }
     # Every lease renewal is logged: the interval checks read each holder's deadlines.
     log_levels = {"shared.leasing": "DEBUG"}
     config.write_text(
@@ -370,6 +430,7 @@ def _fleet(
             {
                 "id_types": types,
                 "keysync": DRILL_KEYSYNC,
+                "dispenser": dispenser,
                 "redis_namespace": DRILL_NAMESPACE,
                 "log_levels": log_levels,
                 "postgres_connect_timeout_s": 1.0,
@@ -403,13 +464,15 @@ async def _report(
     logs: Path,
     lease_report: leases.LeaseReport,
     controls: Controls,
+    uins: LifecycleLoad,
 ) -> DrillReport:
     load = runner.drill.load
     rows = [done.row() for done in runner.rounds]
-    windows = history.loss_windows([(r.fault, r.began, r.ended, r.figures) for r in runner.rounds])
+    spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in runner.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(recorded, load.received_at, load.marked, windows, alarms)
+    ledger = history.check_ledger(recorded, load.received_at, load.marked, spans, alarms)
+    uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     fail_closed = await asyncio.to_thread(history.fail_closed_seconds, logs)
     by_fault: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -432,6 +495,11 @@ async def _report(
         ledger_missing=ledger["missing"],
         ledger_used_missing=ledger["used_missing"],
         ledger_duplicate_alarms=ledger["duplicate_alarms"],
+        ledger_lost_to_fault=ledger["lost_to_fault"],
+        lifecycle=uin_figures,
+        keys_in_two_hands=uin_figures["keys_in_two_hands"],
+        status_changes_lost=uin_figures["status_changes_lost"],
+        ledger_wrong_client=uin_figures["ledger_wrong_client"],
         fail_closed_s=round(sum(fail_closed.values()), 3),
         fail_closed_by_process=fail_closed,
         lease_renewals_unreplicated=history.count_events(logs, "lease_renew_unreplicated"),
@@ -473,9 +541,17 @@ def format_table(report: DrillReport) -> str:
     ledger = report.ledger
     lines.append(
         f"ledger rows {ledger['rows']}, missing {ledger['missing']}, used marks missing "
-        f"{ledger['used_missing']} of {ledger['marked']}, lost with destroyed data "
-        f"{sum(ledger['lost_with_data'].values())}, duplicate alarms "
+        f"{ledger['used_missing']} of {ledger['marked']}, lost to faults "
+        f"{sum(ledger['lost_to_fault'].values())}, duplicate alarms "
         f"{ledger['duplicate_alarms']}"
+    )
+    uins = report.lifecycle
+    lines.append(
+        f"UIN lifecycle: {uins.get('uins_received', 0)} received, "
+        f"{uins.get('uins_reissued', 0)} issued again, "
+        f"{uins.get('status_changes_acknowledged', 0)} status changes; in two hands "
+        f"{report.keys_in_two_hands}, changes lost {report.status_changes_lost}, under "
+        f"another client {report.ledger_wrong_client}, missing {uins.get('ledger_missing', 0)}"
     )
     lines.append(f"fail-closed {report.fail_closed_s} s; process exits {len(report.process_exits)}")
     for failure in report.failures():

@@ -1,0 +1,361 @@
+"""The UIN lifecycle under the drill's faults, as MOSIP's registries drive it: clients
+(each an API client of its own) take UINs (MOSIP's GET, OpenG2P's POST with an
+Idempotency-Key), retry some of those requests, and mark each UIN ASSIGNED or
+UNASSIGNED (MOSIP's PUT); released UINs go back to the pool after a short while and
+are issued again, to any client.
+
+Everything a client was told is recorded, with times; ``check`` judges it against the
+ledger PostgreSQL holds at the end (after Jepsen's checkers: the whole history, every
+acknowledged answer): each UIN received is in the ledger under the client it went to,
+each acknowledged status change holds, no UIN was live in two clients' hands at once,
+and no retry was answered with a UIN its client had given back. The lifecycle type
+runs with ``ledger_durability: replicated``: nothing is excused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from shared.ops.drill.history import LossSpan
+from shared.stores import sql
+
+LIFECYCLE_TYPE = "drill_uin"
+LIFECYCLE_TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    # Small tiers, every counter a key: a released UIN requeued is issued again after
+    # a few hundred others.
+    "filter_profile": "none",
+    "range_size": 256,
+    "hot": {"low": 10, "high": 40},
+    "cold": {"low": 60, "high": 180},
+    "sync_batch": 20,
+    "ledger": True,
+    "reissue_released": True,
+    "reissue_after_s": 2,
+    "ledger_durability": "replicated",
+    "ledger_wait_ms": 1_000,
+}
+LIFECYCLE_CLIENTS = tuple(f"registry-{n}" for n in "abcdef")
+# Faults that destroy what replicated durability covers (no persistence in the drill):
+# a restart without persistence, or from an older snapshot.
+REPLICA_LOSS_FAULTS = frozenset(
+    {"redis_restart_empty", "redis_restart_old_snapshot", "shard_restart_empty"}
+)
+RETRY_EVERY = 4  # one request in this many repeats an earlier Idempotency-Key
+MOSIP_PUT = {"id": "mosip.kernel.uinservice", "version": "1.0", "metadata": {}}
+
+
+def api_keys(names: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Fresh API keys for ``names``: (the dispenser's configuration, name -> key)."""
+    keys = {name: secrets.token_urlsafe(24) for name in names}
+    config = [
+        {"name": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+        for name, key in keys.items()
+    ]
+    return config, keys
+
+
+@dataclass(frozen=True)
+class Receipt:
+    key: str
+    client: str
+    at: float  # monotonic
+    how: str  # "get", "post" or "retry" (a retry answered with a key not seen before)
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    client: str
+    status: str  # ASSIGNED or UNASSIGNED
+    sent: float  # monotonic
+    acknowledged: bool  # answered 200 with the UIN's status, no error
+
+
+@dataclass(frozen=True)
+class Retry:
+    client: str
+    idempotency_key: str
+    first: str  # the key the first request was answered with
+    again: str  # the key the retry was answered with
+    at: float
+
+
+@dataclass
+class LifecycleLoad:
+    urls: list[str]
+    keys: dict[str, str]  # client name -> API key
+    max_requests: int = 1_000_000
+    receipts: list[Receipt] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    requests: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, deadline: float) -> None:
+        timeout = aiohttp.ClientTimeout(total=8)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(
+                *(self._client(session, name, deadline) for name in sorted(self.keys))
+            )
+
+    async def _client(self, session: aiohttp.ClientSession, name: str, deadline: float) -> None:
+        headers = {"X-API-Key": self.keys[name]}
+        asked: list[tuple[str, str]] = []  # (Idempotency-Key, key) of this client's POSTs
+        i = 0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.requests >= self.max_requests:
+                return
+            self.requests += 1
+            i += 1
+            base = self.urls[i % len(self.urls)]
+            if asked and i % RETRY_EVERY == 0:
+                await self._retry(session, base, name, headers, asked[-(i % len(asked)) - 1])
+                continue
+            key = await self._take(session, base, name, headers, i, asked)
+            if key is None:
+                await asyncio.sleep(0.05)
+                continue
+            status = "ASSIGNED" if i % 3 else "UNASSIGNED"
+            await self._change(session, base, name, headers, key, status)
+
+    async def _take(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        name: str,
+        headers: dict[str, str],
+        i: int,
+        asked: list[tuple[str, str]],
+    ) -> str | None:
+        if i % 2:
+            body = await self._call(session, "GET", f"{base}/v1/idgenerator/uin", headers)
+            key = _mosip_uin(body)
+            how = "get"
+        else:
+            idempotency_key = f"{name}-{i}"
+            url = f"{base}/v1/idgenerator/{LIFECYCLE_TYPE}/id"
+            body = await self._call(
+                session, "POST", url, headers | {"Idempotency-Key": idempotency_key}
+            )
+            key = _openg2p_id(body)
+            how = "post"
+            if key is not None:
+                asked.append((idempotency_key, key))
+                del asked[:-20]
+        if key is not None:
+            self.receipts.append(Receipt(key, name, time.monotonic(), how))
+        return key
+
+    async def _retry(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        name: str,
+        headers: dict[str, str],
+        asked: tuple[str, str],
+    ) -> None:
+        idempotency_key, first = asked
+        url = f"{base}/v1/idgenerator/{LIFECYCLE_TYPE}/id"
+        body = await self._call(
+            session, "POST", url, headers | {"Idempotency-Key": idempotency_key}
+        )
+        again = _openg2p_id(body)
+        if again is None:
+            return
+        now = time.monotonic()
+        self.retries.append(Retry(name, idempotency_key, first, again, now))
+        if again != first:  # answered afresh (the first key was given back): a new hand
+            self.receipts.append(Receipt(again, name, now, "retry"))
+
+    async def _change(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        name: str,
+        headers: dict[str, str],
+        key: str,
+        status: str,
+    ) -> None:
+        sent = time.monotonic()
+        request = MOSIP_PUT | {
+            "requesttime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+            "request": {"uin": key, "status": status},
+        }
+        body = await self._call(session, "PUT", f"{base}/v1/idgenerator/uin", headers, request)
+        answer = (body or {}).get("response") or {}
+        done = body is not None and not body.get("errors") and answer.get("uin") == key
+        self.changes.append(Change(key, name, status, sent, done))
+
+    async def _call(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        json: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """The answer's body when it is 200 with no error; else None (counted)."""
+        try:
+            async with session.request(method, url, headers=headers, json=json) as reply:
+                body = await reply.json(content_type=None)
+                errors = body.get("errors") if isinstance(body, dict) else None
+                if reply.status == 200 and not errors:
+                    return dict(body)
+                code = str(errors[0]["errorCode"]) if errors else str(reply.status)
+                self.errors[f"{method} {code}"] += 1
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError) as exc:
+            self.errors[f"{method} {type(exc).__name__}"] += 1
+        return None
+
+
+def _mosip_uin(body: dict[str, Any] | None) -> str | None:
+    uin = ((body or {}).get("response") or {}).get("uin")
+    return str(uin) if uin else None
+
+
+def _openg2p_id(body: dict[str, Any] | None) -> str | None:
+    value = ((body or {}).get("response") or {}).get("id")
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One issue of a key, as the ledger holds it at the end."""
+
+    client: str
+    used: bool
+    released: bool
+
+
+async def ledger_issues(dsn: str) -> dict[str, list[Issue]]:
+    """key -> every issue the ledger holds of it: the current row and those released."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        current = await conn.fetch(
+            sql.for_type(
+                "SELECT key, client, used_at IS NOT NULL AS used, "
+                "released_at IS NOT NULL AS released FROM {ledger}",
+                LIFECYCLE_TYPE,
+            )
+        )
+        past = await conn.fetch(
+            "SELECT key, client FROM kd_released_issues WHERE id_type = $1", LIFECYCLE_TYPE
+        )
+    finally:
+        await conn.close()
+    issues: dict[str, list[Issue]] = defaultdict(list)
+    for row in current:
+        issues[row["key"]].append(Issue(row["client"], row["used"], row["released"]))
+    for row in past:
+        issues[row["key"]].append(Issue(row["client"], False, True))
+    return issues
+
+
+def check(
+    load: LifecycleLoad, issues: dict[str, list[Issue]], spans: list[LossSpan]
+) -> dict[str, Any]:
+    """The lifecycle's history against the ledger (module docstring). A record made
+    while a fault in ``spans`` destroyed it by definition (a restart without
+    persistence or from an older snapshot, of what it held) is counted apart, charged
+    to that fault by its time."""
+    destroyed = [s for s in spans if s.fault in REPLICA_LOSS_FAULTS]
+    lost_to_fault: Counter[str] = Counter()
+
+    def excused(at: float) -> bool:
+        found = [s for s in destroyed if s.holds(at)]
+        if found:
+            lost_to_fault[max(found, key=lambda s: s.start).fault] += 1
+        return bool(found)
+
+    missing = [r for r in load.receipts if not issues.get(r.key) and not excused(r.at)]
+    wrong = [
+        r
+        for r in load.receipts
+        if issues.get(r.key) and not any(i.client == r.client for i in issues[r.key])
+    ]
+    lost = [
+        c
+        for c in load.changes
+        if c.acknowledged and not _holds(c, issues.get(c.key, [])) and not excused(c.sent)
+    ]
+    given_back = {
+        (c.client, c.key): c.sent
+        for c in load.changes
+        if c.status == "UNASSIGNED" and c.acknowledged
+    }
+    retried_back = [
+        r
+        for r in load.retries
+        if r.again == r.first and given_back.get((r.client, r.first), r.at) < r.at
+    ]
+    return {
+        "uins_received": len(load.receipts),
+        "status_changes_acknowledged": sum(1 for c in load.changes if c.acknowledged),
+        "retries": len(load.retries),
+        "uins_reissued": _reissued(load, issues),
+        "keys_in_two_hands": _in_two_hands(load, issues),
+        "status_changes_lost": len(lost),
+        "ledger_wrong_client": len(wrong),
+        "ledger_missing": len(missing),
+        "retries_given_back_keys": len(retried_back),
+        "lost_to_fault": dict(lost_to_fault),
+        "missing_sample": sorted(r.key for r in missing)[:10],
+        "lost_sample": [f"{c.key} {c.status} {c.client}" for c in lost[:10]],
+        "errors": dict(load.errors),
+    }
+
+
+def _holds(change: Change, issues: list[Issue]) -> bool:
+    """Whether the ledger still says what an acknowledged change answered."""
+    mine = [i for i in issues if i.client == change.client]
+    if change.status == "ASSIGNED":
+        return any(i.used for i in mine)
+    return any(i.released for i in mine)
+
+
+def _in_two_hands(load: LifecycleLoad, issues: dict[str, list[Issue]]) -> int:
+    """Keys handed to a client while another held them: a hold runs from a receipt to
+    its client's release of the key (a release acknowledged, or one the ledger shows
+    applied), else to the end."""
+    released: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for change in load.changes:
+        if change.status != "UNASSIGNED":
+            continue
+        applied = any(i.client == change.client and i.released for i in issues.get(change.key, []))
+        if change.acknowledged or applied:
+            released[(change.client, change.key)].append(change.sent)
+    holds: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for receipt in load.receipts:
+        ends = [t for t in released[(receipt.client, receipt.key)] if t >= receipt.at]
+        holds[receipt.key].append((receipt.at, min(ends, default=float("inf")), receipt.client))
+    twice = 0
+    for spans in holds.values():
+        spans.sort()
+        if any(
+            later[0] < earlier[1] and later[2] != earlier[2]
+            for i, earlier in enumerate(spans)
+            for later in spans[i + 1 :]
+        ):
+            twice += 1
+    return twice
+
+
+def _reissued(load: LifecycleLoad, issues: dict[str, list[Issue]]) -> int:
+    """Keys the lifecycle saw handed out more than once (released, then issued again)."""
+    seen = Counter(r.key for r in load.receipts)
+    return sum(1 for key, n in seen.items() if n > 1 and len(issues.get(key, [])) > 1)
