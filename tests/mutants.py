@@ -300,18 +300,17 @@ MUTANTS: Final = (
     Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
-        "WHERE NOT EXISTS (\n"
-        "    SELECT 1 FROM kd_released_issues AS r\n"
-        "    WHERE r.id_type = $6 AND r.key = u.key AND r.entry_id = u.entry_id\n"
-        ")\n",
-        "",
+        "    SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b\n"
+        "    WHERE NOT EXISTS (",
+        "    SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b\n"
+        "    WHERE true OR NOT EXISTS (",
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
         "a_replayed_issue_of_a_released_key_raises_the_duplicate_alarm",
-        "shared/stores/ledger.py",
-        'and (r["key"], entry_of[r["key"]]) not in replays',
-        "",
+        "shared/stores/sql.py",
+        "WHERE l.entry_id <> b.entry_id\n  AND NOT EXISTS (",
+        "WHERE l.entry_id <> b.entry_id\n  AND true OR false AND NOT EXISTS (",
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
@@ -641,8 +640,8 @@ MUTANTS: Final = (
     Mutant(
         "ledger_issue_ignores_the_uses_that_came_first",
         "shared/stores/ledger.py",
-        "        early = await _apply_early_marks(conn, name, inserted)",
-        "        early = (0, 0)",
+        "            early = await _apply_early_marks(conn, name, set(rows.all_keys()))",
+        "            early = (0, 0)",
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(

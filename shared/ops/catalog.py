@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "fastpath": "dispenser CPU per single-ID request, no HTTP server",
     "snowflake": "snowflake IDs/s minted over HTTP, single and batch",
     "keysync": "keys/s moved from the cold table to the hot lists",
+    "ledger": "ledger records applied per second per keysync, and at a rate offered",
     "pipeline": "keys/s through all three processes at once",
     "client": "keys/s through the Python client, sync and async",
 }

@@ -319,7 +319,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_positive,
         nargs="+",
         default=[1, 2],
-        help="keysync: the numbers of keysync processes to measure",
+        help="keysync, ledger: the numbers of keysync processes to measure",
     )
     bench.add_argument(
         "--sync-batch",
@@ -355,7 +355,8 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate",
         type=_rate,
         metavar="KEYS_PER_S",
-        help="pipeline: keys/s the clients offer together (default 200000; 0: full speed)",
+        help="pipeline: keys/s the clients offer together (default 200000; 0: full speed); "
+        "ledger: keys/s issued into the ledger stream (default 100000)",
     )
     bench.add_argument(
         "--servers",

@@ -50,11 +50,20 @@ def entry_time(entry_id: str) -> datetime:
 
 @dataclass
 class Issued:
-    keys: list[str] = field(default_factory=list)
+    """Issue entries of one type, one item per entry (as sql._ISSUE_BATCH takes them)."""
+
+    keys: list[str] = field(default_factory=list)  # each entry's keys, space-separated
     times: list[datetime] = field(default_factory=list)
-    clients: list[str] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)  # one per key, or one for all
     idempotency_keys: list[str | None] = field(default_factory=list)
     entries: list[str] = field(default_factory=list)
+    count: int = 0  # keys in all
+
+    def arrays(self) -> tuple[list[str], list[datetime], list[str], list[str | None], list[str]]:
+        return self.keys, self.times, self.clients, self.idempotency_keys, self.entries
+
+    def all_keys(self) -> list[str]:
+        return " ".join(self.keys).split()
 
 
 @dataclass
@@ -79,7 +88,7 @@ class Batch:
 def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
     """Group stream entries by type and operation; flag keys issued twice in the batch."""
     batch = Batch()
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[str, set[str]] = defaultdict(set)  # keys issued in this batch, per type
     for entry_id, fields in entries:
         name, op = fields.get("type", ""), fields.get("op", "")
         id_type = types.get(name)
@@ -99,21 +108,42 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
             used.admin.extend([fields.get("admin") == "1"] * len(keys))
             used.entries.extend([entry_id] * len(keys))
             continue
-        clients = fields.get("clients", ANONYMOUS).split() or [ANONYMOUS]
-        if len(clients) != len(keys):
-            clients = [clients[0]] * len(keys)
+        clients = fields.get("clients") or ANONYMOUS
+        held = seen[name]
+        fresh = set(keys)
+        if len(fresh) != len(keys) or not held.isdisjoint(fresh):
+            keys, clients = _without_repeats(keys, clients, held, batch.duplicates[name])
+            fresh = set(keys)
+        held |= fresh
+        if not keys:
+            continue
         issued = batch.issued[name]
-        for key, client in zip(keys, clients, strict=True):
-            if (name, key) in seen:
-                batch.duplicates[name].append(key)
-                continue
-            seen[(name, key)] = entry_id
-            issued.keys.append(key)
-            issued.times.append(when)
-            issued.clients.append(client)
-            issued.idempotency_keys.append(fields.get("idem") or None)
-            issued.entries.append(entry_id)
+        issued.keys.append(" ".join(keys))
+        issued.times.append(when)
+        issued.clients.append(clients)
+        issued.idempotency_keys.append(fields.get("idem") or None)
+        issued.entries.append(entry_id)
+        issued.count += len(keys)
     return batch
+
+
+def _without_repeats(
+    keys: list[str], clients: str, held: set[str], repeats: list[str]
+) -> tuple[list[str], str]:
+    """An entry's keys less those already issued in the batch (added to ``repeats``),
+    with their clients (one per key, or one for all)."""
+    names = clients.split() or [ANONYMOUS]
+    if len(names) != len(keys):
+        names = [names[0]] * len(keys)
+    kept, kept_names, mine = [], [], set()
+    for key, client in zip(keys, names, strict=True):
+        if key in held or key in mine:
+            repeats.append(key)
+            continue
+        mine.add(key)
+        kept.append(key)
+        kept_names.append(client)
+    return kept, " ".join(kept_names)
 
 
 @dataclass(frozen=True)
@@ -139,15 +169,15 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():
         statement = sql.for_type(sql.INSERT_LEDGER_ISSUED, name)
-        arrays = (rows.keys, rows.times, rows.clients, rows.idempotency_keys, rows.entries)
-        inserted = {r["key"] for r in await conn.fetch(statement, *arrays, name)}
-        issued += len(inserted)
-        early = await _apply_early_marks(conn, name, inserted)
-        used, refused = used + early[1], refused + early[0] - early[1]
-        conflicts = [k for k in rows.keys if k not in inserted]
-        if conflicts:
-            twice = await _issued_twice(conn, name, rows, conflicts)
-            duplicates.setdefault(name, []).extend(twice)
+        inserted = int(await conn.fetchval(statement, *rows.arrays(), name))
+        issued += inserted
+        if await conn.fetchval(sql.HAS_EARLY_MARKS, name):
+            early = await _apply_early_marks(conn, name, set(rows.all_keys()))
+            used, refused = used + early[1], refused + early[0] - early[1]
+        if inserted < rows.count:  # redelivered, applied again, or issued twice
+            twice = sql.for_type(sql.SELECT_ISSUED_TWICE, name)
+            found = await conn.fetch(twice, *rows.arrays(), name)
+            duplicates.setdefault(name, []).extend(r["key"] for r in found)
     for name, marks in batch.used.items():
         updated = {
             r["key"]
@@ -169,23 +199,6 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
         released += await _release(conn, name, marks, reissue=name in batch.reissue)
     dups = {k: v for k, v in duplicates.items() if v}
     return Applied(issued, used, dups, unknown, refused, released)
-
-
-async def _issued_twice(
-    conn: asyncpg.Connection, name: str, rows: Issued, conflicts: list[str]
-) -> list[str]:
-    """Of keys whose issue was not inserted, those issued by another entry: a second
-    issue. The same entry again, in the ledger or among released issues, is a replay
-    (a redelivery, an older snapshot, a re-application after a promotion)."""
-    entry_of = dict(zip(rows.keys, rows.entries, strict=True))
-    stored = await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), conflicts)
-    released = await conn.fetch(sql.SELECT_RELEASED_ENTRIES, name, conflicts)
-    replays = {(r["key"], r["entry_id"]) for r in released}
-    return [
-        r["key"]
-        for r in stored
-        if r["entry_id"] != entry_of[r["key"]] and (r["key"], entry_of[r["key"]]) not in replays
-    ]
 
 
 async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:

@@ -154,28 +154,61 @@ ADD_LEDGER_RELEASED: Final = (
     "ADD COLUMN IF NOT EXISTS released_by text"
 )
 
-# $1 keys, $2 issue times, $3 clients, $4 idempotency keys, $5 entry ids (arrays), $6:
-# id type. Returns the keys inserted; the others were already in the ledger, or their
-# issue by that very entry was released since (an entry applied again never revives a
-# released issue, wherever its row went).
-INSERT_LEDGER_ISSUED: Final = """
-INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
-SELECT u.key, u.issued_at, u.client, u.idempotency_key, u.entry_id
-FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
-    AS u(key, issued_at, client, idempotency_key, entry_id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM kd_released_issues AS r
-    WHERE r.id_type = $6 AND r.key = u.key AND r.entry_id = u.entry_id
-)
-ON CONFLICT (key) DO NOTHING
-RETURNING key
-"""
+# Issue entries as keysync passes them, one array item per entry: $1 its keys
+# (space-separated), $2 its time, $3 its clients (space-separated, one per key, or one
+# for all), $4 its Idempotency-Key, $5 its entry ID. One row per key.
+_ISSUE_BATCH: Final = """
+batch AS (
+    SELECT k.key, e.issued_at, coalesce(k.client, split_part(e.clients, ' ', 1)) AS client,
+           e.idempotency_key, e.entry_id
+    FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
+        AS e(keys, issued_at, clients, idempotency_key, entry_id)
+    CROSS JOIN LATERAL unnest(string_to_array(e.keys, ' '), string_to_array(e.clients, ' '))
+        AS k(key, client)
+    WHERE k.key IS NOT NULL
+)"""
 
-# $1: id type, $2: keys. The issue entries of those of them whose issues were released
-# (an issue entry found here again is a replay, not a second issue).
-SELECT_RELEASED_ENTRIES: Final = (
-    "SELECT key, entry_id FROM kd_released_issues WHERE id_type = $1 AND key = ANY($2::text[])"
+# $1-$5: the issue entries (_ISSUE_BATCH), $6: id type. How many keys were inserted;
+# the others were already in the ledger, or their issue by that very entry was
+# released since (an entry applied again never revives a released issue, wherever its
+# row went).
+INSERT_LEDGER_ISSUED: Final = (
+    "WITH"
+    + _ISSUE_BATCH
+    + """,
+inserted AS (
+    INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
+    SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b
+    WHERE NOT EXISTS (
+        SELECT 1 FROM kd_released_issues AS r
+        WHERE r.id_type = $6 AND r.key = b.key AND r.entry_id = b.entry_id
+    )
+    ON CONFLICT (key) DO NOTHING
+    RETURNING 1
 )
+SELECT count(*) FROM inserted
+"""
+)
+
+# $1-$5: the issue entries (_ISSUE_BATCH), $6: id type. Run after INSERT_LEDGER_ISSUED
+# when it inserted fewer keys than the entries hold: the keys the ledger holds issued
+# by another entry, that are no replay of a released issue (the same entry found among
+# released issues): keys issued twice.
+SELECT_ISSUED_TWICE: Final = (
+    "WITH"
+    + _ISSUE_BATCH
+    + """
+SELECT b.key FROM batch AS b JOIN {ledger} AS l ON l.key = b.key
+WHERE l.entry_id <> b.entry_id
+  AND NOT EXISTS (
+      SELECT 1 FROM kd_released_issues AS r
+      WHERE r.id_type = $6 AND r.key = b.key AND r.entry_id = b.entry_id
+  )
+"""
+)
+
+# $1: id type. Whether any "used" mark waits for its issue row (APPLY_EARLY_MARKS).
+HAS_EARLY_MARKS: Final = "SELECT EXISTS (SELECT 1 FROM kd_ledger_early_marks WHERE id_type = $1)"
 
 # $1: keys. The recorded stream entry and client of each (to tell redeliveries from
 # duplicates, and a refused mark-used from one of a key never issued).
