@@ -68,6 +68,7 @@ TARGETS = {
     "single_vs_bare": 0.75,
     "single_vs_pg_baseline": 15.0,
     "batch_keys_per_s": 500_000,
+    "ledger_async": 0.85,  # a ledger type's single-ID route against a plain type's
     "single_p99_ms": 5.0,
     "granian_single_vs_uvicorn_bare": 1.3,
     "granian_single_p99_ms": 5.0,
@@ -333,6 +334,7 @@ class Bench:
         self.with_granian = "granian" in servers
         self.seconds = seconds
         self.load = LoadGenerator(seconds, load)
+        self.load_choice = load
         # c. for at most BATCH_SECONDS: its keys must all be in Redis before it starts.
         self.batch_seconds = min(seconds, BATCH_SECONDS)
         self.batch_load = LoadGenerator(self.batch_seconds, load)
@@ -404,6 +406,9 @@ class Bench:
             await self._prepare_baseline()
             for workers in sorted({1, cores}):
                 runs[f"workers_{workers}"] = await self._round(client, workers)
+            from shared.ops.bench import ledger_dispense  # it builds on this module
+
+            ledger = await ledger_dispense.measure(self.settings, self.seconds, self.load_choice)
         finally:
             await client.delete(
                 redis_keys.hot_list_key(self.settings.redis_namespace, DISPENSE_TYPE)
@@ -411,7 +416,9 @@ class Bench:
             await client.aclose()
             await self._drop_baseline()
             self.issuer.__exit__(None, None, None)
-        return self._report(runs, cores)
+        report = self._report(runs, cores)
+        report["ledger_durability"] = ledger | {"target_async_vs_plain": TARGETS["ledger_async"]}
+        return report
 
     async def bare(self, app: str, workers: int) -> dict[str, float]:
         """One of the bare apps (a key of _BARE) under load."""
