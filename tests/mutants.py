@@ -298,6 +298,13 @@ MUTANTS: Final = (
         ("tests/integration/test_ledger_durability.py",),
     ),
     Mutant(
+        "a_mark_batch_shares_the_ledger_lock",
+        "shared/stores/ledger.py",
+        "    alone = bool(batch.used or batch.released)",
+        "    alone = False",
+        (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
         "    SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b\n"

@@ -164,7 +164,8 @@ LEDGER_LOCK = 0x6B64_6C67
 async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     """Write one batch in the caller's transaction: issues first (with any marks that
     came before them), then uses (a mark of a key not issued yet waits for it)."""
-    await conn.execute(sql.LOCK_LEDGER, LEDGER_LOCK)
+    alone = bool(batch.used or batch.released)
+    await conn.execute(sql.LOCK_LEDGER if alone else sql.LOCK_LEDGER_SHARED, LEDGER_LOCK)
     issued = used = unknown = refused = 0
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():

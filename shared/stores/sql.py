@@ -307,10 +307,14 @@ SELECT_RELEASED_KEYS: Final = (
     "SELECT DISTINCT key FROM kd_released_issues WHERE id_type = $1 AND key = ANY($2::text[])"
 )
 
-# $1: lock id. Serialises ledger drains (one transaction per stream batch): an issue
-# row and a "used" mark of its key, applied by two keysyncs at once, never both miss
-# each other.
+# $1: lock id. Taken by every ledger drain (one transaction per stream batch): a batch
+# with marks of use or releases takes it alone (LOCK_LEDGER), a batch of issues only
+# shares it with other such batches (LOCK_LEDGER_SHARED). An issue row and a "used"
+# mark of its key, applied by two keysyncs at once, never miss each other; two batches
+# of issues insert side by side (a key in both: the second waits on the first's row
+# and then sees it, issued by another entry).
 LOCK_LEDGER: Final = "SELECT pg_advisory_xact_lock($1)"
+LOCK_LEDGER_SHARED: Final = "SELECT pg_advisory_xact_lock_shared($1)"
 
 # $1: id type, $2 keys, $3 use times, $4 marking clients, $5 whether each may mark any
 # key (arrays). Marks of keys with no issue row yet: kept until the row comes (each

@@ -288,3 +288,44 @@ async def test_control_without_the_guard_nothing_sees_the_ledger_rows_lost(
     )
     assert replayed == 0
     assert set(handed) - set(ledger) == {k for k, c in handed.items() if c == "lost"}
+
+
+async def test_a_mark_applied_beside_its_issue_waits_for_it(
+    servers: Servers, database: str
+) -> None:
+    """Two keysyncs at once: batches of issues insert side by side, but a batch with a
+    mark of use waits until the issue batch in flight committed, then sees its row (it
+    never parks the mark after the issue batch looked for parked marks)."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    types = build_id_types(settings)
+    key = high_key(settings)
+    issuing = await asyncpg.connect(settings.postgres_dsn)
+    marking = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        open_issue = issuing.transaction()
+        await open_issue.start()
+        await apply(issuing, parse([entry(1_000, "issue", key, "c1")], types))
+        other = await asyncpg.connect(settings.postgres_dsn)
+        try:  # another batch of issues is not held up
+            async with other.transaction():
+                await apply(
+                    other, parse([entry(1_001, "issue", high_key(settings, 1), "c2")], types)
+                )
+        finally:
+            await other.close()
+
+        async def mark() -> int:
+            async with marking.transaction():
+                return (await apply(marking, parse([entry(2_000, "used", key, "c1")], types))).used
+
+        marked = asyncio.create_task(mark())
+        await asyncio.sleep(0.5)
+        assert not marked.done()  # waits for the issue batch in flight
+        await open_issue.commit()
+        assert await asyncio.wait_for(marked, 10) == 1
+    finally:
+        await issuing.close()
+        await marking.close()
+    rows = await fetch(settings, "SELECT used_by FROM {ledger} WHERE key = $1", key)
+    assert [r["used_by"] for r in rows] == ["c1"]
