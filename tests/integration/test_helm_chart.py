@@ -65,11 +65,7 @@ VALUE_SETS: dict[str, Doc] = {
         "secrets": {**NAMED, "redis": {"existingSecret": "kd-redis", "passwordKey": "password"}},
     },
     # The optional dependency charts: their addresses and Secrets wired in.
-    "bitnami-sentinel": {
-        "secrets": NAMED,
-        "redis": {"enabled": True},
-        "postgresql": {"enabled": True},
-    },
+    "bitnami-sentinel": {"secrets": NAMED, "redis": {"enabled": True}},
     "bitnami-cluster": {"secrets": NAMED, "redis-cluster": {"enabled": True}},
     # Monitoring, Istio (with a Gateway), every tier autoscaled, API keys.
     "monitoring-istio": {
@@ -382,7 +378,7 @@ def test_dependency_charts_are_wired_by_their_own_names() -> None:
 def test_dependencies_are_optional_and_not_vendored() -> None:
     values = chart().values
     declared = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
-    assert {d["name"] for d in declared} == {"postgresql", "redis", "redis-cluster"}
+    assert {d["name"] for d in declared} == {"redis", "redis-cluster"}
     for dep in declared:
         assert dep["condition"] == f"{dep['name']}.enabled"
         assert values[dep["name"]]["enabled"] is False
