@@ -44,12 +44,19 @@ SENTINELS = [f"redis-sentinel-{i}.redis-sentinel-headless:26379" for i in range(
 NODES = [f"redis-cluster-{i}.redis-cluster-headless:6379" for i in range(6)]
 DSNS = {p: f"postgresql://kd_{p}:pw-{p}@pg-0:5432,pg-1:5432/keydispenser" for p in PROCESSES}
 ALL_ON = {kind: {"enabled": True} for kind in ("serviceMonitor", "prometheusRule", "dashboard")}
+TYPES = {
+    "farmer": {"kind": "numeric", "length": 10, "filter_profile": "openg2p"},
+    "shortlink": {"kind": "base62", "length": 7},
+}
 VALUE_SETS: dict[str, Doc] = {
     # Bring your own PostgreSQL and one Redis server; Secrets named.
-    "defaults": {"secrets": NAMED},
+    "defaults": {"config": {"id_types": TYPES}, "secrets": NAMED},
     # Your own Redis behind Sentinel, with passwords.
     "sentinel": {
-        "config": {"redis_sentinel": {"sentinels": SENTINELS, "master_name": "mymaster"}},
+        "config": {
+            "id_types": TYPES,
+            "redis_sentinel": {"sentinels": SENTINELS, "master_name": "mymaster"},
+        },
         "secrets": {
             **NAMED,
             "redis": {
@@ -61,14 +68,23 @@ VALUE_SETS: dict[str, Doc] = {
     },
     # Your own Redis Cluster.
     "cluster": {
-        "config": {"redis_cluster": {"nodes": NODES, "slot_per": "type"}},
+        "config": {"id_types": TYPES, "redis_cluster": {"nodes": NODES, "slot_per": "type"}},
         "secrets": {**NAMED, "redis": {"existingSecret": "kd-redis", "passwordKey": "password"}},
     },
     # The optional dependency charts: their addresses and Secrets wired in.
-    "bitnami-sentinel": {"secrets": NAMED, "redis": {"enabled": True}},
-    "bitnami-cluster": {"secrets": NAMED, "redis-cluster": {"enabled": True}},
+    "bitnami-sentinel": {
+        "config": {"id_types": TYPES},
+        "secrets": NAMED,
+        "redis": {"enabled": True},
+    },
+    "bitnami-cluster": {
+        "config": {"id_types": TYPES},
+        "secrets": NAMED,
+        "redis-cluster": {"enabled": True},
+    },
     # Monitoring, Istio (with a Gateway), every tier autoscaled, API keys.
     "monitoring-istio": {
+        "config": {"id_types": TYPES},
         "secrets": {**NAMED, "apiKeys": {"existingSecret": "kd-api-keys"}},
         "monitoring": ALL_ON,
         "istio": {
@@ -86,6 +102,7 @@ VALUE_SETS: dict[str, Doc] = {
     },
     # Values given instead of Secrets named: the chart creates the Secrets.
     "given-values": {
+        "config": {"id_types": TYPES},
         "image": {"repository": "registry.example.org/ids/keydispenser", "tag": "0.1.0-rc1"},
         "secrets": {
             "permutationKey": {"value": "a long random secret"},
@@ -268,7 +285,14 @@ def test_values_given_become_secrets_that_outlive_the_release() -> None:
 )
 def test_an_incomplete_secret_setting_fails_the_install(secrets: Doc, named: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(named)):
-        render_raw({"secrets": secrets})
+        render_raw({"config": {"id_types": TYPES}, "secrets": secrets})
+
+
+def test_no_id_type_is_shipped_none_named_fails_the_install() -> None:
+    """A keyspace never changes once keys exist: the operator names every type."""
+    assert chart().values["config"]["id_types"] == {}
+    with pytest.raises(helm.HelmRenderError, match=r"config\.id_types"):
+        render_raw({"secrets": NAMED})
 
 
 def test_migrate_is_a_hook_before_install_and_upgrade() -> None:
@@ -348,7 +372,7 @@ def test_cluster_wiring() -> None:
 
 def test_a_redis_url_with_its_password_comes_whole_from_a_secret() -> None:
     secrets = {**NAMED, "redis": {"existingSecret": "kd-redis", "urlKey": "url"}}
-    out = render_raw({"secrets": secrets})
+    out = render_raw({"config": {"id_types": TYPES}, "secrets": secrets})
     docs = [d for p, t in out.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]
     for doc in docs:
         if doc["kind"] in {"Deployment", "Job"}:
@@ -495,7 +519,7 @@ def test_monitoring_objects_carry_the_shipped_alerts_and_dashboard() -> None:
 )
 def test_the_schema_rejects_bad_values(bad: Doc) -> None:
     with pytest.raises(helm.HelmValuesError):
-        render_raw({"secrets": NAMED, **bad})
+        render_raw({"config": {"id_types": TYPES}, "secrets": NAMED, **bad})
 
 
 def exported_names() -> set[str]:

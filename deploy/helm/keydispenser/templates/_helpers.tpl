@@ -91,6 +91,9 @@ the value given; neither is an error (the chart never creates an empty Secret). 
 the configuration names no other. */}}
 {{- define "keydispenser.config" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- if not $config.id_types -}}
+{{- fail "config.id_types: name at least one ID type (deploy/README.md has an example)" -}}
+{{- end -}}
 {{- $cluster := index .Values "redis-cluster" -}}
 {{- if and .Values.redis.enabled $cluster.enabled -}}
 {{- fail "redis.enabled and redis-cluster.enabled: choose one" -}}
