@@ -332,6 +332,10 @@ def test_probes_are_those_of_each_process() -> None:
         (port,) = c["ports"]
         assert env[f"KD_{process.upper()}__METRICS_PORT"] == str(port["containerPort"])
     c = container("defaults", "dispenser")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    (port,) = c["ports"]
+    assert env["KD_DISPENSER__PORT"] == str(port["containerPort"])
+    assert env["KD_DISPENSER__HOST"] == "0.0.0.0"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["args"] == ["dispenser"]

@@ -201,6 +201,13 @@ Redis (migrate does not); API keys the dispenser. */}}
 - name: KD_{{ upper $p }}__METRICS_PORT
   value: {{ (index $root.Values $p).metricsPort | quote }}
 {{- end }}
+{{- if eq $p "dispenser" }}
+# The port the Service and the probes use (the environment wins over config).
+- name: KD_DISPENSER__HOST
+  value: 0.0.0.0
+- name: KD_DISPENSER__PORT
+  value: {{ $root.Values.dispenser.containerPort | quote }}
+{{- end }}
 {{- with (index $root.Values $p).extraEnv }}
 {{ toYaml . }}
 {{- end }}
