@@ -98,7 +98,10 @@ VALUE_SETS: dict[str, Doc] = {
         },
         "keygen": {"autoscaling": {"enabled": True}},
         "keysync": {"autoscaling": {"enabled": True}},
-        "networkPolicy": {"postgres": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}},
+        "networkPolicy": {
+            "postgres": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]},
+            "extraEgress": [{"ports": [{"protocol": "TCP", "port": 443}]}],
+        },
     },
     # Values given instead of Secrets named: the chart creates the Secrets.
     "given-values": {
@@ -460,6 +463,18 @@ def test_network_policy_peers_come_from_values() -> None:
         r for r in policy["spec"]["egress"] if {"port": 5432, "protocol": "TCP"} in r["ports"]
     ]
     assert rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert {443, 15012} <= ports, "extraEgress, and istiod for the Istio sidecar"
+    for policy in objects("defaults", "NetworkPolicy").values():
+        ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        assert not ports & {443, 15012}
+
+
+def test_migrate_runs_without_a_sidecar() -> None:
+    """An Istio sidecar never exits: the Job would never complete, nor the hook."""
+    job = objects("monitoring-istio", "Job")[f"{FULLNAME}-migrate"]
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sidecar.istio.io/inject"] == "false"
 
 
 def test_every_tier_can_autoscale_and_is_covered_by_a_budget() -> None:
