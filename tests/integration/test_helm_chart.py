@@ -406,6 +406,19 @@ def test_dependency_charts_are_wired_by_their_own_names() -> None:
     assert seen["KD_REDIS_CLUSTER__PASSWORD"] == (name, "redis-password")
 
 
+def test_rancher_asks_only_for_values_the_chart_has() -> None:
+    questions = yaml.safe_load((CHART / "questions.yaml").read_text())["questions"]
+    asked = [each for q in questions for each in (q, *q.get("subquestions", []))]
+    for question in asked:
+        node: Any = chart().values
+        for part in question["variable"].split("."):
+            assert isinstance(node, dict) and part in node, question["variable"]
+            node = node[part]
+    variables = {q["variable"] for q in asked}
+    assert {"image.repository", "secrets.permutationKey.existingSecret"} <= variables
+    assert "secrets.postgres.existingSecret" in variables
+
+
 def test_dependencies_are_optional_and_not_vendored() -> None:
     values = chart().values
     declared = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
