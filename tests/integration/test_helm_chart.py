@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -353,11 +354,36 @@ def test_image_defaults_to_the_app_version() -> None:
 
 
 @every_set
-def test_the_configuration_loads(value_set: str, tmp_path: Path) -> None:
+def test_the_configuration_loads_with_each_process_environment(
+    value_set: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ConfigMap's file with the environment each container gets (a Secret's value
+    stood in for): every variable the chart sets is a setting, and a password given
+    beside redis_sentinel or redis_cluster joins the file's addresses."""
     path = tmp_path / "keydispenser.yaml"
     path.write_text(yaml.safe_dump(config(value_set)))
-    settings = load_settings(path)
-    assert set(settings.id_types) == {"farmer", "shortlink"}
+    stand_ins = {
+        "KD_POSTGRES_DSN": "postgresql://kd@pg:5432/kd",
+        "KD_REDIS_URL": "redis://r:6379/0",
+        "KD_DISPENSER__AUTH__API_KEYS": "[]",
+    }
+    for process in PROCESSES:
+        with monkeypatch.context() as env:
+            for name in [n for n in os.environ if n.startswith("KD_")]:
+                env.delenv(name)
+            given = container(value_set, process)["env"]
+            for var in given:
+                if var["name"] != "KD_CONFIG":
+                    env.setenv(var["name"], var.get("value", stand_ins.get(var["name"], "x")))
+            settings = load_settings(path)
+        assert set(settings.id_types) == {"farmer", "shortlink"}, process
+        if process == "dispenser":
+            assert settings.dispenser.host == "0.0.0.0"
+        if "redis_sentinel" in config(value_set) or "redis_cluster" in config(value_set):
+            found = settings.redis_sentinel or settings.redis_cluster
+            assert found is not None and found.seeds(), process
+            if any(v["name"].endswith("__PASSWORD") for v in given):
+                assert found.password is not None, process
 
 
 def test_sentinel_wiring() -> None:
