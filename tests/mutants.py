@@ -53,6 +53,8 @@ CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
 SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
+CHART_TESTS = ("tests/integration/test_helm_chart.py",)
+HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
@@ -1002,6 +1004,28 @@ MUTANTS: Final = (
         "if client is not self._client or self._connection is None:",
         "if self._connection is None:",
         ("tests/integration/test_script_line.py",),
+    ),
+    Mutant(
+        "the_chart_gives_the_permutation_key_to_every_process",
+        HELPERS,
+        '{{- if has $p (list "migrate" "keygen") }}',
+        "{{- if true }}",
+        CHART_TESTS,
+    ),
+    Mutant(
+        "the_chart_installs_without_a_permutation_key",
+        HELPERS,
+        '{{ fail "secrets.permutationKey: set existingSecret (a Secret you created, key'
+        ' KD_PERMUTATION_KEY) or value" }}',
+        '{{ printf "%s-permutation" (include "keydispenser.fullname" .) }}',
+        CHART_TESTS,
+    ),
+    Mutant(
+        "the_migrate_hook_is_left_for_the_operator_to_delete",
+        "deploy/helm/keydispenser/templates/migrate-job.yaml",
+        '"helm.sh/hook-delete-policy" "before-hook-creation,hook-succeeded"',
+        '"helm.sh/hook-delete-policy" "hook-succeeded"',
+        CHART_TESTS,
     ),
 )
 

@@ -329,3 +329,18 @@ async def test_a_mark_applied_beside_its_issue_waits_for_it(
         await marking.close()
     rows = await fetch(settings, "SELECT used_by FROM {ledger} WHERE key = $1", key)
     assert [r["used_by"] for r in rows] == ["c1"]
+
+
+async def test_each_key_is_recorded_under_its_own_client(servers: Servers, database: str) -> None:
+    """A coalesced pop names one client per key; a batch request one for all."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    one, two, three = (high_key(settings, n) for n in range(3))
+    coalesced = (
+        "1000-0",
+        {"op": "issue", "type": "farmer", "keys": f"{one} {two}", "clients": "c1 c2"},
+    )
+    batch = ("1001-0", {"op": "issue", "type": "farmer", "keys": three, "clients": "c3"})
+    assert await applied(settings, [coalesced, batch]) == {}
+    rows = await fetch(settings, "SELECT key, client FROM {ledger}")
+    assert {r["key"]: r["client"] for r in rows} == {one: "c1", two: "c2", three: "c3"}

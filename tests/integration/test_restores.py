@@ -4,7 +4,7 @@ A server restarted from an older RDB or AOF has a new run_id: the fence discards
 it inherited (test_replica_fence.py). The one restore the fence cannot see is an
 in-place reload on a running server (``DEBUG RELOAD``), which keeps run_id and
 replication ID: the servers keydispenser starts (``keydispenser up``, the drill) and
-the HA overlay's refuse it (``enable-debug-command no``, Redis's default), processes
+the Helm chart's Redis values refuse it (``enable-debug-command no``, Redis's default), processes
 warn at start-up when it is allowed, and docs/operations.md forbids it. The control
 shows why: allowed, it hands out again keys already popped.
 """

@@ -26,7 +26,7 @@ def test_entry_ids_carry_the_issue_time() -> None:
     assert entry_time("1764126000123-4") == datetime(2025, 11, 26, 3, 0, 0, 123000, UTC)
 
 
-def test_issue_entries_become_rows_with_one_client_per_key() -> None:
+def test_issue_entries_stay_one_item_per_entry() -> None:
     batch = parse(
         [
             ("1-0", {"op": "issue", "type": "link", "keys": "a b", "clients": "x y", "idem": ""}),
@@ -34,11 +34,12 @@ def test_issue_entries_become_rows_with_one_client_per_key() -> None:
         ],
         types(),
     )
-    rows = batch.issued["link"]
-    assert rows.keys == ["a", "b", "c", "d"]
-    assert rows.clients == ["x", "y", "z", "z"]
-    assert rows.idempotency_keys == [None, None, "k1", "k1"]
-    assert rows.entries == ["1-0", "1-0", "2-0", "2-0"]
+    rows = batch.issued["link"]  # PostgreSQL splits them (sql._ISSUE_BATCH)
+    assert rows.keys == ["a b", "c d"] and rows.count == 4
+    assert rows.clients == ["x y", "z"]
+    assert rows.idempotency_keys == [None, "k1"]
+    assert rows.entries == ["1-0", "2-0"]
+    assert rows.all_keys() == ["a", "b", "c", "d"]
     assert not batch.duplicates
 
 
@@ -46,12 +47,15 @@ def test_a_key_issued_twice_within_a_batch_is_a_duplicate() -> None:
     batch = parse(
         [
             ("1-0", {"op": "issue", "type": "link", "keys": "a b", "clients": "-"}),
-            ("2-0", {"op": "issue", "type": "link", "keys": "b", "clients": "-"}),
+            ("2-0", {"op": "issue", "type": "link", "keys": "b c", "clients": "p q"}),
+            ("3-0", {"op": "issue", "type": "link", "keys": "d d", "clients": "r"}),
         ],
         types(),
     )
-    assert batch.issued["link"].keys == ["a", "b"]
-    assert batch.duplicates == {"link": ["b"]}
+    rows = batch.issued["link"]
+    assert rows.keys == ["a b", "c", "d"] and rows.count == 4
+    assert rows.clients == ["-", "q", "r"]  # each kept key keeps its own client
+    assert batch.duplicates == {"link": ["b", "d"]}
 
 
 def test_used_entries_and_entries_of_types_without_a_ledger() -> None:
