@@ -170,7 +170,12 @@ def test_no_key_is_dispensed_twice_through_cluster_shard_faults(
     ledger = report["ledger"]
     assert ledger["missing"] == 0 and ledger["used_missing"] == 0, ledger
     assert ledger["duplicate_alarms"] == 0 and ledger["marked"] > 0
-    assert set(ledger["lost_with_data"]) <= set(cluster.CLUSTER_FAULTS) - {"cluster_failover"}
+    assert set(ledger["lost_to_fault"]) <= set(cluster.CLUSTER_FAULTS) - {"cluster_failover"}
+    # The UIN lifecycle ran through the shard faults: nothing contradicted.
+    uins = report["lifecycle"]
+    assert uins["uins_received"] > 0 and uins["status_changes_acknowledged"] > 0, uins
+    assert uins["keys_in_two_hands"] == 0 and uins["status_changes_lost"] == 0, uins
+    assert uins["ledger_wrong_client"] == 0 and uins["ledger_missing"] == 0, uins
     assert report["slot_per"] == slot_per
     if slot_per == "type":
         assert len(report["bystanders"]) == 2

@@ -155,7 +155,18 @@ async def measure(
         await _append(client, stream, base + first, PIPELINE_ENTRIES)
     drained = await _run(settings, client, processes, None)
     sustained = await _run(settings, client, processes, (base + keys, rate, seconds))
-    return {"drain": drained, "sustained": sustained}
+    return {"drain": drained, "sustained": sustained, **await _retained(settings, client)}
+
+
+async def _retained(settings: Settings, client: aioredis.Redis) -> dict[str, Any]:
+    """What keeping applied entries (ledger_retain_s) costs in Redis memory."""
+    retained = redis_keys.ledger_retained_key(settings.redis_namespace)
+    entries = int(await client.xlen(retained))
+    used = int(await client.memory_usage(retained, samples=0) or 0)
+    return {
+        "retained_entries": entries,
+        "retained_bytes_per_entry": round(used / entries, 1) if entries else None,
+    }
 
 
 async def _run(

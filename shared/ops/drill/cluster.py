@@ -45,10 +45,11 @@ from redis.crc import key_slot
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.databases import scratch_database
-from shared.ops.drill import history
+from shared.ops.drill import history, lifecycle
 from shared.ops.drill.fleet import Fleet
+from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
-from shared.ops.drill.runner import DRILL_TYPE, DRILL_TYPE_CONFIG, rounds_table
+from shared.ops.drill.runner import DRILL_CLIENT, DRILL_TYPE, DRILL_TYPE_CONFIG, rounds_table
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
@@ -125,9 +126,32 @@ class ClusterDrillReport:
     # With slot_per type: each type on another shard than the struck one (its keys,
     # duplicates, refusals, and longest wait for a key during any fault).
     bystanders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lifecycle: dict[str, Any] = field(default_factory=dict)  # lifecycle.check's figures
 
     def failures(self) -> list[str]:
+        uins = self.lifecycle
         checks = [
+            (uins.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
+            (
+                uins.get("keys_in_two_hands", 0) == 0,
+                f"{uins.get('keys_in_two_hands')} keys live in two hands",
+            ),
+            (
+                uins.get("status_changes_lost", 0) == 0,
+                f"{uins.get('status_changes_lost')} status changes lost",
+            ),
+            (
+                uins.get("ledger_wrong_client", 0) == 0,
+                f"{uins.get('ledger_wrong_client')} under another client",
+            ),
+            (
+                uins.get("ledger_missing", 0) == 0,
+                f"{uins.get('ledger_missing')} lifecycle records lost",
+            ),
+            (
+                uins.get("retries_given_back_keys", 0) == 0,
+                "a retry was answered with a key its client had given back",
+            ),
             (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
             (self.ledger["missing"] == 0, f"{self.ledger['missing']} ledger records lost"),
             (
@@ -169,6 +193,14 @@ def format_table(report: ClusterDrillReport) -> str:
         f"ledger rows {ledger['rows']}, missing {ledger['missing']}, used marks missing "
         f"{ledger['used_missing']} of {ledger['marked']}, lost to faults "
         f"{sum(ledger['lost_to_fault'].values())}"
+    )
+    uins = report.lifecycle
+    lines.append(
+        f"UIN lifecycle: {uins.get('uins_received', 0)} received, "
+        f"{uins.get('uins_reissued', 0)} issued again; in two hands "
+        f"{uins.get('keys_in_two_hands', 0)}, changes lost {uins.get('status_changes_lost', 0)}"
+        f", under another client {uins.get('ledger_wrong_client', 0)}, missing "
+        f"{uins.get('ledger_missing', 0)}"
     )
     lines.append(f"process exits {len(report.process_exits)}")
     for name, seen in report.bystanders.items():
@@ -455,7 +487,10 @@ async def _drill(
             if slot_per == "type"
             else []
         )
-        fleet = _fleet(settings, base, postgres.dsn(database), cluster, slot_per, bystanders)
+        api_config, api_keys = lifecycle.api_keys((DRILL_CLIENT, *LIFECYCLE_CLIENTS))
+        fleet = _fleet(
+            settings, base, postgres.dsn(database), cluster, slot_per, bystanders, api_config
+        )
         done = await asyncio.to_thread(run_cli, "migrate", env=fleet.env, timeout_s=120)
         if done.returncode != 0:
             raise RuntimeError(f"migrate failed: {done.stderr}")
@@ -471,23 +506,32 @@ async def _drill(
         for url in urls:
             if not await asyncio.to_thread(serving, f"{url}/readyz", 60):
                 raise RuntimeError(f"{url}/readyz not ready after 60s")
-        load = RecordingLoad(urls, DRILL_TYPE)
+        headers = {"X-API-Key": api_keys[DRILL_CLIENT]}
+        load = RecordingLoad(urls, DRILL_TYPE, headers=headers)
         # Bystanders: a few clients each, marking nothing (their types keep no ledger).
-        others = [RecordingLoad(urls, name, clients=2, mark_every=0) for name in bystanders]
+        others = [
+            RecordingLoad(urls, name, clients=2, mark_every=0, headers=headers)
+            for name in bystanders
+        ]
+        uins = LifecycleLoad(urls, {n: api_keys[n] for n in LIFECYCLE_CLIENTS})
         loads = [load, *others]
         tag = "{" + NAMESPACE + (f".{DRILL_TYPE}" if slot_per == "type" else "") + "}"
         drill = ClusterDrill(cluster, fleet, load, tag, others)
         until = time.monotonic() + rounds * 45 + 60
         running = [asyncio.ensure_future(each.run(until)) for each in loads]
+        running.append(asyncio.ensure_future(uins.run(until)))
         for number in range(rounds):
             await drill.round(number + 1, kinds[number % len(kinds)])
         await asyncio.sleep(SETTLE_S)
         for each in loads:
             each.stop()
+        uins.stop()
         await asyncio.gather(*running)
         drill.measure_disruptions()
+        await drill.drained()  # keysync applies what the stream holds before it stops
         fleet.stop()
-        return await _report(drill, kinds, postgres.dsn(database), base / "logs", slot_per)
+        dsn = postgres.dsn(database)
+        return await _report(drill, kinds, dsn, base / "logs", slot_per, uins)
     finally:
         for each in loads:
             each.stop()
@@ -504,14 +548,21 @@ def _fleet(
     cluster: EmbeddedRedisCluster,
     slot_per: str,
     bystanders: list[str],
+    api_keys: list[dict[str, Any]],
 ) -> Fleet:
     config = base / "drill.yaml"
     others = {name: DRILL_TYPE_CONFIG | {"ledger": False} for name in bystanders}
+    uin = {lifecycle.LIFECYCLE_TYPE: lifecycle.LIFECYCLE_TYPE_CONFIG}
+    dispenser = {
+        "auth": {"api_keys": api_keys},
+        "mosip": {"uin": lifecycle.LIFECYCLE_TYPE, "ledger_wait_s": 5},
+    }
     config.write_text(
         json.dumps(
             {
-                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG, **others},
-                "keysync": DRILL_KEYSYNC,
+                "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG, **uin, **others},
+                "keysync": DRILL_KEYSYNC | {"ledger_requeue_every_s": 1.0},
+                "dispenser": dispenser,
                 "redis_namespace": NAMESPACE,
                 "postgres_connect_timeout_s": 1.0,
             }
@@ -529,7 +580,12 @@ def _fleet(
 
 
 async def _report(
-    drill: ClusterDrill, kinds: list[str], dsn: str, logs: Path, slot_per: str
+    drill: ClusterDrill,
+    kinds: list[str],
+    dsn: str,
+    logs: Path,
+    slot_per: str,
+    uins: LifecycleLoad,
 ) -> ClusterDrillReport:
     load = drill.load
     rows = [done.row() for done in drill.rounds]
@@ -539,7 +595,9 @@ async def _report(
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
     ledger = history.check_ledger(recorded, load.received_at, load.marked, spans, alarms)
+    uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     return ClusterDrillReport(
+        lifecycle=uin_figures,
         faults=rows,
         keys_dispensed=load.dispensed,
         unique_keys=len(load.keys),

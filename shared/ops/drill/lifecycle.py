@@ -89,6 +89,7 @@ class Retry:
     first: str  # the key the first request was answered with
     again: str  # the key the retry was answered with
     at: float
+    replayed: bool  # answered with the first request's record (Idempotent-Replayed)
 
 
 @dataclass
@@ -171,15 +172,15 @@ class LifecycleLoad:
     ) -> None:
         idempotency_key, first = asked
         url = f"{base}/v1/idgenerator/{LIFECYCLE_TYPE}/id"
-        body = await self._call(
-            session, "POST", url, headers | {"Idempotency-Key": idempotency_key}
-        )
+        replayed: list[bool] = []
+        retry = headers | {"Idempotency-Key": idempotency_key}
+        body = await self._call(session, "POST", url, retry, replayed=replayed)
         again = _openg2p_id(body)
         if again is None:
             return
         now = time.monotonic()
-        self.retries.append(Retry(name, idempotency_key, first, again, now))
-        if again != first:  # answered afresh (the first key was given back): a new hand
+        self.retries.append(Retry(name, idempotency_key, first, again, now, any(replayed)))
+        if not any(replayed):  # answered afresh (the first key was given back): a new hand
             self.receipts.append(Receipt(again, name, now, "retry"))
 
     async def _change(
@@ -208,10 +209,14 @@ class LifecycleLoad:
         url: str,
         headers: dict[str, str],
         json: dict[str, Any] | None = None,
+        replayed: list[bool] | None = None,
     ) -> dict[str, Any] | None:
-        """The answer's body when it is 200 with no error; else None (counted)."""
+        """The answer's body when it is 200 with no error; else None (counted). With
+        ``replayed``, whether the answer was a replay is appended to it."""
         try:
             async with session.request(method, url, headers=headers, json=json) as reply:
+                if replayed is not None:
+                    replayed.append(reply.headers.get("Idempotent-Replayed") == "true")
                 body = await reply.json(content_type=None)
                 errors = body.get("errors") if isinstance(body, dict) else None
                 if reply.status == 200 and not errors:
@@ -299,9 +304,7 @@ def check(
         if c.status == "UNASSIGNED" and c.acknowledged
     }
     retried_back = [
-        r
-        for r in load.retries
-        if r.again == r.first and given_back.get((r.client, r.first), r.at) < r.at
+        r for r in load.retries if r.replayed and given_back.get((r.client, r.first), r.at) < r.at
     ]
     return {
         "uins_received": len(load.receipts),
