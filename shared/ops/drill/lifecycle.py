@@ -90,6 +90,7 @@ class Retry:
     again: str  # the key the retry was answered with
     at: float
     replayed: bool  # answered with the first request's record (Idempotent-Replayed)
+    first_at: float  # when the first request was answered
 
 
 @dataclass
@@ -116,7 +117,8 @@ class LifecycleLoad:
 
     async def _client(self, session: aiohttp.ClientSession, name: str, deadline: float) -> None:
         headers = {"X-API-Key": self.keys[name]}
-        asked: list[tuple[str, str]] = []  # (Idempotency-Key, key) of this client's POSTs
+        # (Idempotency-Key, key, when answered) of this client's POSTs
+        asked: list[tuple[str, str, float]] = []
         i = 0
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.requests >= self.max_requests:
@@ -141,7 +143,7 @@ class LifecycleLoad:
         name: str,
         headers: dict[str, str],
         i: int,
-        asked: list[tuple[str, str]],
+        asked: list[tuple[str, str, float]],
     ) -> str | None:
         if i % 2:
             body = await self._call(session, "GET", f"{base}/v1/idgenerator/uin", headers)
@@ -156,7 +158,7 @@ class LifecycleLoad:
             key = _openg2p_id(body)
             how = "post"
             if key is not None:
-                asked.append((idempotency_key, key))
+                asked.append((idempotency_key, key, time.monotonic()))
                 del asked[:-20]
         if key is not None:
             self.receipts.append(Receipt(key, name, time.monotonic(), how))
@@ -168,9 +170,9 @@ class LifecycleLoad:
         base: str,
         name: str,
         headers: dict[str, str],
-        asked: tuple[str, str],
+        asked: tuple[str, str, float],
     ) -> None:
-        idempotency_key, first = asked
+        idempotency_key, first, first_at = asked
         url = f"{base}/v1/idgenerator/{LIFECYCLE_TYPE}/id"
         replayed: list[bool] = []
         retry = headers | {"Idempotency-Key": idempotency_key}
@@ -179,7 +181,9 @@ class LifecycleLoad:
         if again is None:
             return
         now = time.monotonic()
-        self.retries.append(Retry(name, idempotency_key, first, again, now, any(replayed)))
+        self.retries.append(
+            Retry(name, idempotency_key, first, again, now, any(replayed), first_at)
+        )
         if not any(replayed):  # answered afresh (the first key was given back): a new hand
             self.receipts.append(Receipt(again, name, now, "retry"))
 
@@ -298,13 +302,15 @@ def check(
         for c in load.changes
         if c.acknowledged and not _holds(c, issues.get(c.key, [])) and not excused(c.sent)
     ]
-    given_back = {
-        (c.client, c.key): c.sent
-        for c in load.changes
-        if c.status == "UNASSIGNED" and c.acknowledged
-    }
+    given_back: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for c in load.changes:
+        if c.status == "UNASSIGNED" and c.acknowledged:
+            given_back[(c.client, c.key)].append(c.sent)
+    # A replay of a request whose key its client gave back after that request.
     retried_back = [
-        r for r in load.retries if r.replayed and given_back.get((r.client, r.first), r.at) < r.at
+        r
+        for r in load.retries
+        if r.replayed and any(r.first_at < t < r.at for t in given_back[(r.client, r.first)])
     ]
     return {
         "uins_received": len(load.receipts),
@@ -317,6 +323,9 @@ def check(
         "ledger_missing": len(missing),
         "retries_given_back_keys": len(retried_back),
         "lost_to_fault": dict(lost_to_fault),
+        "retries_given_back_sample": [
+            f"{r.client} {r.idempotency_key} {r.first}" for r in retried_back[:5]
+        ],
         "missing_sample": sorted(r.key for r in missing)[:10],
         "lost_sample": [f"{c.key} {c.status} {c.client}" for c in lost[:10]],
         "errors": dict(load.errors),
