@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test mutants lint typecheck check clean image
+.PHONY: up test mutants lint typecheck check clean image constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,12 +44,26 @@ typecheck: $(TEST_STAMP)
 
 check: lint typecheck test
 
-# The container image of every process (deploy/Dockerfile), tagged with the version.
+# The container image of every process (deploy/Dockerfile), tagged with the version,
+# with docker or podman (ENGINE=podman to choose), whichever answers.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ENGINE ?= $(shell for e in docker podman; do $$e info >/dev/null 2>&1 && { echo $$e; break; }; done)
 image:
-	docker build -f deploy/Dockerfile -t keydispenser:$(VERSION) \
+	@if [ -z "$(ENGINE)" ]; then \
+	  echo "make image: no container engine answers (tried docker and podman)." >&2; \
+	  echo "  Install Docker or Podman and start it (docker info must succeed), or build" >&2; \
+	  echo "  elsewhere from this checkout: docker build -f deploy/Dockerfile ." >&2; \
+	  exit 2; \
+	fi
+	$(ENGINE) build -f deploy/Dockerfile -t keydispenser:$(VERSION) \
 	  --build-arg BUILD_TIME="$$(date -u +%FT%TZ)" \
 	  --build-arg GIT_COMMIT="$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
+
+# deploy/constraints.txt: the runtime's dependencies resolved now, pinned for the image.
+constraints: | $(BIN)/python
+	$(BIN)/pip install --quiet --dry-run --ignore-installed --report .constraints.json .
+	$(BIN)/python -c "import json; pins = sorted(f\"{i['metadata']['name'].lower()}=={i['metadata']['version']}\" for i in json.load(open('.constraints.json'))['install'] if i['metadata']['name'] != 'keydispenser'); head = [l for l in open('deploy/constraints.txt') if l.startswith('#')]; open('deploy/constraints.txt', 'w').write(''.join(head) + '\\n'.join(pins) + '\\n')"
+	rm -f .constraints.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

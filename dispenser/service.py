@@ -184,7 +184,7 @@ class Dispenser:
                 name,
                 count,
                 idempotency_key,
-                self.settings.dispenser.idempotency_ttl_s,
+                id_type.config.idempotency_ttl_s(self.settings.dispenser.idempotency_ttl_s),
                 client,
                 id_type.config.ledger,
             )

@@ -307,6 +307,13 @@ MUTANTS: Final = (
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
+        "a_reissuing_types_retry_outlives_its_release",
+        "shared/domain/config/idtypes.py",
+        "        if self.ledger and self.reissue_released:",
+        "        if False:",
+        ("tests/unit/test_ledger_parse.py",),
+    ),
+    Mutant(
         "a_replayed_issue_revives_a_released_issue",
         "shared/stores/sql.py",
         "    SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b\n"

@@ -1,36 +1,64 @@
 """The files for running keydispenser without Kubernetes, checked as their tools would
 (`docker compose config`, `systemd-analyze verify`), without those tools: every
 reference resolves, every setting is one keydispenser knows, every command is one it
-runs, and the order (migrate first) holds."""
+runs, the order (migrate first) holds, and each process gets only its own secrets:
+the permutation key reaches migrate and keygen alone, each process connects as its
+own PostgreSQL role (deploy/postgres/roles.sql), the API is published on loopback."""
 
 from __future__ import annotations
 
-import configparser
 import re
+import shutil
+import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from shared.domain.config import Settings
+from shared.domain.config import Settings, load_settings
 from shared.ops.cli import parser
+from tests.conftest import TEST_SECRET
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-COMPOSE = DEPLOY / "compose" / "compose.yaml"
+COMPOSE_DIR = DEPLOY / "compose"
+COMPOSE = COMPOSE_DIR / "compose.yaml"
 SYSTEMD = DEPLOY / "systemd"
 TOP_LEVEL = {"name", "services", "volumes", "networks", "secrets", "configs"}
 SERVICE_KEYS = {
     "image", "command", "environment", "depends_on", "ports", "volumes", "healthcheck",
-    "restart", "env_file", "networks", "secrets", "user", "entrypoint",
+    "restart", "env_file", "networks", "secrets", "user", "entrypoint", "expose",
+    "read_only", "security_opt", "cap_drop", "profiles",
 }  # fmt: skip
 RESTART = {"no", "always", "on-failure", "unless-stopped"}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 INTERPOLATION = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(:?[-?][^}]*)?\}")
+OURS = ("migrate", "keygen", "keysync", "dispenser")
+# Each process's PostgreSQL role (roles.sql), and who may hold the permutation key.
+ROLES = {
+    "migrate": "kd_owner",
+    "keygen": "kd_keygen",
+    "keysync": "kd_keysync",
+    "dispenser": "kd_dispenser",
+    "status": "kd_status",
+}
+KEY_HOLDERS = {"migrate", "keygen"}
+HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "CapabilityBoundingSet": "",
+}
 
 
 def setting_exists(variable: str) -> bool:
-    """Whether a KD_ variable names a setting (KD_A__B: field a, then its field b)."""
+    """Whether a KD_ variable names a setting (KD_A__B: field a, then its field b), or
+    is KD_CONFIG (the file the settings come from)."""
+    if variable == "KD_CONFIG":
+        return True
     model: Any = Settings
     for part in variable.removeprefix("KD_").lower().split("__"):
         fields = getattr(model, "model_fields", {})
@@ -48,23 +76,53 @@ def keydispenser_command(argv: list[str]) -> None:
     parser().parse_args(argv)
 
 
+def env_file(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            found[name] = value
+    return found
+
+
+def role_of(dsn: str) -> str:
+    return urlsplit(dsn).username or ""
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    body: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())  # resolves the `<<:` merges
     return body
+
+
+@pytest.fixture(scope="module")
+def compose_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """The env files deploy/compose/init-env.sh writes, per file name (a fresh copy)."""
+    work = tmp_path_factory.mktemp("compose")
+    shutil.copy(COMPOSE_DIR / "init-env.sh", work)
+    subprocess.run(["sh", str(work / "init-env.sh")], check=True, capture_output=True)
+    again = subprocess.run(["sh", str(work / "init-env.sh")], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites the key
+    for path in (work / "env").iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path  # 0600
+    return {path.name: env_file(path) for path in (work / "env").iterdir()}
 
 
 def test_compose_file_is_well_formed(compose: dict[str, Any]) -> None:
     assert set(compose) <= TOP_LEVEL | {"x-keydispenser"}
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "keygen", "keysync", "dispenser"}
+    assert set(services) == {"postgres", "redis", *OURS, "status", "nginx"}
     for name, service in services.items():
         assert set(service) <= SERVICE_KEYS, (name, set(service) - SERVICE_KEYS)
         assert service["image"] and service.get("restart", "no") in RESTART
         for target, how in service.get("depends_on", {}).items():
             assert target in services and how["condition"] in CONDITIONS, (name, target)
         for volume in service.get("volumes", []):
-            assert volume.split(":", 1)[0] in compose["volumes"], (name, volume)
+            source = volume.split(":", 1)[0]
+            if source.startswith("."):  # a file of the repository, mounted
+                assert (COMPOSE_DIR / source).resolve().is_file(), (name, volume)
+            else:
+                assert source in compose["volumes"], (name, volume)
         if "healthcheck" in service:
             assert service["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL")
     for text in re.findall(r"\$\{[^}]*\}", COMPOSE.read_text()):
@@ -73,16 +131,17 @@ def test_compose_file_is_well_formed(compose: dict[str, Any]) -> None:
 
 def test_compose_runs_keydispenser_as_the_docs_say(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    ours = {"migrate", "keygen", "keysync", "dispenser"}
-    for name in ours:
+    for name in (*OURS, "status"):
         service = services[name]
         keydispenser_command(service["command"])
         assert service["command"] == [name]
         for variable in service["environment"]:
             assert setting_exists(variable), variable
+        assert service["read_only"] and service["cap_drop"] == ["ALL"]
+        assert service["environment"]["KD_CONFIG"] == "/etc/keydispenser/keydispenser.yaml"
     # migrate first, then every process; Redis never evicts and keeps its stream.
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ours - {"migrate"}:
+    for name in set(OURS) - {"migrate"}:
         depends = services[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully"
     flags = " ".join(services["redis"]["command"])
@@ -90,41 +149,133 @@ def test_compose_runs_keydispenser_as_the_docs_say(compose: dict[str, Any]) -> N
     assert "--enable-debug-command no" in flags
 
 
-def units() -> dict[str, configparser.ConfigParser]:
-    found = {}
-    for path in sorted(SYSTEMD.glob("*.service")):
-        unit = configparser.ConfigParser(strict=False, interpolation=None)
-        unit.optionxform = str  # type: ignore[assignment,method-assign]
-        unit.read(path)
-        found[path.stem] = unit
-    return found
+def test_compose_gives_each_process_its_role_and_the_key_to_migrate_and_keygen_only(
+    compose: dict[str, Any], compose_env: dict[str, dict[str, str]]
+) -> None:
+    services = compose["services"]
+    for name in (*OURS, "status"):
+        service = services[name]
+        # Nothing secret in the shared part: every credential comes from its env file.
+        assert not {"KD_POSTGRES_DSN", "KD_PERMUTATION_KEY"} & set(service["environment"])
+        (file,) = service["env_file"]
+        values = compose_env[Path(file).name]
+        for variable in values:
+            assert setting_exists(variable), (name, variable)
+        assert role_of(values["KD_POSTGRES_DSN"]) == ROLES[name], name
+        assert ("KD_PERMUTATION_KEY" in values) == (name in KEY_HOLDERS), name
+    keys = {compose_env[f"{n}.env"]["KD_PERMUTATION_KEY"] for n in KEY_HOLDERS}
+    assert len(keys) == 1 and len(keys.pop()) >= 32
+    # postgres gets the role passwords (and sets them once roles.sql made the roles),
+    # no process does.
+    postgres = services["postgres"]
+    mounted = " ".join(postgres["volumes"])
+    assert "roles.sql:/docker-entrypoint-initdb.d/" in mounted
+    assert "postgres-passwords.sh:/docker-entrypoint-initdb.d/" in mounted
+    passwords = compose_env["postgres.env"]
+    for name, role in ROLES.items():
+        dsn = compose_env[f"{name}.env"]["KD_POSTGRES_DSN"]
+        assert urlsplit(dsn).password == passwords[f"{role.upper()}_PASSWORD"]
 
 
-def test_systemd_units_run_keydispenser_after_migrate() -> None:
-    found = units()
-    assert set(found) == {
-        f"keydispenser-{t}" for t in ("migrate", "keygen", "keysync", "dispenser")
-    }
+def test_compose_publishes_the_api_on_loopback_and_scales_dispensers_behind_nginx(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assert "ports" not in services["dispenser"]  # `--scale dispenser=2` takes no host port
+    assert services["dispenser"]["expose"] == ["8080"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert name == "nginx" and port.startswith("127.0.0.1:"), (name, port)
+    nginx = (COMPOSE_DIR / "nginx.conf").read_text()
+    assert "proxy_pass $dispensers" in nginx and "http://dispenser:8080" in nginx
+    assert "proxy_next_upstream off" in nginx  # a popped key is never retried elsewhere
+
+
+@pytest.mark.parametrize("config", [COMPOSE_DIR, SYSTEMD], ids=["compose", "systemd"])
+def test_the_example_configuration_loads(config: Path) -> None:
+    settings = load_settings(config / "keydispenser.yaml", permutation_key=TEST_SECRET)
+    assert settings.id_types and "uin" in settings.id_types
+
+
+def unit_file(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """A systemd unit: section -> its (key, value) lines, in order (keys may repeat)."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = ""
+    for line in path.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = line.strip("[]")
+            sections[current] = []
+            continue
+        key, _, value = line.partition("=")
+        sections[current].append((key, value))
+    return sections
+
+
+def values(unit: dict[str, list[tuple[str, str]]], section: str, key: str) -> list[str]:
+    return [v for k, v in unit[section] if k == key]
+
+
+def test_systemd_units_run_keydispenser_after_migrate_each_with_its_own_env_file() -> None:
+    found = {p.stem: unit_file(p) for p in sorted(SYSTEMD.glob("*.service"))}
+    assert set(found) == {f"keydispenser-{t}" for t in OURS}
     for name, unit in found.items():
-        assert {"Unit", "Service", "Install"} <= set(unit.sections())
-        program, *argv = unit["Service"]["ExecStart"].split()
+        process = name.removeprefix("keydispenser-")
+        assert {"Unit", "Service", "Install"} <= set(unit)
+        (start,) = values(unit, "Service", "ExecStart")
+        program, *argv = start.split()
         assert program.endswith("/keydispenser")
         keydispenser_command(argv)
-        assert unit["Service"]["EnvironmentFile"] == "/etc/keydispenser/keydispenser.env"
-        if name != "keydispenser-migrate":
-            assert unit["Unit"]["Requires"] == "keydispenser-migrate.service"
-            assert "keydispenser-migrate.service" in unit["Unit"]["After"]
-    assert found["keydispenser-migrate"]["Service"]["Type"] == "oneshot"
+        assert values(unit, "Service", "EnvironmentFile") == [
+            "/etc/keydispenser/common.env",
+            f"/etc/keydispenser/{process}.env",
+        ]
+        for key, value in HARDENING.items():
+            assert values(unit, "Service", key) == [value], (name, key)
+        if process != "migrate":
+            assert values(unit, "Unit", "Requires") == ["keydispenser-migrate.service"]
+            assert "keydispenser-migrate.service" in values(unit, "Unit", "After")[0]
+    assert values(found["keydispenser-migrate"], "Service", "Type") == ["oneshot"]
 
 
-def test_the_environment_file_names_only_settings() -> None:
-    for line in (SYSTEMD / "keydispenser.env").read_text().splitlines():
-        if line and not line.startswith("#"):
-            variable = line.split("=", 1)[0]
-            assert variable == "KD_CONFIG" or setting_exists(variable), variable
+def test_systemd_env_files_give_each_unit_its_role_and_the_key_to_migrate_and_keygen_only() -> None:
+    common = env_file(SYSTEMD / "env" / "common.env.example")
+    assert not {"KD_POSTGRES_DSN", "KD_PERMUTATION_KEY"} & set(common)
+    assert common["KD_CONFIG"] == "/etc/keydispenser/keydispenser.yaml"
+    for process in OURS:
+        own = env_file(SYSTEMD / "env" / f"{process}.env.example")
+        for variable in [*common, *own]:
+            assert setting_exists(variable), variable
+        assert role_of(own["KD_POSTGRES_DSN"]) == ROLES[process]
+        assert ("KD_PERMUTATION_KEY" in own) == (process in KEY_HOLDERS), process
 
 
 def test_a_misspelt_variable_is_told_apart() -> None:
     """Control: the check refuses what keydispenser would not know."""
     assert setting_exists("KD_DISPENSER__PORT") and setting_exists("KD_REDIS_URL")
     assert not setting_exists("KD_DISPENSR__PORT") and not setting_exists("KD_REDIS__URL")
+
+
+ROOT = DEPLOY.parent
+
+
+def test_the_image_is_built_from_pinned_dependencies_and_without_local_state() -> None:
+    ignored = {
+        line for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1] != "#"
+    }
+    # The local stack's data holds a permutation key and stack.env; env/ the role passwords.
+    assert {".git", ".venv", ".keydispenser", "**/.keydispenser", "deploy/compose/env"} <= ignored
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "-c deploy/constraints.txt ." in dockerfile
+    pinned = {
+        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
+        for line in (DEPLOY / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        name = re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0]
+        assert re.sub(r"[-_.]+", "-", name).lower() in pinned, requirement
+    assert project["license"] in ("Apache-2.0", {"text": "Apache-2.0"})
+    assert (ROOT / "LICENSE").read_text().startswith("Apache License")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from shared.domain.config import load_settings
+from shared.domain.config import IdTypeConfig, load_settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.ledger import entry_time, parse
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
@@ -70,3 +70,24 @@ def test_used_entries_and_entries_of_types_without_a_ledger() -> None:
     assert batch.used["link"].keys == ["a"]
     assert batch.skipped == 2
     assert "plain" not in batch.issued
+
+
+def test_a_reissuing_types_idempotency_records_live_no_longer_than_a_release_waits() -> None:
+    """A retry replayed by a Redis server that never saw the release (a split brain)
+    may return a key given back, never one issued again since."""
+    settings = load_settings(
+        EMPTY_CONFIG,
+        permutation_key=TEST_SECRET,
+        id_types={
+            "uin": {"kind": "numeric", "length": 10, "ledger": True, "reissue_released": True,
+                    "reissue_after_s": 600},
+            "fast": {"kind": "numeric", "length": 10, "ledger": True, "reissue_released": True,
+                     "reissue_after_s": 0.5},
+            "kept": {"kind": "numeric", "length": 10, "ledger": True},
+        },
+    )  # fmt: skip
+    types = {name: c for name, c in settings.id_types.items() if isinstance(c, IdTypeConfig)}
+    assert types["uin"].idempotency_ttl_s(86_400) == 600
+    assert types["uin"].idempotency_ttl_s(60) == 60
+    assert types["fast"].idempotency_ttl_s(86_400) == 1  # Redis's least
+    assert types["kept"].idempotency_ttl_s(86_400) == 86_400  # never issued again

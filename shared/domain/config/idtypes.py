@@ -3,6 +3,7 @@ them) and snowflake ones (minted in each dispenser on a leased machine ID)."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, date, datetime, time
 from typing import Annotated, Any, Literal
 
@@ -117,6 +118,16 @@ class IdTypeConfig(Strict):
     ledger_wait_ms: int = Field(default=500, ge=1, le=10_000)
     # This stack's share of the counters (docs/operations.md, "Two sites"). None: all.
     site: Site | None = None
+
+    def idempotency_ttl_s(self, configured: int) -> int:
+        """How long an idempotency record of this type lives: ``configured``
+        (``dispenser.idempotency_ttl_s``), but no longer than a key given back waits
+        before it may be issued again (``reissue_after_s``): a retry replayed by a
+        server that never saw the release (a Redis split brain) can return a key given
+        back, never one issued to another client since."""
+        if self.ledger and self.reissue_released:
+            return max(1, min(configured, math.floor(self.reissue_after_s)))
+        return configured
 
     @model_validator(mode="before")
     @classmethod

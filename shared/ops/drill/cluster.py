@@ -149,8 +149,8 @@ class ClusterDrillReport:
                 f"{uins.get('ledger_missing')} lifecycle records lost",
             ),
             (
-                uins.get("retries_given_back_keys", 0) == 0,
-                "a retry was answered with a key its client had given back",
+                uins.get("replays_of_keys_reissued", 0) == 0,
+                "a retry was answered with a key given back and issued to another client",
             ),
             (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
             (self.ledger["missing"] == 0, f"{self.ledger['missing']} ledger records lost"),

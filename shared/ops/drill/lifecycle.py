@@ -306,11 +306,23 @@ def check(
     for c in load.changes:
         if c.status == "UNASSIGNED" and c.acknowledged:
             given_back[(c.client, c.key)].append(c.sent)
-    # A replay of a request whose key its client gave back after that request.
+    # A replay of a request whose key its client gave back after that request (a Redis
+    # split brain: the old primary never saw the release), and of those, one whose key
+    # had been handed to another client by then: a key in two hands.
     retried_back = [
         r
         for r in load.retries
         if r.replayed and any(r.first_at < t < r.at for t in given_back[(r.client, r.first)])
+    ]
+    received = defaultdict(list)
+    for receipt in load.receipts:
+        received[receipt.key].append(receipt)
+    taken_since = [
+        r
+        for r in retried_back
+        if any(
+            other.client != r.client and r.first_at < other.at < r.at for other in received[r.first]
+        )
     ]
     return {
         "uins_received": len(load.receipts),
@@ -321,10 +333,11 @@ def check(
         "status_changes_lost": len(lost),
         "ledger_wrong_client": len(wrong),
         "ledger_missing": len(missing),
-        "retries_given_back_keys": len(retried_back),
+        "replays_of_given_back_keys": len(retried_back),
+        "replays_of_keys_reissued": len(taken_since),
         "lost_to_fault": dict(lost_to_fault),
-        "retries_given_back_sample": [
-            f"{r.client} {r.idempotency_key} {r.first}" for r in retried_back[:5]
+        "replays_of_keys_reissued_sample": [
+            f"{r.client} {r.idempotency_key} {r.first}" for r in taken_since[:5]
         ],
         "missing_sample": sorted(r.key for r in missing)[:10],
         "lost_sample": [f"{c.key} {c.status} {c.client}" for c in lost[:10]],

@@ -170,8 +170,8 @@ class DrillReport:
                 f"{self.lifecycle.get('ledger_missing')} lifecycle records lost",
             ),
             (
-                self.lifecycle.get("retries_given_back_keys", 0) == 0,
-                "a retry was answered with a key its client had given back",
+                self.lifecycle.get("replays_of_keys_reissued", 0) == 0,
+                "a retry was answered with a key given back and issued to another client",
             ),
             (self.lifecycle.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
             (not self.process_exits, f"processes exited: {self.process_exits}"),
