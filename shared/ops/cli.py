@@ -517,6 +517,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = _settings(args)
         logs.configure(args.command, settings.log_level, settings.log_levels, settings.log_format)
         args.func(settings, args)
+        sys.stdout.flush()  # a reader that closed the pipe is seen here, not at exit
+    except BrokenPipeError:
+        # `keydispenser status | head`: the reader had enough. No fault of any store.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # as if SIGPIPE had ended it, which is what the shell expects
     except ConfigError as exc:
         print(f"keydispenser: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)

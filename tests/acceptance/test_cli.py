@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from shared.domain.config import Settings
 from shared.ops.databases import drop_database, scratch_database
-from shared.ops.processes import run_cli
+from shared.ops.processes import cli_command, run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
 pytestmark = pytest.mark.acceptance
@@ -78,6 +79,24 @@ def test_migrate_then_status(settings: Settings, tmp_path: Path) -> None:
     table = run_cli("status", env=env)
     assert "farmer" in table.stdout and "headroom" in table.stdout
     assert "postgres fence: ok; never fenced" in table.stdout
+
+
+def test_status_into_a_closed_pipe_is_no_store_fault(settings: Settings, tmp_path: Path) -> None:
+    """`keydispenser status | head -0`: the reader closed the pipe; said by the exit
+    status a shell expects (141), never blamed on a store."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    assert run_cli("migrate", env=env).returncode == 0
+    reader, writer = os.pipe()
+    os.close(reader)  # nobody reads: the first write fails
+    try:
+        done = subprocess.run(
+            cli_command("status"), env=env, stdout=writer, stderr=subprocess.PIPE,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
 
 
 @pytest.mark.parametrize("command", ["keygen", "keysync", "dispenser"])
