@@ -22,9 +22,10 @@ $(TEST_STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[ops,test]' -e $(CLIENT)
 	touch $@ $(STAMP)
 
-# Options for `keydispenser up` pass through: make up ARGS="--port 8081 --config x.yaml"
+# make up CONFIG=my-types.yaml ARGS="--port 8081": a configuration file, and options of
+# `keydispenser up`.
 up: $(STAMP)
-	$(BIN)/keydispenser up $(ARGS)
+	$(BIN)/keydispenser $(if $(CONFIG),--config $(CONFIG)) up $(ARGS)
 
 # Two workers, a test file each at a time (each worker has its own databases and Redis
 # database): most tests wait on servers and processes, so the suite takes about half as long.
