@@ -127,7 +127,9 @@ class LifecycleLoad:
             i += 1
             base = self.urls[i % len(self.urls)]
             if asked and i % RETRY_EVERY == 0:
-                await self._retry(session, base, name, headers, asked[-(i % len(asked)) - 1])
+                await self._retry(
+                    session, base, name, headers, asked, len(asked) - 1 - i % len(asked)
+                )
                 continue
             key = await self._take(session, base, name, headers, i, asked)
             if key is None:
@@ -170,9 +172,12 @@ class LifecycleLoad:
         base: str,
         name: str,
         headers: dict[str, str],
-        asked: tuple[str, str, float],
+        asked: list[tuple[str, str, float]],
+        which: int,
     ) -> None:
-        idempotency_key, first, first_at = asked
+        """Repeat the request ``asked[which]``; an answer afresh (its record was
+        forgotten with a release, or expired) becomes the request's answer."""
+        idempotency_key, first, first_at = asked[which]
         url = f"{base}/v1/idgenerator/{LIFECYCLE_TYPE}/id"
         replayed: list[bool] = []
         retry = headers | {"Idempotency-Key": idempotency_key}
@@ -186,6 +191,7 @@ class LifecycleLoad:
         )
         if not any(replayed):  # answered afresh (the first key was given back): a new hand
             self.receipts.append(Receipt(again, name, now, "retry"))
+            asked[which] = (idempotency_key, again, now)
 
     async def _change(
         self,
