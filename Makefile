@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test mutants lint typecheck check clean image constraints
+.PHONY: up test mutants lint typecheck check clean image constraints dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,5 +67,13 @@ constraints: | $(BIN)/python
 	$(BIN)/python -c "import json; pins = sorted(f\"{i['metadata']['name'].lower()}=={i['metadata']['version']}\" for i in json.load(open('.constraints.json'))['install'] if i['metadata']['name'] != 'keydispenser'); head = [l for l in open('deploy/constraints.txt') if l.startswith('#')]; open('deploy/constraints.txt', 'w').write(''.join(head) + '\\n'.join(pins) + '\\n')"
 	rm -f .constraints.json
 
+# The server's and the client's wheel and sdist, checked as PyPI would (twine check).
+dist: | $(BIN)/python
+	$(BIN)/pip install --quiet build twine
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m build --outdir dist $(CLIENT)
+	$(BIN)/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info dist
