@@ -164,6 +164,13 @@ def run_cluster_drill(
 
 def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
     types = [t.strip() for t in args.types.split(",")] if args.types else None
+    unknown = sorted(set(types or ()) - set(settings.id_types) - {"*"})
+    if unknown:
+        read = args.config or os.environ.get("KD_CONFIG") or "the built-in configuration"
+        raise ConfigError(
+            f"--types: {', '.join(unknown)} is no ID type of the configuration read ({read}); "
+            "pass the file that defines it: keydispenser --config FILE apikey ..."
+        )
     key, key_digest = new_api_key()
     entry = config_entry(args.name, key_digest, types, args.rate)
     # Validate the entry as the dispenser will, so a bad name or type fails here.

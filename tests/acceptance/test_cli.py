@@ -81,6 +81,22 @@ def test_migrate_then_status(settings: Settings, tmp_path: Path) -> None:
     assert "postgres fence: ok; never fenced" in table.stdout
 
 
+def test_an_api_key_for_a_type_of_another_configuration_says_which_was_read(
+    tmp_path: Path,
+) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    done = run_cli("apikey", "--name", "registry", "--types", "uin", env=env)
+    assert done.returncode == 2
+    assert "the built-in configuration" in done.stderr and "--config FILE" in done.stderr
+    config = tmp_path / "mine.yaml"
+    config.write_text("id_types: {uin: {kind: numeric, length: 10}}\n")
+    mine = run_cli(
+        "--config", str(config), "apikey", "--name", "registry", "--types", "uin", env=env
+    )
+    assert mine.returncode == 0, mine.stderr
+    assert "uin" in mine.stdout
+
+
 def test_status_into_a_closed_pipe_is_no_store_fault(settings: Settings, tmp_path: Path) -> None:
     """`keydispenser status | head -0`: the reader closed the pipe; said by the exit
     status a shell expects (141), never blamed on a store."""
