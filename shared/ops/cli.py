@@ -484,7 +484,7 @@ def _add_lease(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = _command(commands, "up", run_up, "the whole stack on this machine, embedded servers")
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
-    up.add_argument("--port", type=int, default=8080, help="dispenser HTTP port")
+    up.add_argument("--port", type=int, help="dispenser HTTP port (default: dispenser.port, 8080)")
     up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--redis-url", help="use this Redis instead of an embedded one")
 

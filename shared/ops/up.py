@@ -225,7 +225,14 @@ class Stack:
             self.postgres.stop()
 
 
+def dispenser_port(settings: Settings, given: int | None) -> int:
+    """The port `up` serves on: ``--port`` when given, else the configuration's
+    (``dispenser.port``, which ``KD_DISPENSER__PORT`` overrides: the environment wins)."""
+    return given if given is not None else settings.dispenser.port
+
+
 def up(settings: Settings, args: argparse.Namespace) -> None:
+    args.port = dispenser_port(settings, args.port)
     taken = port_taken(settings.dispenser.host, args.port)
     if taken is not None:
         raise KeydispenserError(taken)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from shared.domain.config import Settings
-from shared.ops.up import first_keys_note, greeting
+import pytest
+
+from shared.domain.config import Settings, load_settings
+from shared.ops.up import dispenser_port, first_keys_note, greeting
+from tests.conftest import EMPTY_CONFIG
 
 BASE = "http://127.0.0.1:8080"
 
@@ -36,3 +39,14 @@ def test_the_wait_for_first_keys_says_what_each_type_waits_for() -> None:
     assert note == (
         "keydispenser: generating the first keys of farmer; leasing a machine ID for events..."
     )
+
+
+def test_up_serves_on_the_port_given_else_the_configurations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KD_DISPENSER__PORT", "8181")
+    settings = load_settings(EMPTY_CONFIG)
+    assert dispenser_port(settings, None) == 8181  # the environment wins, as documented
+    assert dispenser_port(settings, 9090) == 9090  # --port wins over both
+    monkeypatch.delenv("KD_DISPENSER__PORT")
+    assert dispenser_port(load_settings(EMPTY_CONFIG), None) == 8080
