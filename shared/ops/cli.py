@@ -168,7 +168,8 @@ def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
     if unknown:
         read = args.config or os.environ.get("KD_CONFIG") or "the built-in configuration"
         raise ConfigError(
-            f"--types: {', '.join(unknown)} is no ID type of the configuration read ({read}); "
+            f"--types: {', '.join(unknown)} is not among the id_types of the configuration "
+            f"read ({read}); "
             "pass the file that defines it: keydispenser --config FILE apikey ..."
         )
     key, key_digest = new_api_key()

@@ -67,3 +67,13 @@ def test_a_replay_of_a_key_given_back_and_issued_to_another_is_named() -> None:
     found = check(history, issues, [])
     assert found["replays_of_given_back_keys"] == 2
     assert found["replays_of_keys_reissued"] == 1
+
+
+def test_a_receipt_a_restart_destroyed_is_lost_to_it_even_with_other_issues_of_its_key() -> None:
+    history = load(receipts=[Receipt("K", "a", 10.0, "get"), Receipt("K", "b", 40.0, "get")])
+    issues = {"K": [Issue("a", False, True)]}  # b's issue went with the restart
+    spans = [LossSpan("redis_restart_old_snapshot", 39.0, 41.0)]
+    found = check(history, issues, spans)
+    assert found["ledger_wrong_client"] == 0
+    assert found["lost_to_fault"] == {"redis_restart_old_snapshot": 1}
+    assert check(history, issues, [])["ledger_wrong_client"] == 1  # no fault: wrong

@@ -298,10 +298,14 @@ def check(
         return bool(found)
 
     missing = [r for r in load.receipts if not issues.get(r.key) and not excused(r.at)]
+    # A receipt whose issue a restart destroyed, of a key issued to others before or
+    # after it, is lost to that fault too, not recorded under another client.
     wrong = [
         r
         for r in load.receipts
-        if issues.get(r.key) and not any(i.client == r.client for i in issues[r.key])
+        if issues.get(r.key)
+        and not any(i.client == r.client for i in issues[r.key])
+        and not excused(r.at)
     ]
     lost = [
         c
