@@ -43,6 +43,19 @@ class RateLimited(KeydispenserError):
         self.retry_after_s = retry_after_s
 
 
+class CountAboveBurst(InvalidInput):
+    """A request for more keys than the client's burst: it could never pass (422). The
+    answer names the largest count that can (the ``KD-Max-Count`` header), so a client
+    may lower its batch once instead of failing."""
+
+    def __init__(self, client: str, count: int, burst: int) -> None:
+        super().__init__(
+            f"count {count} exceeds the burst of API client '{client}' ({burst} keys); "
+            f"ask for at most {burst} keys a request"
+        )
+        self.burst = burst
+
+
 class TokenBucket:
     def __init__(self, rate_per_s: float, burst: int) -> None:
         self.rate = rate_per_s
@@ -182,9 +195,7 @@ def _charge(client: str, bucket: TokenBucket | None, cost: int) -> None:
     if bucket is None:
         return
     if cost > bucket.burst:
-        raise InvalidInput(
-            f"count {cost} exceeds the burst of API client '{client}' ({int(bucket.burst)} keys)"
-        )
+        raise CountAboveBurst(client, cost, int(bucket.burst))
     wait = bucket.take(cost)
     if wait:
         raise RateLimited(client, max(1, math.ceil(wait)))

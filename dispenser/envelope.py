@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from starlette.responses import Response
 
-from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
+from dispenser.auth import CountAboveBurst, Forbidden, HeaderLookup, RateLimited, Unauthenticated
 from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import (
     ClockBehind,
@@ -81,6 +81,8 @@ ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
     ClockBehind: (503, "IDG-015"),
     MachineIdUnavailable: (503, "IDG-016"),
 }
+# On a 422 for a count above the client's burst: the largest count that can pass.
+MAX_COUNT_HEADER: Final = "KD-Max-Count"
 ROUTE_NOT_FOUND = "IDG-006"
 # OpenG2P's health route: 503 IDG-005 until start-up is complete, IDG-006 when its
 # store check fails afterwards (IDG-006 is also this service's 404, as before).
@@ -220,6 +222,8 @@ def from_domain(exc: KeydispenserError, request: str | None = None) -> Answer:
         headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}
     elif isinstance(exc, StoreUnavailable):
         headers = {"Retry-After": "1"}
+    elif isinstance(exc, CountAboveBurst):
+        headers = {MAX_COUNT_HEADER: str(exc.burst)}
     return error_answer(status, code, public_message(exc, code), headers, request)
 
 

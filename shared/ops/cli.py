@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from shared import logs
-from shared.domain.apikeys import config_entry, new_api_key
+from shared.domain.apikeys import burst_advice, config_entry, new_api_key
 from shared.domain.config import Settings, describe, load_settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops import stack
@@ -173,7 +173,9 @@ def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
             "pass the file that defines it: keydispenser --config FILE apikey ..."
         )
     key, key_digest = new_api_key()
-    entry = config_entry(args.name, key_digest, types, args.rate)
+    if args.burst is not None and args.rate is None:
+        raise ConfigError("--burst: with --rate only (a key without a rate has no limit)")
+    entry = config_entry(args.name, key_digest, types, args.rate, args.burst)
     # Validate the entry as the dispenser will, so a bad name or type fails here.
     auth = {"api_keys": [*settings.dispenser.auth.api_keys, *yaml.safe_load(entry)]}
     try:
@@ -185,6 +187,8 @@ def run_apikey(settings: Settings, args: argparse.Namespace) -> None:
     print(f"API key (shown once; give it to the client '{args.name}'):\n  {key}\n")
     print("Add to dispenser.auth.api_keys in the configuration:")
     print(entry, end="")
+    if advice := burst_advice(args.rate, args.burst):
+        print(advice, file=sys.stderr)
 
 
 SECRET_ADVICE = """\
@@ -413,7 +417,13 @@ def _add_apikey(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     apikey = _command(commands, "apikey", run_apikey, "create an API key; prints its config entry")
     apikey.add_argument("--name", required=True, help="client name (letters, digits, _ . -)")
     apikey.add_argument("--types", help="comma-separated ID types it may use (default: all)")
-    apikey.add_argument("--rate", type=float, help="requests per second (default: unlimited)")
+    apikey.add_argument("--rate", type=float, help="keys per second (default: unlimited)")
+    apikey.add_argument(
+        "--burst",
+        type=int,
+        help="keys it may take at once, the largest count a request may ask for "
+        "(default: a second of --rate)",
+    )
 
 
 def _add_fence_postgres(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -198,9 +198,16 @@ def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_p
     assert entry == [
         {"name": "registry", "sha256": digest(key), "id_types": ["farmer"], "rate_per_s": 20.0}
     ]
+    # A burst (20: a second of --rate) below the client's default batch is pointed out.
+    assert "at most 20 keys a request" in result.stderr and "--burst" in result.stderr
     refused = run_cli("apikey", "--name", "x", "--types", "nope", env=env)
     assert refused.returncode == 2
     assert "id_types" in refused.stderr and "nope" in refused.stderr
+    ample = run_cli("apikey", "--name", "bulk", "--rate", "20", "--burst", "5000", env=env)
+    assert ample.returncode == 0 and ample.stderr == "", ample.stderr
+    assert yaml.safe_load(ample.stdout.split("configuration:\n", 1)[1])[0]["burst"] == 5000
+    no_rate = run_cli("apikey", "--name", "y", "--burst", "5", env=env)
+    assert no_rate.returncode == 2 and "--burst" in no_rate.stderr
 
 
 @pytest.mark.parametrize("load", ["auto", "bundled"])

@@ -290,3 +290,46 @@ async def test_api_key_is_sent(
         buffering = Buffering(batch=10)
         async with AsyncKeyClient(url, "farmer", api_key=API_KEY, buffering=buffering) as client:
             assert await client.take(DEADLINE_S) == f"{0:010d}"
+
+
+async def test_a_batch_above_the_keys_burst_is_lowered_once_to_it(
+    servers: Servers,
+    database: str,
+    redis_client: aioredis.Redis,
+    hot: HotStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An API key whose burst (40) is below the client's default batch (1000): the
+    dispenser's 422 names the largest count (KD-Max-Count), the client asks again with
+    it, says so once, and every key comes; nothing was taken by the refused request."""
+    key = {"name": "small", "sha256": digest(API_KEY), "rate_per_s": 1000, "burst": 40}
+    settings = make_settings(servers, database, dispenser={"auth": {"api_keys": [key]}})
+    keys = await fill(hot, "farmer", 200)
+    recording = Recording()
+    async with dispenser_over_http(settings) as http:
+        url = str(http.base_url).rstrip("/")
+        async with AsyncKeyClient(url, "farmer", api_key=API_KEY, transport=recording) as client:
+            got = [await client.take(DEADLINE_S) for _ in range(60)]
+    # The refused request took nothing: the first batch starts at the list's head.
+    assert got[:40] == keys[:40] and len(set(got)) == 60
+    answers = [event[1] for event in recording.events if event[0] == "answer"]
+    assert answers[0] == 422 and answers.count(422) == 1  # then 200s (and 429s: the rate)
+    assert [r.getMessage() for r in caplog.records if "burst" in r.getMessage()] == [
+        "farmer: the API key may take at most 40 keys a request (its burst); batches of 40 "
+        "from now on, not 1000: pass Buffering(batch=40) to say so, or raise the key's burst"
+    ]
+
+
+async def test_a_refusal_without_a_count_to_ask_for_stops_the_client(
+    servers: Servers, database: str, redis_client: aioredis.Redis, hot: HotStore
+) -> None:
+    """Control: a 422 that names no smaller count (a batch above dispenser.max_batch)
+    is raised as before, never retried."""
+    settings = make_settings(servers, database, dispenser={"max_batch": 100})
+    await fill(hot, "farmer", 10)
+    async with dispenser_over_http(settings) as http:
+        url = str(http.base_url).rstrip("/")
+        async with AsyncKeyClient(url, "farmer", buffering=Buffering(batch=500)) as client:
+            with pytest.raises(RequestRefused) as refused:
+                await client.take(DEADLINE_S)
+    assert (refused.value.status, refused.value.code) == (422, "IDG-004")

@@ -189,6 +189,7 @@ async def test_rate_limits_charge_per_key(
     )
     assert too_big.status_code == 422
     assert "burst" in too_big.json()["errors"][0]["message"]
+    assert too_big.headers["KD-Max-Count"] == "5"  # the largest count that can pass
     four = await http.post(
         "/v1/keys/shortlink", params={"count": "4"}, headers=auth(api_keys, "slow")
     )

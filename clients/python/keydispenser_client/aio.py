@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
@@ -23,8 +24,12 @@ from keydispenser_client.protocol import (
     ClientError,
     Keys,
     KeysUnavailable,
+    Shrink,
     Stop,
 )
+from keydispenser_client.protocol import refused as _refused
+
+log = logging.getLogger("keydispenser_client")
 
 DEFAULT_TAKE_TIMEOUT_S = 30.0
 
@@ -186,6 +191,23 @@ class AsyncKeyClient:
                 self._wanted.clear()
             self._broadcast()
 
+    def _shrink(self, limit: int) -> bool:
+        """Lower the batch to ``limit`` keys (the API key's burst), once, with a warning;
+        False when it is not above that already."""
+        smaller = protocol.shrunk(self._buffering, limit)
+        if smaller is None:
+            return False
+        log.warning(protocol.shrink_message(self.id_type, self._buffering.batch, limit))
+        self._buffering = smaller
+        self._low, self._high = smaller.mark_low, smaller.mark_high
+        self._fetch_url = http.fetch_url(self._http, self.id_type, smaller)
+        return True
+
+    @staticmethod
+    def _fresh(headers: dict[str, str]) -> dict[str, str]:
+        """A new Idempotency-Key where there was one (the count changed)."""
+        return {"Idempotency-Key": protocol.new_idempotency_key()} if headers else {}
+
     async def _fetch_batch(self) -> list[str] | None:
         """One batch; retried with the same Idempotency-Key until it is answered."""
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
@@ -200,8 +222,11 @@ class AsyncKeyClient:
                 outcome = protocol.unreachable(exc, backoff)
             if isinstance(outcome, Keys):
                 return outcome.keys
-            if isinstance(outcome, Stop):
-                self._failure = outcome.error
+            if isinstance(outcome, Shrink) and self._shrink(outcome.limit):
+                request_headers = self._fresh(request_headers)  # a new request: new count
+                continue
+            if isinstance(outcome, Stop | Shrink):
+                self._failure = _refused(outcome)
                 self._broadcast()
                 return None
             self._cause = outcome.reason

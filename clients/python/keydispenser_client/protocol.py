@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Seconds waited before asking again after a failure that carried no Retry-After.
@@ -18,6 +18,9 @@ MAX_DELAY_S = 2.0
 # A Retry-After the client will not wait beyond (the dispenser caps its own at 60 s).
 MAX_RETRY_AFTER_S = 300.0
 WAIT_STATUSES = frozenset({429, 503})
+# On a 422 for a count above the API key's burst, the dispenser names the largest count
+# that can pass; httpx's headers are case-insensitive, a plain mapping's need lower case.
+MAX_COUNT_HEADER = "kd-max-count"
 
 
 class ClientError(Exception):
@@ -64,6 +67,14 @@ class Stop:
     error: ClientError
 
 
+@dataclass(frozen=True)
+class Shrink:
+    """The batch asked for is above what the API key may take at once (its burst): ask
+    again for at most ``limit`` keys a request."""
+
+    limit: int
+
+
 Outcome = Keys | Wait | Stop
 
 
@@ -81,7 +92,8 @@ class Buffering:
 
     def __post_init__(self) -> None:
         # Its upper bound is the dispenser's (dispenser.max_batch): it refuses a larger
-        # batch with 422 IDG-004, which the client raises as RequestRefused.
+        # batch with 422 IDG-004, which the client raises as RequestRefused. Above the
+        # API key's burst, the client lowers its batch once to what the dispenser names.
         if self.batch < 1:
             raise ValueError(f"batch must be at least 1, got {self.batch}")
         if not 1 <= self.fetchers <= 16:
@@ -118,6 +130,32 @@ def new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
 
+def shrunk(buffering: Buffering, limit: int) -> Buffering | None:
+    """``buffering`` with batches of at most ``limit`` keys (the marks, when left to
+    their defaults, follow); None when its batch is not above ``limit`` already."""
+    if buffering.batch <= limit:
+        return None
+    low = min(buffering.low, limit) if buffering.low else 0
+    high = buffering.high if buffering.high > (low or limit) else 0
+    return replace(buffering, batch=limit, low=low, high=high)
+
+
+def refused(outcome: Stop | Shrink) -> ClientError:
+    """The error a fetcher stops with (a Shrink that could not lower the batch)."""
+    if isinstance(outcome, Stop):
+        return outcome.error
+    message = f"count exceeds the API key's burst ({outcome.limit} keys)"
+    return RequestRefused(422, "IDG-004", message)
+
+
+def shrink_message(id_type: str, before: int, limit: int) -> str:
+    return (
+        f"{id_type}: the API key may take at most {limit} keys a request (its burst); "
+        f"batches of {limit} from now on, not {before}: pass Buffering(batch={limit}) "
+        "to say so, or raise the key's burst"
+    )
+
+
 def retry_after(raw: str | None) -> float | None:
     """Seconds from a Retry-After header (delta-seconds only; a date is ignored)."""
     if raw is None or not raw.strip().isdigit():
@@ -152,8 +190,13 @@ class Backoff:
         self.delay, self.failures = FIRST_DELAY_S, 0
 
 
-def fetched(status: int, header: Mapping[str, str], body: bytes, backoff: Backoff) -> Outcome:
+def fetched(
+    status: int, header: Mapping[str, str], body: bytes, backoff: Backoff
+) -> Outcome | Shrink:
     """The outcome of one ``POST /v1/keys/{type}?count=n`` answer."""
+    limit = header.get(MAX_COUNT_HEADER, "")
+    if status == 422 and limit.isdigit() and int(limit) > 0:
+        return Shrink(int(limit))
     if status == 200:
         try:
             keys = parse_keys(body)

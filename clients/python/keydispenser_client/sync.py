@@ -8,6 +8,7 @@ reissued (the dispenser already counts them as issued).
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,8 +23,12 @@ from keydispenser_client.protocol import (
     ClientError,
     Keys,
     KeysUnavailable,
+    Shrink,
     Stop,
 )
+from keydispenser_client.protocol import refused as _refused
+
+log = logging.getLogger("keydispenser_client")
 
 DEFAULT_TAKE_TIMEOUT_S = 30.0
 JOIN_DEADLINE_S = 5.0
@@ -173,6 +178,23 @@ class KeyClient:
                 self._cond.wait(IDLE_CHECK_S)
         return not self._stop.is_set()
 
+    def _shrink(self, limit: int) -> bool:
+        """Lower the batch to ``limit`` keys (the API key's burst), once, with a warning;
+        False when it is not above that already."""
+        smaller = protocol.shrunk(self._buffering, limit)
+        if smaller is None:
+            return False
+        log.warning(protocol.shrink_message(self.id_type, self._buffering.batch, limit))
+        self._buffering = smaller
+        self._low, self._high = smaller.mark_low, smaller.mark_high
+        self._fetch_url = http.fetch_url(self._http, self.id_type, smaller)
+        return True
+
+    @staticmethod
+    def _fresh(headers: dict[str, str]) -> dict[str, str]:
+        """A new Idempotency-Key where there was one (the count changed)."""
+        return {"Idempotency-Key": protocol.new_idempotency_key()} if headers else {}
+
     def _fetch_batch(self) -> list[str] | None:
         """One batch; retried with the same Idempotency-Key until it is answered."""
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
@@ -187,8 +209,11 @@ class KeyClient:
                 outcome = protocol.unreachable(exc, backoff)
             if isinstance(outcome, Keys):
                 return outcome.keys
-            if isinstance(outcome, Stop):
-                self._fail(outcome.error)
+            if isinstance(outcome, Shrink) and self._shrink(outcome.limit):
+                request_headers = self._fresh(request_headers)  # a new request: new count
+                continue
+            if isinstance(outcome, Stop | Shrink):
+                self._fail(_refused(outcome))
                 return None
             self._cause = outcome.reason
             self._sleep(outcome.seconds)

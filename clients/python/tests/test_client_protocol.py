@@ -8,7 +8,16 @@ import httpx
 import pytest
 
 from keydispenser_client import Buffering, KeyClient, KeyspaceExhausted, RequestRefused
-from keydispenser_client.protocol import Backoff, Keys, Stop, Wait, fetched, retry_after
+from keydispenser_client.protocol import (
+    Backoff,
+    Keys,
+    Shrink,
+    Stop,
+    Wait,
+    fetched,
+    retry_after,
+    shrunk,
+)
 
 
 def error_body(code: str) -> bytes:
@@ -105,3 +114,36 @@ def test_keys_are_read_from_the_dispensers_bytes_and_from_any_json() -> None:
 def test_a_malformed_answer_is_asked_again() -> None:
     assert isinstance(fetched(200, {}, b"<html>", Backoff()), Wait)
     assert isinstance(fetched(200, {}, b'{"keys":[1]}', Backoff()), Wait)
+
+
+def test_a_count_above_the_burst_is_a_shrink_and_lowers_the_batch_and_default_marks() -> None:
+    body = error_body("IDG-004")
+    assert fetched(422, {"kd-max-count": "40"}, body, Backoff()) == Shrink(40)
+    assert isinstance(fetched(422, {}, body, Backoff()), Stop)  # names no count: refused
+    assert isinstance(fetched(422, {"kd-max-count": "0"}, body, Backoff()), Stop)
+    smaller = shrunk(Buffering(), 40)
+    assert smaller is not None and (smaller.batch, smaller.mark_low, smaller.mark_high) == (
+        40,
+        40,
+        80,
+    )
+    assert shrunk(Buffering(batch=30), 40) is None  # not above it: nothing to lower
+    kept = shrunk(Buffering(batch=100, low=10, high=500), 40)
+    assert kept is not None and (kept.mark_low, kept.mark_high) == (10, 500)
+
+
+def test_sync_client_lowers_its_batch_once_with_a_fresh_idempotency_key() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        count = request.url.params["count"]
+        seen.append((count, request.headers["idempotency-key"]))
+        if int(count) > 3:
+            headers = {"KD-Max-Count": "3"}
+            return httpx.Response(422, headers=headers, content=error_body("IDG-004"))
+        return httpx.Response(200, json={"keys": [f"k{len(seen)}-{i}" for i in range(3)]})
+
+    with KeyClient("http://x", "t", transport=httpx.MockTransport(handler)) as c:
+        assert c.take(5) == "k2-0"
+    assert [count for count, _ in seen[:2]] == ["1000", "3"]
+    assert seen[0][1] != seen[1][1]  # the count changed: a new request, a new key

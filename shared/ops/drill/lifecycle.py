@@ -32,13 +32,13 @@ LIFECYCLE_TYPE = "drill_uin"
 LIFECYCLE_TYPE_CONFIG: dict[str, Any] = {
     "kind": "numeric",
     "length": 10,
-    # Small tiers, every counter a key: a released UIN requeued is issued again after
-    # a few hundred others.
+    # Tiny tiers, every counter a key: a released UIN requeued is issued again after
+    # a few dozen others, so even a slow run (a loaded machine) sees reissues.
     "filter_profile": "none",
-    "range_size": 256,
-    "hot": {"low": 10, "high": 40},
-    "cold": {"low": 60, "high": 180},
-    "sync_batch": 20,
+    "range_size": 32,
+    "hot": {"low": 4, "high": 12},
+    "cold": {"low": 8, "high": 24},
+    "sync_batch": 6,
     "ledger": True,
     "reissue_released": True,
     "reissue_after_s": 2,
