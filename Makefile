@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test mutants lint typecheck check clean image constraints dist
+.PHONY: up test mutants lint typecheck check clean distclean image constraints dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,3 +77,9 @@ dist: | $(BIN)/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info dist
+
+# Everything `make up` made: the stack's data (embedded servers, permutation key; refused
+# while it runs), then the venv and caches.
+distclean:
+	if [ -x $(BIN)/keydispenser ]; then $(BIN)/keydispenser up --purge; fi
+	$(MAKE) clean

@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from dispenser.metrics import DispenserMetrics
-from shared.domain.errors import ConfigError
+from shared.domain.errors import ConfigError, NoMachineIdFree
 from shared.domain.leases import NO_WAIT, LeaseWait
 from shared.domain.snowflake import Clock, Lease, Minter, SnowflakeType, wall_clock_ms
 from shared.leasing import LeaseMetrics, lease_machine_id
@@ -39,6 +39,7 @@ class Holder:
         self._source = source
         self._metrics = metrics
         self.leased = asyncio.Event()  # set while a lease is attached
+        self._said_settling = False  # the current wait for grants to resume was logged
 
     async def run(self, closing: asyncio.Event) -> None:
         """Acquire, hold until lost or closing, release; again until closing."""
@@ -48,16 +49,29 @@ class Holder:
             try:
                 await self._hold_once(closing)
             except Exception as exc:  # any failure: log it, wait, re-acquire
-                log.warning(
-                    "machine_id_lease_failed",
-                    extra={"id_type": name, "error": f"{type(exc).__name__}: {exc}"},
-                )
+                self._log_failure(exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(closing.wait(), RETRY_S)
+
+    def _log_failure(self, exc: Exception) -> None:
+        """A failed acquire: a warning, but for the expected wait after the fence took
+        over (a failover, a restart, a server's first use): one line of info per wait."""
+        name = self.id_type.name
+        if isinstance(exc, NoMachineIdFree) and exc.settling_s is not None:
+            if not self._said_settling:
+                self._said_settling = True
+                resume = round(exc.settling_s, 1)
+                log.info(
+                    "machine_id_settling", extra={"id_type": name, "grants_resume_in_s": resume}
+                )
+            return
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("machine_id_lease_failed", extra={"id_type": name, "error": error})
 
     async def _hold_once(self, closing: asyncio.Event) -> None:
         name = self.id_type.name
         async with self._source(self.id_type) as lease:
+            self._said_settling = False
             self.minter.attach(lease)
             self.leased.set()
             self._metrics.machine_id.labels(name).set(lease.machine_id)

@@ -40,6 +40,8 @@ from shared.stores.sql import KEYGEN_CHANNEL
 from shared.stores.sync_record import SyncRecord
 
 log = logging.getLogger(__name__)
+# One line per range filled: `up` quiets it (its own progress lines say as much).
+range_log = logging.getLogger("keygen.ranges")
 
 
 class Keygen:
@@ -250,7 +252,7 @@ class Keygen:
                 candidates += tried
         finally:
             pending.cancel()
-        log.info(
+        range_log.info(
             "range_filled",
             extra={
                 "id_type": id_type.name,

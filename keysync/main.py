@@ -111,6 +111,7 @@ class Keysync:
         self._metrics = metrics or KeysyncMetrics(CollectorRegistry())
         self._meters = {name: RefillMeter() for name in self._types}
         self._token = ""  # identity of the Redis primary last seen (run_id:master_replid)
+        self._empty: set[str] = set()  # types whose cold tier was found empty, until refilled
         self._fault = fault  # test-only fault points (KD_FAULT_POINT)
         # How a push retry tells time and waits (a unit test freezes the process here).
         self.clock: Callable[[], float] = time.monotonic
@@ -144,6 +145,7 @@ class Keysync:
                 if not taken.keys:
                     await self._cold_empty(name)
                     break
+                self._empty.discard(name)
                 self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
                 size = _want(config, depth + len(taken.keys))
                 depth, following = await self._push_taking_next(name, taken, size)
@@ -200,7 +202,9 @@ class Keysync:
             log.error("keyspace_exhausted", extra={"id_type": name})
             return
         await self._cold.wake_keygen(name)
-        log.warning("cold_empty", extra={"id_type": name})
+        if name not in self._empty:  # once per spell, not at every poll while it lasts
+            self._empty.add(name)
+            log.warning("cold_empty", extra={"id_type": name})
 
     async def push(self, name: str, keys: list[str], stamp: Stamp = NO_STAMP) -> int:
         """Push a committed batch exactly once, or lose it (counted); never on two servers.

@@ -195,7 +195,8 @@ async def acquire(
             _observe(metrics, pool, started)
             if metrics is not None:
                 metrics.exhausted.labels(pool).inc()
-            raise NoMachineIdFree(pool, lo, hi, _why(answer, wait_s))
+            settling = answer.wait_ms / 1000 if answer.status == "settling" else None
+            raise NoMachineIdFree(pool, lo, hi, _why(answer, wait_s), settling)
         await asyncio.sleep(min(remaining, _RETRY_S, max(answer.wait_ms / 1000, 0.01)))
 
 

@@ -14,7 +14,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+# A record's own attributes, and uvicorn's ``color_message`` (its message again, with
+# ANSI colour codes): never fields of an event.
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):

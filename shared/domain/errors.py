@@ -176,8 +176,13 @@ class NoMachineIdFree(KeydispenserError):
     """No machine ID of a lease pool could be granted: every ID of the range is held, or
     the Redis server changed identity and grants wait one lease TTL (docs/leases.md)."""
 
-    def __init__(self, pool: str, lo: int, hi: int, detail: str) -> None:
+    def __init__(
+        self, pool: str, lo: int, hi: int, detail: str, settling_s: float | None = None
+    ) -> None:
         super().__init__(f"no machine ID free in [{lo}, {hi}] of pool '{pool}': {detail}")
         self.pool = pool
         self.lo = lo
         self.hi = hi
+        # Seconds until grants resume when the fence took over recently (an expected
+        # wait after a failover, a restart or first use); None otherwise.
+        self.settling_s = settling_s

@@ -498,6 +498,12 @@ def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     up.add_argument("--port", type=int, help="dispenser HTTP port (default: dispenser.port, 8080)")
     up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")
     up.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    up.add_argument(
+        "--purge",
+        action="store_true",
+        help="remove the stopped stack's data (--data-dir, its embedded servers' data and "
+        "its permutation key) and exit; keys it handed out are forgotten",
+    )
 
 
 # The stores each command reaches (and so must have been named: stack.py).

@@ -94,7 +94,7 @@ def find(env_file: str | None, data_dir: str | None) -> Stack | None:
                     f"--data-dir {data_dir}` running?"
                 )
             return None
-    return Stack(path, _parse(path), _up_running(path.parent / PID_FILE))
+    return Stack(path, _parse(path), up_running(path.parent / PID_FILE))
 
 
 def _parse(path: Path) -> dict[str, str]:
@@ -106,7 +106,7 @@ def _parse(path: Path) -> dict[str, str]:
     return values
 
 
-def _up_running(pid_file: Path) -> bool:
+def up_running(pid_file: Path) -> bool:
     """Whether the ``up`` that wrote the stack file is still running (no pid file, as
     for a file written by hand: taken to be)."""
     try:

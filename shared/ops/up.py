@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 from pydantic import SecretStr
 
 from shared.domain.config import Settings
@@ -28,11 +29,16 @@ from shared.ops import stack
 from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
+from shared.stores.sql import SELECT_RANGE_STATS
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")
 _RESTART_DELAY_S = 1.0
 FIRST_KEYS_TIMEOUT_S = 300.0  # `up` announces itself only once every type has keys
+# Loggers `up` quiets in its children unless log levels are configured: keygen's line per
+# range filled (a sparse type fills a hundred before its first keys are out).
+QUIET_LOGGERS = {"keygen.ranges": "WARNING"}
+PROGRESS_EVERY_S = 5.0  # meanwhile, how often it says how far each type has got
 
 
 def permutation_key(settings: Settings, data_dir: Path) -> str:
@@ -200,6 +206,8 @@ class Stack:
         env = dict(os.environ) | self.stack_settings(dsn, url)
         if "KD_LOG_FORMAT" not in os.environ:  # as up's own: console on a terminal
             env["KD_LOG_FORMAT"] = self.settings.log_format
+        if "KD_LOG_LEVELS" not in os.environ and not self.settings.log_levels:
+            env["KD_LOG_LEVELS"] = json.dumps(QUIET_LOGGERS)  # up says how far keygen got
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
@@ -225,6 +233,40 @@ class Stack:
             self.postgres.stop()
 
 
+# What a stack's data directory holds (`up` writes nothing else there).
+STACK_ENTRIES = frozenset(
+    {"postgres", "redis", "secrets", "permutation.key", stack.STACK_FILE, stack.PID_FILE}
+)
+
+
+def purge(data_dir: Path) -> list[Path]:
+    """Remove a stopped stack's data: its data directory and the PostgreSQL data kept
+    outside it (``PGDATA_LOCATION``). Refuses while its ``up`` or its PostgreSQL runs,
+    and a directory holding anything ``up`` does not write. Returns what was removed."""
+    if not data_dir.is_dir():
+        return []
+    strangers = sorted(p.name for p in data_dir.iterdir() if p.name not in STACK_ENTRIES)
+    if strangers:
+        raise ConfigError(
+            f"--data-dir: {data_dir} holds {', '.join(strangers)}, which `keydispenser up` "
+            "does not write: not a stack's data directory, nothing removed"
+        )
+    if (data_dir / stack.PID_FILE).exists() and stack.up_running(data_dir / stack.PID_FILE):
+        raise ConfigError(f"--purge: the stack in {data_dir} is running; stop it (Ctrl-C) first")
+    postgres = EmbeddedPostgres(data_dir / "postgres")
+    if (postgres.pgdata / "postmaster.pid").exists():
+        postgres.stop()  # left running by an `up` that was killed
+    removed = [data_dir]
+    location = data_dir / "postgres" / "PGDATA_LOCATION"
+    if location.is_file():
+        outside = Path(location.read_text().strip())
+        if outside.is_dir():
+            shutil.rmtree(outside)
+            removed.insert(0, outside)
+    shutil.rmtree(data_dir)
+    return removed
+
+
 def dispenser_port(settings: Settings, given: int | None) -> int:
     """The port `up` serves on: ``--port`` when given, else the configuration's
     (``dispenser.port``, which ``KD_DISPENSER__PORT`` overrides: the environment wins)."""
@@ -232,6 +274,13 @@ def dispenser_port(settings: Settings, given: int | None) -> int:
 
 
 def up(settings: Settings, args: argparse.Namespace) -> None:
+    if args.purge:
+        removed = purge(Path(args.data_dir).resolve())
+        for path in removed:
+            print(f"removed {path}")
+        if not removed:
+            print(f"nothing to remove: no {args.data_dir}")
+        return
     args.port = dispenser_port(settings, args.port)
     taken = port_taken(settings.dispenser.host, args.port)
     if taken is not None:
@@ -262,11 +311,7 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         waiting = types_not_serving(f"{base}/readyz", 0)
         if waiting:
             print(first_keys_note(settings, waiting), flush=True)
-            # Ctrl-C while waiting stops at once (the children got it too), not after
-            # the timeout.
-            waiting = types_not_serving(
-                f"{base}/readyz", FIRST_KEYS_TIMEOUT_S, lambda: stack_obj.stopping
-            )
+            waiting = _wait_for_first_keys(settings, f"{base}/readyz", dsn, stack_obj)
         if stack_obj.stopping:
             return
         if waiting:
@@ -279,6 +324,44 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         stack_obj.supervise(env)
     finally:
         stack_obj.shutdown()
+
+
+def _wait_for_first_keys(settings: Settings, readyz: str, dsn: str, stack_obj: Stack) -> list[str]:
+    """Wait until every type serves; meanwhile, every ``PROGRESS_EVERY_S``, one line per
+    pooled type still waiting: keys made so far and how fast. Ctrl-C stops at once (the
+    children got it too), not after the timeout. Returns the types still waiting."""
+    deadline = time.monotonic() + FIRST_KEYS_TIMEOUT_S
+    made: dict[str, tuple[float, int]] = {}
+    while True:
+        left = deadline - time.monotonic()
+        waiting = types_not_serving(
+            readyz, min(PROGRESS_EVERY_S, max(left, 0)), lambda: stack_obj.stopping
+        )
+        if not waiting or stack_obj.stopping or time.monotonic() >= deadline:
+            return waiting
+        pooled = [name for name in waiting if name in settings.id_types]
+        with contextlib.suppress(OSError, asyncpg.PostgresError):
+            for name, keys in asyncio.run(_keys_made(dsn, pooled)).items():
+                print(progress_line(name, keys, made.get(name), time.monotonic()), flush=True)
+                made[name] = (time.monotonic(), keys)
+
+
+def progress_line(name: str, keys: int, before: tuple[float, int] | None, now: float) -> str:
+    """``farmer: 120,000 keys made (40,000/s)``; the rate since the line before."""
+    if before is None or now <= before[0]:
+        return f"  {name}: {keys:,} keys made"
+    rate = (keys - before[1]) / (now - before[0])
+    return f"  {name}: {keys:,} keys made ({rate:,.0f}/s)"
+
+
+async def _keys_made(dsn: str, names: list[str]) -> dict[str, int]:
+    """Keys keygen has made of each type (its ranges' accepted counts)."""
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        rows = {name: await conn.fetchrow(SELECT_RANGE_STATS, name) for name in names}
+        return {name: int(row["accepted"]) for name, row in rows.items() if row is not None}
+    finally:
+        await conn.close()
 
 
 _REDIS_FOUND_BY = ("KD_REDIS_SENTINEL", "KD_REDIS_CLUSTER")

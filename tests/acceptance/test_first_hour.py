@@ -333,3 +333,43 @@ def test_every_code_block_in_the_docs_runs_as_written(stack: Stack, tmp_path: Pa
             failures.append(f"{block}: {problem}")
     assert not failures, "\n\n".join(failures)
     assert ran >= 15  # the blocks a user pastes: curl, the clients, leases, configurations
+
+
+def test_purge_is_refused_while_the_stack_runs(stack: Stack) -> None:
+    done = stack.run("up", "--purge")
+    assert done.returncode == 2 and "running" in done.stderr, done.stderr
+    assert (stack.home / ".keydispenser" / "stack.env").exists()
+
+
+def test_purge_removes_a_stopped_stacks_data_wherever_postgres_kept_it(tmp_path: Path) -> None:
+    """A stack killed with its PostgreSQL still running (PGDATA kept outside the data
+    directory, as for root): purge stops it and removes both; a directory holding
+    anything else is refused."""
+    from shared.ops.embedded import EmbeddedPostgres
+
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(tmp_path, 0o700)  # the server's own user cannot enter: PGDATA goes outside
+    data = home / ".keydispenser"
+    env = plain_env()
+    postgres = EmbeddedPostgres(data / "postgres")
+    postgres.start()  # and never stopped: an `up` that was killed
+    (data / "secrets").mkdir()
+    (data / "secrets" / "permutation.key").write_text("k\n")
+    (data / "up.pid").write_text("999999999\n")
+    outside = postgres.pgdata
+    (home / "notes").mkdir()
+    stranger = subprocess.run(
+        [str(BIN / "keydispenser"), "up", "--purge", "--data-dir", str(home)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert stranger.returncode == 2 and "notes" in stranger.stderr and home.exists()
+    done = subprocess.run(
+        [str(BIN / "keydispenser"), "up", "--purge"],
+        cwd=home, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not data.exists() and not outside.exists()
+    assert f"removed {data}" in done.stdout
+    with pytest.raises(ConnectionRefusedError):  # its PostgreSQL was stopped first
+        socket.create_connection(("127.0.0.1", postgres.port), timeout=2).close()

@@ -300,3 +300,48 @@ async def test_a_push_slower_than_the_hold_rolls_the_next_batch_back(
     assert cold.log[:5] == ["take b1", "commit b1-0", "take b2", "rollback b2-0", "pushed b1-0"]
     assert "commit b2-0" not in cold.log
     assert len(servers.lists["A"]) == 6 and len(set(servers.lists["A"])) == 6
+
+
+class Empty:
+    keys: list[str] = []
+    stamp = NO_STAMP
+
+    async def commit(self) -> None:
+        pass
+
+    async def rollback(self) -> None:
+        pass
+
+
+class Drying(Cold):
+    """Empty for the takes listed in ``empty`` (1-based), else batches as Cold."""
+
+    def __init__(self, empty: set[int]) -> None:
+        super().__init__()
+        self.empty, self.woken = empty, 0
+
+    async def begin_take(self, name: str, size: int) -> OpenBatch:
+        batch = await super().begin_take(name, size)
+        return Empty() if self.taken in self.empty else batch
+
+    async def sequence_state(self, id_type: IdType) -> SequenceState:
+        return SequenceState(leased_counters=0, domain=10**9)
+
+    async def wake_keygen(self, name: str) -> None:
+        self.woken += 1
+
+
+async def test_cold_empty_is_warned_once_per_spell_while_keygen_is_woken_every_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cold = Drying(empty={1, 2, 3, 7})
+    servers = SlowPushes(0.0, cold.log)
+    sync, id_type = pipelined(servers, cold)
+    for _ in range(3):  # a first start: keygen has made nothing yet, polled three times
+        assert await sync.refill(id_type) == 0
+    servers.lists["A"].clear()
+    assert await sync.refill(id_type) == 6  # takes 4, 5, 6: refilled
+    servers.lists["A"].clear()
+    await sync.refill(id_type)  # take 7 is empty again: a new spell
+    warned = [r for r in caplog.records if r.getMessage() == "cold_empty"]
+    assert len(warned) == 2 and cold.woken == 4

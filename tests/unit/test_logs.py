@@ -50,3 +50,15 @@ def test_without_levels_of_their_own_renewals_are_not_logged(
 def test_an_unknown_level_is_refused_naming_the_logger() -> None:
     with pytest.raises(ConfigError, match=r"log_levels\.shared\.leasing"):
         load_settings(EMPTY_CONFIG, log_levels={"shared.leasing": "LOUD"})
+
+
+@pytest.mark.parametrize("formatter", [logs.JsonFormatter, logs.ConsoleFormatter])
+def test_uvicorns_colour_copy_of_its_message_is_no_field(
+    formatter: type[logging.Formatter],
+) -> None:
+    """uvicorn logs ``color_message`` beside its message: ANSI codes, never a field."""
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "", 0, "Started %s", ("x",), None)
+    record.color_message = "Started \x1b[1m%s\x1b[0m"
+    record.port = 8080
+    line = formatter("dispenser").format(record)  # type: ignore[call-arg]
+    assert "\x1b" not in line and "color_message" not in line and "8080" in line

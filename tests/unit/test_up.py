@@ -50,3 +50,11 @@ def test_up_serves_on_the_port_given_else_the_configurations(
     assert dispenser_port(settings, 9090) == 9090  # --port wins over both
     monkeypatch.delenv("KD_DISPENSER__PORT")
     assert dispenser_port(load_settings(EMPTY_CONFIG), None) == 8080
+
+
+def test_progress_says_keys_made_and_the_rate_since_the_line_before() -> None:
+    from shared.ops.up import progress_line
+
+    assert progress_line("mosip_vid", 6_600, None, 10.0) == "  mosip_vid: 6,600 keys made"
+    line = progress_line("mosip_vid", 16_600, (10.0, 6_600), 15.0)
+    assert line == "  mosip_vid: 16,600 keys made (2,000/s)"
