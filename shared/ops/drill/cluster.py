@@ -49,7 +49,13 @@ from shared.ops.drill import history, lifecycle
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
-from shared.ops.drill.runner import DRILL_CLIENT, DRILL_TYPE, DRILL_TYPE_CONFIG, rounds_table
+from shared.ops.drill.runner import (
+    DRILL_CLIENT,
+    DRILL_KEYGEN,
+    DRILL_TYPE,
+    DRILL_TYPE_CONFIG,
+    rounds_table,
+)
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
@@ -59,6 +65,7 @@ NAMESPACE = "kd"
 # its own (EmbeddedRedisCluster.spread), and the longest they may go without a key.
 BYSTANDER_STEMS = ("bystander", "onlooker")
 BYSTANDER_PAUSE_S = 1.0
+BYSTANDER_TIERS = {"ledger": False, "hot": {"low": 12_000, "high": 24_000}, "sync_batch": 2_000}
 CLUSTER_FAULTS = (
     "shard_primary_sigkill",
     "cluster_failover",
@@ -551,8 +558,11 @@ def _fleet(
     api_keys: list[dict[str, Any]],
 ) -> Fleet:
     config = base / "drill.yaml"
-    others = {name: DRILL_TYPE_CONFIG | {"ledger": False} for name in bystanders}
-    uin = {lifecycle.LIFECYCLE_TYPE: lifecycle.LIFECYCLE_TYPE_CONFIG}
+    # The bystanders' hot lists hold several seconds of their load: what they prove is
+    # that the struck shard never holds up another shard's pops, not how fast keysync
+    # refills on a loaded machine (a refill waits on PostgreSQL, shared by every type).
+    others = {name: DRILL_TYPE_CONFIG | BYSTANDER_TIERS for name in bystanders}
+    uin = {lifecycle.LIFECYCLE_TYPE: lifecycle.type_config(1)}  # a replica per primary
     dispenser = {
         "auth": {"api_keys": api_keys},
         "mosip": {"uin": lifecycle.LIFECYCLE_TYPE, "ledger_wait_s": 5},
@@ -561,7 +571,8 @@ def _fleet(
         json.dumps(
             {
                 "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG, **uin, **others},
-                "keysync": DRILL_KEYSYNC | {"ledger_requeue_every_s": 1.0},
+                "keygen": DRILL_KEYGEN,
+                "keysync": DRILL_KEYSYNC | {"ledger_requeue_every_s": 0.5},
                 "dispenser": dispenser,
                 "redis_namespace": NAMESPACE,
                 "postgres_connect_timeout_s": 1.0,

@@ -32,19 +32,31 @@ LIFECYCLE_TYPE = "drill_uin"
 LIFECYCLE_TYPE_CONFIG: dict[str, Any] = {
     "kind": "numeric",
     "length": 10,
-    # Tiny tiers, every counter a key: a released UIN requeued is issued again after
-    # a few dozen others, so even a slow run (a loaded machine) sees reissues.
+    # Small tiers, every counter a key: a released UIN requeued is issued again after
+    # about a hundred others at most, so even a slow run (a loaded machine) sees
+    # reissues (keygen polls often in the drill: DRILL_KEYGEN).
     "filter_profile": "none",
-    "range_size": 32,
-    "hot": {"low": 4, "high": 12},
-    "cold": {"low": 8, "high": 24},
-    "sync_batch": 6,
+    "range_size": 64,
+    "hot": {"low": 8, "high": 24},
+    "cold": {"low": 32, "high": 64},
+    "sync_batch": 8,
     "ledger": True,
     "reissue_released": True,
     "reissue_after_s": 2,
     "ledger_durability": "replicated",
     "ledger_wait_ms": 1_000,
 }
+
+
+def type_config(replicas: int) -> dict[str, Any]:
+    """The lifecycle type for a topology whose primaries have ``replicas`` replicas
+    each: an answer waits until every one of them holds its entry. A failover may
+    promote any of them, not always the most up to date (failback forces its choice
+    with replica-priority): with fewer, an answer confirmed by one replica is lost when
+    another is promoted (seen in the drill with 1 of 2)."""
+    return LIFECYCLE_TYPE_CONFIG | {"ledger_replicas": replicas}
+
+
 LIFECYCLE_CLIENTS = tuple(f"registry-{n}" for n in "abcdef")
 # Faults that destroy what replicated durability covers (no persistence in the drill):
 # a restart without persistence, or from an older snapshot.
@@ -350,6 +362,11 @@ def check(
             f"{r.client} {r.idempotency_key} {r.first}" for r in taken_since[:5]
         ],
         "missing_sample": sorted(r.key for r in missing)[:10],
+        "wrong_client_sample": [
+            f"{r.key} to {r.client} ({r.how}) at {r.at:.3f}; ledger: "
+            + ", ".join(f"{i.client}{' released' if i.released else ''}" for i in issues[r.key])
+            for r in wrong[:10]
+        ],
         "lost_sample": [f"{c.key} {c.status} {c.client}" for c in lost[:10]],
         "errors": dict(load.errors),
     }
