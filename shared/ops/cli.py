@@ -519,6 +519,11 @@ COMMAND_STORES: dict[str, frozenset[str]] = {
     "retire": frozenset({"postgres", "redis"}),
     "lease": frozenset({"redis"}),
 }
+# The long-running processes. `up` starts them with its stack's settings in their
+# environment; started otherwise (a unit, a container) they never pick up a stack file
+# found in the working directory, which would point a production process at a dev
+# stack's servers: only one named with --env-file or --data-dir.
+PROCESSES = frozenset({"dispenser", "keygen", "keysync"})
 # KD_ variables that are not settings: the configuration file, test hooks, what
 # `keydispenser lease` gives its command, bench internals.
 OTHER_VARIABLES = frozenset(
@@ -585,7 +590,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     under the environment, the configuration file, and a refusal when a store it
     reaches was named by nobody."""
     stale = None
-    if args.command not in ("up", "drill"):
+    named_stack = bool(args.env_file or args.stack_dir)
+    if args.command not in ("up", "drill") and (args.command not in PROCESSES or named_stack):
         found = stack.find(args.env_file, args.stack_dir)
         if found is not None and found.running:
             stack.apply(found, os.environ)
@@ -596,7 +602,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     named = stack.named_stores(args.config, os.environ)
     needs = COMMAND_STORES.get(args.command, frozenset())
-    stack.require_named(f"keydispenser {args.command}", set(needs), named, stale)
+    beside_up = args.command not in PROCESSES
+    stack.require_named(f"keydispenser {args.command}", set(needs), named, stale, beside_up)
     if args.config:  # worker processes (dispenser.workers > 1) read the same file
         os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
     if args.command == "up" and "KD_LOG_FORMAT" not in os.environ and sys.stderr.isatty():

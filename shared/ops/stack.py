@@ -141,14 +141,22 @@ def named_stores(config_path: str | None, environ: Mapping[str, str]) -> set[str
     return named
 
 
-def require_named(command: str, needs: set[str], named: set[str], stale: Stack | None) -> None:
+def require_named(
+    command: str, needs: set[str], named: set[str], stale: Stack | None, beside_up: bool = True
+) -> None:
     """ConfigError naming how to point ``command`` at the stores it needs and nobody
-    named (never a silent 127.0.0.1)."""
+    named (never a silent 127.0.0.1). ``beside_up``: the command may use a running
+    ``up``'s stack file found in the working directory (the processes may not)."""
     missing = [store for store in ("postgres", "redis") if store in needs - named]
     if not missing:
         return
     what = " and ".join(STORE_NAMES[s] for s in missing)
-    if stale is not None:
+    if not beside_up:
+        why = (
+            "a process reads a running `keydispenser up`'s stack only when it is named "
+            "(--data-dir DIR or --env-file FILE)"
+        )
+    elif stale is not None:
         why = (
             f"{stale.path} names the stack `keydispenser up` ran, which is not running: "
             "start it again (`make up`)"

@@ -373,3 +373,15 @@ def test_purge_removes_a_stopped_stacks_data_wherever_postgres_kept_it(tmp_path:
     assert f"removed {data}" in done.stdout
     with pytest.raises(ConnectionRefusedError):  # its PostgreSQL was stopped first
         socket.create_connection(("127.0.0.1", postgres.port), timeout=2).close()
+
+
+@pytest.mark.parametrize("process", ["dispenser", "keygen", "keysync"])
+def test_a_process_started_beside_a_dev_stack_never_reaches_its_servers(
+    stack: Stack, process: str
+) -> None:
+    """In the stack's directory with nothing named, `status` uses the stack (the control,
+    above); a long-running process refuses, saying how to name a stack on purpose."""
+    done = stack.run(process)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--data-dir" in done.stderr and "named" in done.stderr
+    assert "KD_REDIS_URL" in done.stderr or "KD_POSTGRES_DSN" in done.stderr
