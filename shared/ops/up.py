@@ -108,16 +108,25 @@ def port_taken(host: str, port: int) -> str | None:
     return None
 
 
+def _minted(settings: Settings, name: str) -> bool:
+    """A snowflake type: minted on a leased machine ID, never generated into tiers."""
+    config = settings.id_types.get(name)
+    return config is not None and config.kind == "snowflake"
+
+
 def first_keys_note(settings: Settings, waiting: list[str]) -> str:
     """What ``up`` waits for: keys of pooled types, a machine-ID lease for snowflake ones."""
-    minted = {n for n, c in settings.id_types.items() if c.kind == "snowflake"}
-    keys = [n for n in waiting if n not in minted]
-    leases = [n for n in waiting if n in minted]
+    keys = [n for n in waiting if not _minted(settings, n)]
+    leases = [n for n in waiting if _minted(settings, n)]
     parts = []
     if keys:
         parts.append(f"generating the first keys of {', '.join(keys)}")
     if leases:
-        parts.append(f"leasing a machine ID for {', '.join(leases)}")
+        ttl = max(getattr(settings.id_types[n], "lease_ttl_s", 0.0) for n in leases)
+        parts.append(
+            f"leasing a machine ID for {', '.join(leases)} (a Redis server grants none for "
+            f"one lease TTL after its first use, {ttl:g} s)"
+        )
     return "keydispenser: " + "; ".join(parts) + "..."
 
 
@@ -339,7 +348,7 @@ def _wait_for_first_keys(settings: Settings, readyz: str, dsn: str, stack_obj: S
         )
         if not waiting or stack_obj.stopping or time.monotonic() >= deadline:
             return waiting
-        pooled = [name for name in waiting if name in settings.id_types]
+        pooled = [n for n in waiting if n in settings.id_types and not _minted(settings, n)]
         with contextlib.suppress(OSError, asyncpg.PostgresError):
             for name, keys in asyncio.run(_keys_made(dsn, pooled)).items():
                 print(progress_line(name, keys, made.get(name), time.monotonic()), flush=True)

@@ -37,7 +37,8 @@ def test_the_wait_for_first_keys_says_what_each_type_waits_for() -> None:
     settings = Settings.model_validate({"id_types": types})
     note = first_keys_note(settings, ["events", "farmer"])
     assert note == (
-        "keydispenser: generating the first keys of farmer; leasing a machine ID for events..."
+        "keydispenser: generating the first keys of farmer; leasing a machine ID for events "
+        "(a Redis server grants none for one lease TTL after its first use, 10 s)..."
     )
 
 
