@@ -31,10 +31,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispenser import envelope, mosip, openg2p, single
+from dispenser import codes, envelope, mosip, openg2p, single
 from dispenser.clock_hook import arm as arm_clock_hook
 from dispenser.clock_hook import clock_from_environment
-from dispenser.envelope import BodyTooLarge, ClientGone
+from dispenser.codes import BodyTooLarge, ClientGone
 from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
@@ -293,7 +293,7 @@ async def health(request: Request) -> Response:
         await dispenser.type_states()
     except KeydispenserError as exc:
         started = dispenser.started
-        code = envelope.HEALTH_STORE_FAILED if started else envelope.HEALTH_STARTING
+        code = codes.HEALTH_STORE_FAILED if started else codes.HEALTH_STARTING
         why = "store check failed" if started else "start-up is not complete"
         request_id = envelope.request_id(request.headers)
         log.warning(
@@ -380,9 +380,8 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = {404: envelope.ROUTE_NOT_FOUND, 405: envelope.METHOD_NOT_ALLOWED}.get(
-        exc.status_code, f"IDG-{exc.status_code}"
-    )
+    known = {c.status: c.code for c in (codes.ROUTE_NOT_FOUND, codes.METHOD_NOT_ALLOWED)}
+    code = known.get(exc.status_code, f"IDG-{exc.status_code}")
     request_id = envelope.request_id(request.headers)
     return envelope.error(exc.status_code, code, str(exc.detail), exc.headers, request_id)
 

@@ -23,19 +23,11 @@ from typing import Any, Final
 
 from starlette.responses import Response
 
-from dispenser.auth import CountAboveBurst, Forbidden, HeaderLookup, RateLimited, Unauthenticated
+from dispenser import codes
+from dispenser.auth import CountAboveBurst, HeaderLookup, Unauthenticated
 from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import (
-    ClockBehind,
-    InvalidInput,
     KeydispenserError,
-    KeyspaceExhausted,
-    LedgerBacklogFull,
-    LedgerDisabled,
-    MachineIdUnavailable,
-    PoolEmpty,
-    StoreUnavailable,
-    UnknownIdType,
 )
 
 log = logging.getLogger(__name__)
@@ -56,45 +48,8 @@ def response(answer: Answer) -> Response:
     return Response(body, status, dict(headers))
 
 
-class BodyTooLarge(KeydispenserError):
-    """A request body over ``dispenser.max_body_bytes`` (413); refused before it is read."""
-
-
-class ClientGone(KeydispenserError):
-    """The client disconnected before its request was read whole; nothing is answered."""
-
-
-# Domain error -> (HTTP status, error code). Codes IDG-001..003 match OpenG2P.
-ERROR_TABLE: dict[type[KeydispenserError], tuple[int, str]] = {
-    PoolEmpty: (503, "IDG-001"),
-    KeyspaceExhausted: (410, "IDG-002"),
-    UnknownIdType: (404, "IDG-003"),
-    InvalidInput: (422, "IDG-004"),
-    StoreUnavailable: (503, "IDG-005"),
-    Unauthenticated: (401, "IDG-008"),
-    Forbidden: (403, "IDG-009"),
-    RateLimited: (429, "IDG-010"),
-    LedgerDisabled: (409, "IDG-011"),
-    BodyTooLarge: (413, "IDG-012"),
-    ClientGone: (400, "IDG-013"),
-    LedgerBacklogFull: (503, "IDG-014"),
-    ClockBehind: (503, "IDG-015"),
-    MachineIdUnavailable: (503, "IDG-016"),
-}
 # On a 422 for a count above the client's burst: the largest count that can pass.
 MAX_COUNT_HEADER: Final = "KD-Max-Count"
-ROUTE_NOT_FOUND = "IDG-006"
-# OpenG2P's health route: 503 IDG-005 until start-up is complete, IDG-006 when its
-# store check fails afterwards (IDG-006 is also this service's 404, as before).
-HEALTH_STARTING = "IDG-005"
-HEALTH_STORE_FAILED = "IDG-006"
-METHOD_NOT_ALLOWED = "IDG-007"
-INTERNAL_ERROR = "IDG-500"
-# What a client is told of a server-side failure; the detail goes to the log only.
-PUBLIC_MESSAGES: Final = {
-    "IDG-005": "a store is unavailable; retry later",
-    INTERNAL_ERROR: "internal error",
-}
 # An X-Request-Id a proxy sent is kept when it looks like one; else one is made here.
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _ID_PREFIX: Final = secrets.token_hex(4)  # per process: ids of replicas never collide
@@ -198,33 +153,27 @@ def error(
 
 
 def classify(exc: KeydispenserError) -> tuple[int, str]:
-    """(HTTP status, errorCode) of a domain error, from the one table."""
-    return next(
-        (mapping for kind, mapping in ERROR_TABLE.items() if isinstance(exc, kind)),
-        (500, INTERNAL_ERROR),
-    )
+    """(HTTP status, errorCode) of a domain error, from the one table (``codes``)."""
+    entry = codes.code_of(exc)
+    return entry.status, entry.code
 
 
 def public_message(exc: KeydispenserError, code: str) -> str:
     """What the client is told: the error's own text, or a fixed one for server faults."""
-    return PUBLIC_MESSAGES.get(code, str(exc))
+    return codes.PUBLIC_MESSAGES.get(code, str(exc))
 
 
 def from_domain(exc: KeydispenserError, request: str | None = None) -> Answer:
-    """A domain error's envelope, with the headers its status calls for."""
-    status, code = classify(exc)
+    """A domain error's envelope, with the headers its code calls for."""
+    entry = codes.code_of(exc)
     headers = None
-    if isinstance(
-        exc, PoolEmpty | RateLimited | LedgerBacklogFull | ClockBehind | MachineIdUnavailable
-    ):
-        headers = {"Retry-After": str(exc.retry_after_s)}
+    if entry.retry_after:  # the error's own delay, else a second
+        headers = {"Retry-After": str(getattr(exc, "retry_after_s", 1))}
     elif isinstance(exc, Unauthenticated):
         headers = {"WWW-Authenticate": 'Bearer realm="keydispenser"'}
-    elif isinstance(exc, StoreUnavailable):
-        headers = {"Retry-After": "1"}
     elif isinstance(exc, CountAboveBurst):
         headers = {MAX_COUNT_HEADER: str(exc.burst)}
-    return error_answer(status, code, public_message(exc, code), headers, request)
+    return error_answer(entry.status, entry.code, public_message(exc, entry.code), headers, request)
 
 
 def refusal(
@@ -234,7 +183,7 @@ def refusal(
     failure is logged with its full detail, ``where`` (the path) and the same id."""
     status, code = classify(exc)
     request = request_id(headers)
-    if status >= 500 and code != "IDG-001":
+    if status >= 500 and code != codes.POOL_EMPTY.code:
         log.warning(
             "request_failed", extra={"path": where, "error": str(exc), "request_id": request}
         )
@@ -247,5 +196,6 @@ def crashed(headers: HeaderLookup, where: str) -> Answer:
     request id the answer carries: call it in ``except``."""
     request = request_id(headers)
     log.exception("request_crashed", extra={"path": where, "request_id": request})
-    message = PUBLIC_MESSAGES[INTERNAL_ERROR]
-    return error_answer(500, INTERNAL_ERROR, message, None, request)
+    internal = codes.INTERNAL_ERROR
+    message = codes.PUBLIC_MESSAGES[internal.code]
+    return error_answer(internal.status, internal.code, message, None, request)

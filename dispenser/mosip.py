@@ -29,7 +29,22 @@ from typing import Any, Final
 
 from dispenser import envelope
 from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
-from dispenser.envelope import JSON, Answer, BodyTooLarge
+from dispenser.codes import (
+    AUTH_FAILED,
+    AUTH_FORBIDDEN,
+    BY_ERROR,
+    UIN_INTERNAL,
+    UIN_NOT_FOUND,
+    UIN_NOT_ISSUED,
+    UIN_STATUS_NOT_FOUND,
+    VID_EXPIRY_EMPTY,
+    VID_EXPIRY_PAST,
+    VID_EXPIRY_PATTERN,
+    VID_INTERNAL,
+    VID_NOT_AVAILABLE,
+    BodyTooLarge,
+)
+from dispenser.envelope import JSON, Answer
 from dispenser.service import Dispenser
 from shared.domain.errors import (
     InvalidInput,
@@ -49,22 +64,6 @@ VID_PATH: Final = "/v1/idgenerator/vid"
 METHODS: Final = {UIN_PATH: ("GET", "PUT"), VID_PATH: ("GET",)}
 # MOSIP's statuses of a UIN.
 ISSUED, ASSIGNED, UNASSIGNED, UNUSED = "ISSUED", "ASSIGNED", "UNASSIGNED", "UNUSED"
-# MOSIP's error codes and texts (UinGeneratorErrorCode, VIDGeneratorErrorCode, and the
-# auth adapter's).
-UIN_NOT_FOUND: Final = ("KER-UIG-001", "UIN could not be found")
-UIN_STATUS_NOT_FOUND: Final = ("KER-UIG-003", "Given UIN status not found")
-UIN_NOT_ISSUED: Final = ("KER-UIG-004", "Given UIN is not in ISSUED status")
-UIN_INTERNAL: Final = ("KER-UIG-005", "Internal Server Error")
-VID_NOT_AVAILABLE: Final = ("KER-VID-001", "VID not available for allocation")
-VID_EXPIRY_EMPTY: Final = ("KER-VID-002", "Vid expiry date is empty")
-VID_EXPIRY_PAST: Final = ("KER-VID-003", "Vid expiry date is before current utc time")
-VID_EXPIRY_PATTERN: Final = (
-    "KER-VID-004",
-    "Vid expiry date pattern is invalid, should be in yyyy-MM-dd'T'HH:mm:ss.SSS'Z' pattern",
-)
-VID_INTERNAL: Final = ("KER-VID-005", "Internal Server Error")
-AUTH_FAILED: Final = "KER-ATH-401"
-AUTH_FORBIDDEN: Final = "KER-ATH-403"
 VID_EXPIRY_PARAM: Final = "videxpiry"
 VID_EXPIRY_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 WANTED: Final = {ASSIGNED: "assigned", UNASSIGNED: "released"}  # MOSIP's -> the ledger's
@@ -131,7 +130,10 @@ def _refusal(
     if isinstance(exc, Forbidden):
         return Refused((AUTH_FORBIDDEN, str(exc)), 403)
     if isinstance(exc, RateLimited):
-        return Refused(("IDG-010", str(exc)), 429, {"Retry-After": str(exc.retry_after_s)})
+        limited = BY_ERROR[RateLimited]
+        return Refused(
+            (limited.code, str(exc)), limited.status, {"Retry-After": str(exc.retry_after_s)}
+        )
     if isinstance(exc, PoolEmpty):
         return Refused(not_available, 200, {"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, KeyspaceExhausted):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispenser import codes
 from shared.domain.config import Settings, path_segments
 from shared.domain.names import ALIAS, ID_TYPE_NAME
 
@@ -31,27 +32,12 @@ REQUEST_ID = {
     }
 }
 
-# status -> what the error envelope means there (the errorCode table is in docs/api.md)
-ERRORS: dict[int, str] = {
-    401: "IDG-008: missing or unknown API key (only when API keys are configured)",
-    403: "IDG-009: this API key may not use the id_type",
-    404: "IDG-003: unknown id_type",
-    409: "IDG-011: the id_type keeps no ledger",
-    410: "IDG-002: keyspace exhausted",
-    413: "IDG-012: request body over dispenser.max_body_bytes",
-    422: "IDG-004: malformed input",
-    429: "IDG-010: rate limit exceeded; see Retry-After",
-    503: "IDG-001: no key available right now, IDG-005: a store is unreachable, "
-    "IDG-014: the type's ledger is behind, IDG-015: the clock is behind the last snowflake "
-    "time issued, or IDG-016: no machine-ID lease held for the snowflake type right now",
-}
-
 
 def _errors(*statuses: int) -> Json:
     return {
         str(status): _json(
             _ref("ErrorEnvelope"),
-            ERRORS[status],
+            codes.described(status),
             {**REQUEST_ID, **(RETRY_AFTER if status in (429, 503) else {})},
         )
         for status in statuses
@@ -266,7 +252,8 @@ def _paths() -> Json:
         },
         "/v1/idgenerator/health": {
             "get": {
-                "summary": "UP when Redis answers; 503 IDG-005 while starting, IDG-006 after",
+                "summary": f"UP when Redis answers; 503 {codes.HEALTH_STARTING} while starting, "
+                f"{codes.HEALTH_STORE_FAILED} after",
                 "responses": {
                     "200": _json(_envelope(_object(status=STRING)), "up"),
                     **_errors(401, 503),
@@ -437,7 +424,7 @@ def _mosip_paths(settings: Settings) -> Json:
         for status in statuses:
             found[str(status)] = _json(
                 _ref("MosipResponse"),
-                MOSIP_ERRORS[status],
+                codes.MOSIP_STATUSES[status],
                 RETRY_AFTER if status == 429 else None,
             )
         return found
@@ -448,7 +435,7 @@ def _mosip_paths(settings: Settings) -> Json:
             "get": {
                 "summary": f"One UIN (MOSIP kernel ID generator), of id type {configured.uin}",
                 "responses": answers(
-                    "the UIN, or KER-UIG-001 when none is available", 401, 403, 429
+                    f"the UIN, or {codes.UIN_NOT_FOUND.code} when none is available", 401, 403, 429
                 ),
             },
             "put": {
@@ -458,7 +445,7 @@ def _mosip_paths(settings: Settings) -> Json:
                     "content": {"application/json": {"schema": _ref("MosipUinStatus")}},
                 },
                 "responses": answers(
-                    "the UIN's status, or KER-UIG-001/003/004/005", 401, 403, 413, 429
+                    "the UIN's status, or " + _codes(UIN_PUT_CODES), 401, 403, 413, 429
                 ),
             },
         }
@@ -472,24 +459,32 @@ def _mosip_paths(settings: Settings) -> Json:
                         "in": "query",
                         "required": False,
                         "description": "yyyy-MM-dd'T'HH:mm:ss.SSS'Z', checked as MOSIP "
-                        "checks it (KER-VID-002..004) and not kept",
+                        f"checks it ({_codes(VID_EXPIRY_CODES)}) and not kept",
                         "schema": {"type": "string"},
                     }
                 ],
                 "responses": answers(
-                    "the VID, or KER-VID-001 when none is available", 401, 403, 429
+                    f"the VID, or {codes.VID_NOT_AVAILABLE.code} when none is available",
+                    401,
+                    403,
+                    429,
                 ),
             }
         }
     return paths
 
 
-MOSIP_ERRORS: dict[int, str] = {
-    401: "KER-ATH-401: no valid token or API key",
-    403: "KER-ATH-403: the client may not use this id type",
-    413: "KER-UIG-005: request body over dispenser.max_body_bytes",
-    429: "IDG-010: rate limit exceeded; see Retry-After",
-}
+UIN_PUT_CODES = (
+    codes.UIN_NOT_FOUND,
+    codes.UIN_STATUS_NOT_FOUND,
+    codes.UIN_NOT_ISSUED,
+    codes.UIN_INTERNAL,
+)
+VID_EXPIRY_CODES = (codes.VID_EXPIRY_EMPTY, codes.VID_EXPIRY_PAST, codes.VID_EXPIRY_PATTERN)
+
+
+def _codes(mosip: tuple[codes.MosipCode, ...]) -> str:
+    return ", ".join(code.code for code in mosip)
 
 
 def _configured(parameter: Json, types: list[str], max_batch: int) -> Json:

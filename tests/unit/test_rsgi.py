@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
-from dispenser import envelope
+from dispenser import codes
 from dispenser.auth import Gate
 from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics
@@ -247,7 +247,7 @@ async def test_a_crash_on_the_fast_path_is_a_500_envelope_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     status, headers, body = await allocate_one(RuntimeError("boom"))
-    assert status == 500 and body["errors"][0]["errorCode"] == envelope.INTERNAL_ERROR
+    assert status == 500 and body["errors"][0]["errorCode"] == codes.INTERNAL_ERROR.code
     assert headers["x-request-id"] == "req-1"
     assert "request_crashed" in caplog.text and "boom" in caplog.text
 
