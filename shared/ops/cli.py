@@ -99,23 +99,20 @@ def run_fill(settings: Settings, args: argparse.Namespace) -> None:
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import Options, run
 
-    servers = tuple(name.strip() for name in args.servers.split(","))
+    defaults = Options()
+    servers = getattr(args, "servers", None)
     options = Options(
-        args.load,
-        tuple(args.processes),
-        args.sync_batch,
-        args.keysyncs,
-        servers,
-        args.rate,
-        args.redis_cluster,
-        args.slot_per,
-        args.types,
+        getattr(args, "load", defaults.load),
+        tuple(getattr(args, "processes", defaults.processes)),
+        getattr(args, "sync_batch", defaults.sync_batch),
+        getattr(args, "keysyncs", defaults.keysyncs),
+        tuple(n.strip() for n in servers.split(",")) if servers else defaults.servers,
+        getattr(args, "rate", defaults.rate),
+        getattr(args, "redis_cluster", defaults.cluster_shards),
+        getattr(args, "slot_per", defaults.slot_per),
+        getattr(args, "types", defaults.types),
     )
-    if args.redis_cluster and args.bench != "pipeline":
-        raise ConfigError("--redis-cluster: bench pipeline only")
-    if args.types > 1 and args.bench != "pipeline":
-        raise ConfigError("--types: bench pipeline only")
-    if args.slot_per != "namespace" and not args.redis_cluster:
+    if options.slot_per != "namespace" and not options.cluster_shards:
         raise ConfigError("--slot-per: with --redis-cluster only")
     results = asyncio.run(run(args.bench, settings, args.seconds, options))
     print(json.dumps(results, indent=2))
@@ -312,69 +309,99 @@ def _add_decode(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = _command(commands, "bench", run_bench, "measure throughput; writes JSON results")
-    bench.add_argument(
-        "bench",
-        choices=BENCHES,
-        metavar="BENCH",
-        help="what to measure: " + "; ".join(f"{name}: {what}" for name, what in BENCHES.items()),
-    )
-    bench.add_argument("--json", metavar="PATH", help="also write the results to this file")
-    bench.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
+    which = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, what in BENCHES.items():
+        one = which.add_parser(name, help=what, description=what)
+        one.add_argument("--json", metavar="PATH", help="also write the results to this file")
+        one.add_argument("--seconds", type=float, default=3.0, help="duration of each measure")
+        for add in BENCH_OPTIONS.get(name, ()):
+            add(one)
+
+
+def _load_option(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--load",
         choices=("auto", "wrk", "bundled"),
         default="auto",
-        help="dispense: load generator (auto: wrk when installed)",
+        help="the load generator (auto: wrk when installed)",
     )
+
+
+def _servers_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--servers",
+        default="uvicorn,granian",
+        help="HTTP servers measured (uvicorn always; granian for bare and single)",
+    )
+
+
+def _processes_option(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--processes",
         type=_positive,
         nargs="+",
         default=[1, 2],
-        help="keysync, ledger: the numbers of keysync processes to measure",
+        help="the numbers of keysync processes to measure",
     )
+
+
+def _sync_batch_option(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--sync-batch",
         type=_positive,
         default=0,
-        help="keysync: keys per batch (default: the product's default sync_batch)",
+        help="keys per batch (default: the product's default sync_batch)",
     )
+
+
+def _ledger_rate_option(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
-        "--keysyncs", type=_positive, default=1, help="pipeline: keysync processes to run"
+        "--rate",
+        type=_rate,
+        metavar="KEYS_PER_S",
+        help="keys/s issued into the ledger stream (default 100000)",
     )
+
+
+def _pipeline_options(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("--keysyncs", type=_positive, default=1, help="keysync processes to run")
     bench.add_argument(
         "--redis-cluster",
         type=_positive,
         default=0,
         metavar="SHARDS",
-        help="pipeline: run on a Redis Cluster of SHARDS primaries (a replica each) "
-        "started on loopback for the run",
+        help="run on a Redis Cluster of SHARDS primaries (a replica each) started on "
+        "loopback for the run",
     )
     bench.add_argument(
         "--slot-per",
         choices=("namespace", "type"),
         default="namespace",
-        help="pipeline with --redis-cluster: every key in one slot, or each type in a slot "
-        "of its own on its own shard (redis_cluster.slot_per)",
+        help="with --redis-cluster: every key in one slot, or each type in a slot of its "
+        "own on its own shard (redis_cluster.slot_per)",
     )
     bench.add_argument(
         "--types",
         type=_positive,
         default=1,
-        help="pipeline: ID types served at once (each offered its share of --rate)",
+        help="ID types served at once (each offered its share of --rate)",
     )
     bench.add_argument(
         "--rate",
         type=_rate,
         metavar="KEYS_PER_S",
-        help="pipeline: keys/s the clients offer together (default 200000; 0: full speed); "
-        "ledger: keys/s issued into the ledger stream (default 100000)",
+        help="keys/s the clients offer together (default 200000; 0: full speed)",
     )
-    bench.add_argument(
-        "--servers",
-        default="uvicorn,granian",
-        help="dispense: HTTP servers measured (uvicorn always; granian for bare and single)",
-    )
+
+
+# Each benchmark's own options, beside --json and --seconds.
+BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] = {
+    "dispense": (_load_option, _servers_option),
+    "snowflake": (_load_option,),
+    "keysync": (_processes_option, _sync_batch_option),
+    "ledger": (_processes_option, _ledger_rate_option),
+    "pipeline": (_pipeline_options,),
+}
 
 
 def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
