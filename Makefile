@@ -74,6 +74,7 @@ dist: | $(BIN)/python
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m build --outdir dist $(CLIENT)
 	$(BIN)/twine check --strict dist/*
+	$(BIN)/python deploy/check_wheel.py dist/keydispenser-*.whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info dist

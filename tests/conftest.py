@@ -26,9 +26,9 @@ import uvicorn
 
 from dispenser.app import create_app
 from dispenser.server import uvicorn_options
+from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings, load_settings
-from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
 from shared.ops.redis_cluster import EmbeddedRedisCluster

@@ -23,7 +23,7 @@ Output = Path | Literal["inherit", "stderr_only", "discard"]
 def cli_command(*args: str) -> list[str]:
     """``keydispenser ARGS`` run by this interpreter, so a child runs the same install
     as its parent whether or not the console script is on PATH."""
-    return [sys.executable, "-m", "shared.ops.cli", *args]
+    return [sys.executable, "-m", "shared.cli", *args]
 
 
 def scrubbed_env(**settings: str) -> dict[str, str]:

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -23,10 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from pydantic import SecretStr
 
+from shared.cli import stack
+from shared.cli.databases import run_migrate
+from shared.cli.secrets import write_secret
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
-from shared.ops import stack
-from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
 from shared.stores.sql import SELECT_RANGE_STATS
@@ -135,20 +135,6 @@ def secrets_dir(data_dir: Path) -> Path:
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)  # mkdir's mode is masked by the umask; an old folder is tightened
     return folder
-
-
-def write_secret(path: Path, text: str) -> None:
-    """Create ``path`` holding ``text``, mode 0600, atomically: readers see no file or the
-    whole secret, never a partial or group-readable one; the first writer wins."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".secret-")  # 0600
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-        os.close(fd)
-        with contextlib.suppress(FileExistsError):  # another `up` created it first
-            os.link(temporary, path)
-    finally:
-        os.unlink(temporary)
 
 
 def prepare_data_dir(data_dir: Path) -> None:

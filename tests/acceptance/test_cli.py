@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
-from shared.ops.databases import drop_database, scratch_database
 from shared.ops.processes import cli_command, run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
@@ -356,7 +356,7 @@ def test_up_announces_itself_only_when_every_type_serves(
         [
             sys.executable,
             "-m",
-            "shared.ops.cli",
+            "shared.cli",
             "up",
             "--port",
             str(port),

@@ -22,11 +22,11 @@ import pytest
 
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
+from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import LeasedRange
-from shared.ops.databases import run_migrate
 from shared.ops.embedded import EmbeddedPostgres
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore, translated

@@ -25,12 +25,12 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.cli.databases import run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
-from shared.ops.databases import run_migrate, scratch_database
 from shared.ops.drill.postgres import PostgresPair
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from shared.ops.databases import drop_database, scratch_database
+from shared.cli.databases import drop_database, scratch_database
 from shared.ops.embedded import EmbeddedRedis, free_port
 from shared.ops.processes import run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config

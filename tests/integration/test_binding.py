@@ -143,7 +143,7 @@ async def test_an_operator_takes_a_bound_namespace_over_for_a_moved_database(
     """The data moved to a new cluster (a dump restored: another system identifier): the
     operator's fence with --take-over rebinds the namespace to it and fences it; without
     it, the fence refuses, naming both."""
-    from shared.ops.status import fence_postgres
+    from shared.cli.status import fence_postgres
 
     sync = SyncRecord.from_settings(settings)
     cold = await ColdStore.connect(settings.postgres_dsn)

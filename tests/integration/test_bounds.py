@@ -75,7 +75,7 @@ async def test_a_redis_that_may_evict_is_refused_naming_the_setting(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "shared.ops.cli",
+        "shared.cli",
         command,
         env=env,
         stdout=asyncio.subprocess.PIPE,

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import run_migrate
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore
 from shared.stores.postgres_fence import GuardedCold

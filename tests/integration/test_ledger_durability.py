@@ -21,8 +21,8 @@ import asyncpg
 import httpx
 import pytest
 
+from shared.cli.databases import run_migrate
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import run_migrate
 from shared.ops.embedded import free_port
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore

@@ -14,9 +14,9 @@ import asyncio
 import asyncpg
 
 from keysync.main import Keysync
+from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import run_migrate
 from shared.stores import sql
 from shared.stores.hot_store import HotStore
 from shared.stores.ledger import LedgerDrain, apply, parse

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import run_migrate
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

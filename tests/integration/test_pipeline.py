@@ -13,12 +13,12 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
 from keysync.main import Keysync
+from shared.cli.databases import run_migrate
 from shared.domain import redis_keys
 from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import Popped
-from shared.ops.databases import run_migrate
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

@@ -14,13 +14,13 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.cli.databases import run_migrate
+from shared.cli.retire import retire
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import run_migrate
 from shared.ops.processes import run_cli
-from shared.ops.retire import retire
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

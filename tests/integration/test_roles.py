@@ -18,11 +18,11 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
+from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
+from shared.cli.status import collect_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import drop_database, dsn_with_database, run_migrate, scratch_database
-from shared.ops.status import collect_status
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

@@ -5,10 +5,10 @@ import hashlib
 import asyncpg
 import pytest
 
+from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import drop_database, scratch_database
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import check, latest_version, migrate, migration_files
 from shared.stores.sync_record import UNGUARDED

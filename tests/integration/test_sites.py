@@ -19,11 +19,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from shared.cli.databases import drop_database, run_migrate, scratch_database
+from shared.cli.status import collect_status, format_status
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
-from shared.ops.databases import drop_database, run_migrate, scratch_database
-from shared.ops.status import collect_status, format_status
 from shared.stores.cold_store import ColdStore
 from shared.stores.postgres_fence import settle
 from shared.stores.schema import migrate

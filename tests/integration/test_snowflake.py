@@ -14,14 +14,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.cli import main as cli
+from shared.cli.databases import run_migrate
+from shared.cli.status import collect_status, format_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
-from shared.ops import cli
-from shared.ops.databases import run_migrate
 from shared.ops.fill import fill
-from shared.ops.status import collect_status, format_status
 from shared.stores import sql
 from tests.conftest import (
     NS,

@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import sys
-from shared.ops import cli
+from shared.cli import main as cli
 parser = cli.parser()
 parser.parse_args(["bench", "keygen"])
 parser.parse_args(["drill", "--rounds", "1"])

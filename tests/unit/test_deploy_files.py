@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from shared.cli.main import parser
 from shared.domain.config import Settings, load_settings
-from shared.ops.cli import parser
 from tests.conftest import TEST_SECRET
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

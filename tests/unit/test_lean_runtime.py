@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from shared.ops.cli import OPS_EXTRA
+from shared.cli.main import OPS_EXTRA
 
 OPS_ONLY = tuple(sorted(OPS_EXTRA))
 
@@ -35,7 +35,7 @@ def test_the_three_processes_and_the_cli_import_without_ops() -> None:
     done = run_without_ops(
         """
         import keygen.main, keysync.main, dispenser.main, dispenser.app
-        from shared.ops import cli
+        from shared.cli import main as cli
         cli.parser().parse_args(["dispenser"])
         print("ok")
         """
@@ -55,7 +55,7 @@ def test_operator_tooling_without_ops_names_the_extra() -> None:
     done = run_without_ops(
         """
         import os
-        from shared.ops import cli
+        from shared.cli import main as cli
         os.environ["KD_POSTGRES_DSN"] = "postgresql://nobody@127.0.0.1:1/none"
         os.environ["KD_REDIS_URL"] = "redis://127.0.0.1:1/0"
         cli.main(["fill", "--type", "farmer", "--count", "1"])
@@ -64,4 +64,21 @@ def test_operator_tooling_without_ops_names_the_extra() -> None:
     assert done.returncode == 1
     assert "needs the ops extra (tqdm is missing)" in done.stderr
     assert "keydispenser[ops]" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_without_the_tooling_its_commands_say_where_they_live() -> None:
+    """The wheel and the image leave shared.ops out: `up`, `fill`, `bench` and `drill`
+    are named, with where to run them, before any setting is read."""
+    done = run_without_ops(
+        """
+        import sys
+        sys.modules["shared.ops"] = None  # as in the wheel: no operator tooling at all
+        from shared.cli import main as cli
+        assert "shared.ops" not in {m for m in sys.modules if sys.modules[m] is not None}
+        cli.main(["fill", "--type", "farmer", "--count", "1"])
+        """
+    )
+    assert done.returncode == 1, done.stderr
+    assert "keydispenser fill: operator tooling" in done.stderr and "checkout" in done.stderr
     assert "Traceback" not in done.stderr

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from shared.cli.lease import exit_status, format_holders, report
 from shared.domain.errors import ConfigError
 from shared.domain.leases import MAX_POOL_IDS, check_pool, check_ttl, safety_margin_s
 from shared.leasing import MachineLease
-from shared.ops.lease import exit_status, format_holders, report
 from shared.stores.machine_leases import Acquired, Holder, Holders
 
 

@@ -13,7 +13,7 @@ def test_the_cli_runs_under_this_interpreter() -> None:
     assert cli_command("migrate", "--help") == [
         sys.executable,
         "-m",
-        "shared.ops.cli",
+        "shared.cli",
         "migrate",
         "--help",
     ]

@@ -39,13 +39,13 @@ import asyncpg
 import redis.asyncio as aioredis
 import yaml
 
+from shared.cli.databases import ensure_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench import servers as bench_servers
 from shared.ops.bench.tokens import LocalIssuer
-from shared.ops.databases import ensure_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
 from shared.stores.hot_store import HotStore

@@ -12,10 +12,10 @@ import asyncpg
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.idtypes import IdType, build_id_types
 from shared.ops.bench import Options
-from shared.ops.databases import drop_database, scratch_database
 from shared.stores.cold_store import ColdStore
 from shared.stores.schema import migrate
 

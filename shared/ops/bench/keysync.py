@@ -27,13 +27,13 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from keysync.main import Keysync
+from shared.cli.databases import drop_database, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import IdTypeConfig, Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.ops.databases import drop_database, scratch_database
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
 from shared.stores.hot_store import HotStore

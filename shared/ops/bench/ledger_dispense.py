@@ -19,11 +19,11 @@ from typing import Any
 import redis.asyncio as aioredis
 import yaml
 
+from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.bench import BENCH_PERMUTATION_KEY
 from shared.ops.bench.dispense import FILL_SCRIPT, BenchServer, LoadGenerator
-from shared.ops.databases import drop_database, run_migrate, scratch_database
 from shared.ops.embedded import EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env
 from shared.stores.hot_store import HotStore

@@ -45,12 +45,12 @@ import redis.asyncio as aioredis
 import yaml
 from redis.exceptions import RedisError
 
+from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import ClusterConfig, Settings
 from shared.domain.errors import KeydispenserError, StoreUnavailable
 from shared.ops.bench import BENCH_PERMUTATION_KEY, Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.ops.databases import drop_database, run_migrate, scratch_database
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 from shared.ops.redis_cluster import EmbeddedRedisCluster

@@ -42,9 +42,9 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from shared.cli.databases import scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.databases import scratch_database
 from shared.ops.drill import history, lifecycle
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad

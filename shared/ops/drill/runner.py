@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
+from shared.cli.databases import scratch_database
 from shared.domain.config import Settings
-from shared.ops.databases import scratch_database
 from shared.ops.drill import history, leases, lifecycle
 from shared.ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
 from shared.ops.drill.fleet import Fleet

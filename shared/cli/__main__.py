@@ -1,0 +1,3 @@
+from shared.cli.main import main
+
+main()
