@@ -1034,6 +1034,41 @@ MUTANTS: Final = (
         '"helm.sh/hook-delete-policy" "hook-succeeded"',
         CHART_TESTS,
     ),
+    Mutant(
+        "a_process_uses_a_dev_stack_found_beside_it",
+        "shared/cli/main.py",
+        "(args.command not in PROCESSES or named_stack)",
+        "True",
+        ("tests/acceptance/test_first_hour.py",),
+    ),
+    Mutant(
+        "the_client_fails_on_a_batch_above_the_keys_burst",
+        "clients/python/keydispenser_client/protocol.py",
+        "    if status == 422 and limit.isdigit() and int(limit) > 0:",
+        "    if False:",
+        CLIENT_TESTS,
+    ),
+    Mutant(
+        "the_burst_refusal_names_no_count",
+        "dispenser/envelope.py",
+        "        headers = {MAX_COUNT_HEADER: str(exc.burst)}",
+        "        headers = None",
+        ("tests/integration/test_isolation.py", "tests/integration/test_client.py"),
+    ),
+    Mutant(
+        "a_snowflake_lease_wait_said_at_every_attempt",
+        "dispenser/snowflake.py",
+        "            if not self._said_settling:",
+        "            if True:",
+        ("tests/unit/test_snowflake_holder.py",),
+    ),
+    Mutant(
+        "cold_empty_warned_at_every_poll",
+        "keysync/main.py",
+        "        if name not in self._empty:  # once per spell, not at every poll while it lasts",
+        "        if True:",
+        ("tests/unit/test_keysync_push.py",),
+    ),
 )
 
 
