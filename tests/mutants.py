@@ -818,9 +818,9 @@ MUTANTS: Final = (
     Mutant(
         "client_retries_with_a_new_idempotency_key",
         "clients/python/keydispenser_client/aio.py",
-        "reply = await self._http.post(self._fetch_url, headers=request_headers)",
+        "reply = await self._http.post(url, headers=request_headers)",
         "reply = await self._http.post(\n"
-        "                    self._fetch_url,\n"
+        "                    url,\n"
         "                    headers={'Idempotency-Key': protocol.new_idempotency_key()},\n"
         "                )",
         CLIENT_TESTS,
@@ -1037,7 +1037,7 @@ MUTANTS: Final = (
     Mutant(
         "a_process_uses_a_dev_stack_found_beside_it",
         "shared/cli/main.py",
-        "(args.command not in PROCESSES or named_stack)",
+        "(not long_running(args) or named_stack)",
         "True",
         ("tests/acceptance/test_first_hour.py",),
     ),

@@ -349,11 +349,23 @@ COMMAND_STORES: dict[str, frozenset[str]] = {
     "retire": frozenset({"postgres", "redis"}),
     "lease": frozenset({"redis"}),
 }
-# The long-running processes. `up` starts them with its stack's settings in their
-# environment; started otherwise (a unit, a container) they never pick up a stack file
-# found in the working directory, which would point a production process at a dev
-# stack's servers: only one named with --env-file or --data-dir.
+# The long-running processes (and `lease -- COMMAND`: long_running). `up` starts them with
+# its stack's settings in their environment; started otherwise (a unit, a container)
+# they never pick up a stack file found in the working directory, which would point a
+# production process at a dev stack's servers: only one named with --env-file or
+# --data-dir.
 PROCESSES = frozenset({"dispenser", "keygen", "keysync"})
+
+
+def long_running(args: argparse.Namespace) -> bool:
+    """A process, or `lease -- COMMAND`, which wraps one (and hands the environment on
+    to it); `lease list` is a look, like `status`."""
+    if args.command == "lease":
+        wrapped = list(getattr(args, "lease_command", []) or [])
+        return not (wrapped and wrapped[0] == "list")
+    return args.command in PROCESSES
+
+
 # KD_ variables that are not settings: the configuration file, test hooks, what
 # `keydispenser lease` gives its command, bench internals.
 OTHER_VARIABLES = frozenset(
@@ -426,7 +438,14 @@ def _settings(args: argparse.Namespace) -> Settings:
     reaches was named by nobody."""
     stale = None
     named_stack = bool(args.env_file or args.stack_dir)
-    if args.command not in ("up", "drill") and (args.command not in PROCESSES or named_stack):
+    if named_stack and args.command in ("up", "drill"):
+        raise ConfigError(
+            f"--data-dir/--env-file before `{args.command}` name a running stack to use; "
+            f"`{args.command}` runs its own: keydispenser {args.command} --data-dir DIR"
+            if args.command == "up"
+            else "--data-dir/--env-file: the drill runs its own servers"
+        )
+    if args.command not in ("up", "drill") and (not long_running(args) or named_stack):
         found = stack.find(args.env_file, args.stack_dir)
         if found is not None and found.running:
             stack.apply(found, os.environ)
@@ -437,7 +456,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     named = stack.named_stores(args.config, os.environ)
     needs = COMMAND_STORES.get(args.command, frozenset())
-    beside_up = args.command not in PROCESSES
+    beside_up = not long_running(args)
     stack.require_named(f"keydispenser {args.command}", set(needs), named, stale, beside_up)
     if args.config:  # worker processes (dispenser.workers > 1) read the same file
         os.environ["KD_CONFIG"] = str(Path(args.config).resolve())

@@ -64,8 +64,14 @@ def write(data_dir: Path, values: Mapping[str, str]) -> Path:
     return path
 
 
-def remove(data_dir: Path) -> None:
-    for name in (STACK_FILE, PID_FILE):
+def claim(data_dir: Path) -> None:
+    """``up.pid`` alone, written before ``up`` starts anything (``--purge`` and the
+    commands run beside it see a running stack from then on)."""
+    (data_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+
+
+def remove(data_dir: Path, names: tuple[str, ...] = (STACK_FILE, PID_FILE)) -> None:
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
             (data_dir / name).unlink()
 
@@ -151,15 +157,15 @@ def require_named(
     if not missing:
         return
     what = " and ".join(STORE_NAMES[s] for s in missing)
-    if not beside_up:
-        why = (
-            "a process reads a running `keydispenser up`'s stack only when it is named "
-            "(--data-dir DIR or --env-file FILE)"
-        )
-    elif stale is not None:
+    if stale is not None:
         why = (
             f"{stale.path} names the stack `keydispenser up` ran, which is not running: "
             "start it again (`make up`)"
+        )
+    elif not beside_up:
+        why = (
+            "a long-running process reads a running `keydispenser up`'s stack only when "
+            "it is named (--data-dir DIR or --env-file FILE)"
         )
     else:
         why = "start the whole stack with `make up` and run this in the same directory"

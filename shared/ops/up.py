@@ -27,7 +27,7 @@ from shared.cli.databases import run_migrate
 from shared.cli.secrets import write_secret
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
-from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
+from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, runtime_root
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
 from shared.stores.sql import SELECT_RANGE_STATS
 
@@ -220,46 +220,81 @@ class Stack:
 
     def shutdown(self) -> None:
         self.stopping = True
-        stack.remove(self.data_dir)
+        stack.remove(self.data_dir, (stack.STACK_FILE,))  # commands beside it: gone now
         stop_processes(self.children.values())
         if self.redis:
             self.redis.stop()
         if self.postgres:
             self.postgres.stop()
+        stack.remove(self.data_dir, (stack.PID_FILE,))  # last: --purge waits for it
 
 
-# What a stack's data directory holds (`up` writes nothing else there).
+# What a stack's data directory holds (`up` writes nothing else there), and what proves
+# a directory is one.
 STACK_ENTRIES = frozenset(
     {"postgres", "redis", "secrets", "permutation.key", stack.STACK_FILE, stack.PID_FILE}
+)
+STACK_PROOF = (
+    "secrets/permutation.key",
+    "permutation.key",
+    "postgres/PGDATA_LOCATION",
+    "postgres/pgdata/PG_VERSION",
 )
 
 
 def purge(data_dir: Path) -> list[Path]:
-    """Remove a stopped stack's data: its data directory and the PostgreSQL data kept
-    outside it (``PGDATA_LOCATION``). Refuses while its ``up`` or its PostgreSQL runs,
-    and a directory holding anything ``up`` does not write. Returns what was removed."""
+    """Remove a stopped stack's data: the entries of its data directory `up` wrote, the
+    directory itself, and the PostgreSQL data kept outside it (under the embedded
+    servers' runtime directory, where ``PGDATA_LOCATION`` says). Refuses while its ``up``
+    or its PostgreSQL runs, and a directory that is not a stack's. Returns what went."""
     if not data_dir.is_dir():
         return []
     strangers = sorted(p.name for p in data_dir.iterdir() if p.name not in STACK_ENTRIES)
-    if strangers:
-        raise ConfigError(
-            f"--data-dir: {data_dir} holds {', '.join(strangers)}, which `keydispenser up` "
-            "does not write: not a stack's data directory, nothing removed"
+    if strangers or not any((data_dir / proof).exists() for proof in STACK_PROOF):
+        held = (
+            f"holds {', '.join(strangers)}, which `keydispenser up` does not write"
+            if (strangers)
+            else "holds no stack's data"
         )
-    if (data_dir / stack.PID_FILE).exists() and stack.up_running(data_dir / stack.PID_FILE):
+        raise ConfigError(f"--data-dir: {data_dir} {held}: not a stack's, nothing removed")
+    pid_file = data_dir / stack.PID_FILE
+    if pid_file.exists() and stack.up_running(pid_file):
         raise ConfigError(f"--purge: the stack in {data_dir} is running; stop it (Ctrl-C) first")
     postgres = EmbeddedPostgres(data_dir / "postgres")
+    outside = _pgdata_outside(data_dir, postgres.pgdata)
     if (postgres.pgdata / "postmaster.pid").exists():
         postgres.stop()  # left running by an `up` that was killed
-    removed = [data_dir]
+        if (postgres.pgdata / "postmaster.pid").exists():
+            raise ConfigError(f"--purge: PostgreSQL in {postgres.pgdata} did not stop")
+    removed = []
+    if outside is not None:
+        shutil.rmtree(outside)
+        removed.append(outside)
+    for name in sorted(STACK_ENTRIES):
+        entry = data_dir / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
+    data_dir.rmdir()
+    return [*removed, data_dir]
+
+
+def _pgdata_outside(data_dir: Path, pgdata: Path) -> Path | None:
+    """The stack's PostgreSQL data when kept outside its data directory: only the path
+    this data directory maps to, under the runtime directory, and only when the
+    directory's ``PGDATA_LOCATION`` names that very path (a copied data directory names
+    its original's: that is never removed)."""
+    if pgdata.is_relative_to(data_dir) or not pgdata.is_dir():
+        return None
     location = data_dir / "postgres" / "PGDATA_LOCATION"
-    if location.is_file():
-        outside = Path(location.read_text().strip())
-        if outside.is_dir():
-            shutil.rmtree(outside)
-            removed.insert(0, outside)
-    shutil.rmtree(data_dir)
-    return removed
+    recorded = location.read_text().strip() if location.is_file() else ""
+    if not pgdata.resolve().is_relative_to(runtime_root().resolve()) or recorded != str(pgdata):
+        raise ConfigError(
+            f"--purge: {location} names {recorded or 'nothing'}, not {pgdata}: a copied "
+            "or moved data directory; remove its PostgreSQL data by hand"
+        )
+    return pgdata
 
 
 def dispenser_port(settings: Settings, given: int | None) -> int:
@@ -282,6 +317,10 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(taken)
     stack_obj = Stack(settings, args)
     prepare_data_dir(stack_obj.data_dir)
+    pid_file = stack_obj.data_dir / stack.PID_FILE
+    if pid_file.exists() and stack.up_running(pid_file):
+        raise KeydispenserError(f"a stack already runs from {stack_obj.data_dir} ({pid_file})")
+    stack.claim(stack_obj.data_dir)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stack_obj.stopping = True

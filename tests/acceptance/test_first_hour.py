@@ -145,6 +145,7 @@ def test_commands_run_beside_up_reach_its_stack(stack: Stack) -> None:
     assert "farmer" in status.stdout and "postgres fence: ok" in status.stdout
 
     leased = stack.run(
+        "--data-dir", ".keydispenser",  # it wraps a service: only a stack named on purpose
         "lease", "--pool", "demo", "--min", "0", "--max", "3", "--wait", "15", "--",
         "sh", "-c", 'echo "machine $KD_MACHINE_ID"',
     )  # fmt: skip
@@ -209,7 +210,8 @@ def test_a_command_with_no_server_named_refuses_instead_of_guessing(
     done = stack.run(*command, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and store in lines[0] and "make up" in lines[0], lines
+    hint = "--data-dir" if command[0] == "lease" else "make up"  # lease wraps a service
+    assert len(lines) == 1 and store in lines[0] and hint in lines[0], lines
 
 
 def test_up_on_a_taken_port_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
@@ -375,13 +377,28 @@ def test_purge_removes_a_stopped_stacks_data_wherever_postgres_kept_it(tmp_path:
         socket.create_connection(("127.0.0.1", postgres.port), timeout=2).close()
 
 
-@pytest.mark.parametrize("process", ["dispenser", "keygen", "keysync"])
+@pytest.mark.parametrize(
+    "process", [("dispenser",), ("keygen",), ("keysync",), ("lease", "--", "true")]
+)
 def test_a_process_started_beside_a_dev_stack_never_reaches_its_servers(
-    stack: Stack, process: str
+    stack: Stack, process: tuple[str, ...]
 ) -> None:
-    """In the stack's directory with nothing named, `status` uses the stack (the control,
-    above); a long-running process refuses, saying how to name a stack on purpose."""
-    done = stack.run(process)
+    """In the stack's directory with nothing named, `status` and `lease list` use the
+    stack (the control, above and below); a long-running process, or `lease` wrapping
+    one, refuses, saying how to name a stack on purpose."""
+    done = stack.run(*process)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--data-dir" in done.stderr and "named" in done.stderr
     assert "KD_REDIS_URL" in done.stderr or "KD_POSTGRES_DSN" in done.stderr
+
+
+def test_lease_list_is_a_look_and_uses_the_stack_beside_it(stack: Stack) -> None:
+    done = stack.run("lease", "list", "--pool", "demo")
+    assert done.returncode == 0, done.stderr
+
+
+def test_up_refuses_a_stack_named_before_it(stack: Stack, tmp_path: Path) -> None:
+    """`keydispenser --data-dir X up --purge` would otherwise purge ./.keydispenser."""
+    done = stack.run("--data-dir", str(tmp_path), "up", "--purge")
+    assert done.returncode == 2 and "up --data-dir DIR" in done.stderr, done.stderr
+    assert (stack.home / ".keydispenser" / "stack.env").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.domain.config import Settings, load_settings
@@ -59,3 +61,28 @@ def test_progress_says_keys_made_and_the_rate_since_the_line_before() -> None:
     assert progress_line("mosip_vid", 6_600, None, 10.0) == "  mosip_vid: 6,600 keys made"
     line = progress_line("mosip_vid", 16_600, (10.0, 6_600), 15.0)
     assert line == "  mosip_vid: 16,600 keys made (2,000/s)"
+
+
+def test_purge_removes_only_a_stacks_own_entries_and_refuses_what_is_not_one(
+    tmp_path: Path,
+) -> None:
+    from shared.domain.errors import ConfigError
+    from shared.ops.up import purge
+
+    bare = tmp_path / "bare"
+    (bare / "redis").mkdir(parents=True)  # only names up uses: no proof of a stack
+    with pytest.raises(ConfigError, match="holds no stack's data"):
+        purge(bare)
+    assert (bare / "redis").is_dir()
+
+    data = tmp_path / "data"
+    (data / "secrets").mkdir(parents=True)
+    (data / "secrets" / "permutation.key").write_text("k\n")
+    (data / "up.pid").write_text("999999999\n")  # no such process: stopped
+    (data / "stack.env").write_text("KD_REDIS_URL=redis://127.0.0.1:1/0\n")
+    outside = tmp_path / "kept"
+    outside.mkdir()
+    (data / "redis").symlink_to(outside)  # a link is removed, never followed
+    assert purge(data) == [data]
+    assert not data.exists() and outside.is_dir()
+    assert purge(data) == []  # nothing left: nothing to do

@@ -191,17 +191,16 @@ class AsyncKeyClient:
                 self._wanted.clear()
             self._broadcast()
 
-    def _shrink(self, limit: int) -> bool:
-        """Lower the batch to ``limit`` keys (the API key's burst), once, with a warning;
-        False when it is not above that already."""
+    def _shrink(self, limit: int) -> None:
+        """Lower the batch to ``limit`` keys (the API key's burst), with a warning; a
+        no-op once it is there (another fetcher was told first)."""
         smaller = protocol.shrunk(self._buffering, limit)
         if smaller is None:
-            return False
+            return
         log.warning(protocol.shrink_message(self.id_type, self._buffering.batch, limit))
         self._buffering = smaller
         self._low, self._high = smaller.mark_low, smaller.mark_high
         self._fetch_url = http.fetch_url(self._http, self.id_type, smaller)
-        return True
 
     @staticmethod
     def _fresh(headers: dict[str, str]) -> dict[str, str]:
@@ -213,17 +212,21 @@ class AsyncKeyClient:
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
         if not self._idempotent:
             request_headers = {}
+        # A retry repeats its request: the same count, whatever another fetcher changed.
+        url, asked = self._fetch_url, self._buffering.batch
         backoff = Backoff()
         while True:
             try:
-                reply = await self._http.post(self._fetch_url, headers=request_headers)
+                reply = await self._http.post(url, headers=request_headers)
                 outcome = protocol.fetched(reply.status_code, reply.headers, reply.content, backoff)
             except httpx.TransportError as exc:
                 outcome = protocol.unreachable(exc, backoff)
             if isinstance(outcome, Keys):
                 return outcome.keys
-            if isinstance(outcome, Shrink) and self._shrink(outcome.limit):
+            if isinstance(outcome, Shrink) and asked > outcome.limit:
+                self._shrink(outcome.limit)
                 request_headers = self._fresh(request_headers)  # a new request: new count
+                url, asked = self._fetch_url, self._buffering.batch
                 continue
             if isinstance(outcome, Stop | Shrink):
                 self._failure = _refused(outcome)

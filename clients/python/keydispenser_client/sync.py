@@ -178,17 +178,20 @@ class KeyClient:
                 self._cond.wait(IDLE_CHECK_S)
         return not self._stop.is_set()
 
-    def _shrink(self, limit: int) -> bool:
-        """Lower the batch to ``limit`` keys (the API key's burst), once, with a warning;
-        False when it is not above that already."""
+    def _shrink(self, limit: int) -> None:
+        """Lower the batch to ``limit`` keys (the API key's burst), with a warning; a
+        no-op once it is there (another fetcher was told first)."""
+        with self._cond:  # fetcher threads may all be told at once
+            self._lower_batch(limit)
+
+    def _lower_batch(self, limit: int) -> None:
         smaller = protocol.shrunk(self._buffering, limit)
         if smaller is None:
-            return False
+            return
         log.warning(protocol.shrink_message(self.id_type, self._buffering.batch, limit))
         self._buffering = smaller
         self._low, self._high = smaller.mark_low, smaller.mark_high
         self._fetch_url = http.fetch_url(self._http, self.id_type, smaller)
-        return True
 
     @staticmethod
     def _fresh(headers: dict[str, str]) -> dict[str, str]:
@@ -200,17 +203,21 @@ class KeyClient:
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
         if not self._idempotent:
             request_headers = {}
+        # A retry repeats its request: the same count, whatever another fetcher changed.
+        url, asked = self._fetch_url, self._buffering.batch
         backoff = Backoff()
         while not self._stop.is_set():
             try:
-                reply = self._http.post(self._fetch_url, headers=request_headers)
+                reply = self._http.post(url, headers=request_headers)
                 outcome = protocol.fetched(reply.status_code, reply.headers, reply.content, backoff)
             except httpx.TransportError as exc:
                 outcome = protocol.unreachable(exc, backoff)
             if isinstance(outcome, Keys):
                 return outcome.keys
-            if isinstance(outcome, Shrink) and self._shrink(outcome.limit):
+            if isinstance(outcome, Shrink) and asked > outcome.limit:
+                self._shrink(outcome.limit)
                 request_headers = self._fresh(request_headers)  # a new request: new count
+                url, asked = self._fetch_url, self._buffering.batch
                 continue
             if isinstance(outcome, Stop | Shrink):
                 self._fail(_refused(outcome))

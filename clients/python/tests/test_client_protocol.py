@@ -147,3 +147,31 @@ def test_sync_client_lowers_its_batch_once_with_a_fresh_idempotency_key() -> Non
         assert c.take(5) == "k2-0"
     assert [count for count, _ in seen[:2]] == ["1000", "3"]
     assert seen[0][1] != seen[1][1]  # the count changed: a new request, a new key
+
+
+def test_every_fetcher_told_of_the_burst_at_once_goes_on_with_the_lowered_batch() -> None:
+    """Several fetchers ask for the default batch at once and are all refused with the
+    burst; the first lowers the batch, the others ask again with it: none fails."""
+    import threading
+
+    counts: list[str] = []
+    lock = threading.Lock()
+    refused_all = threading.Barrier(3, timeout=5)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        count = request.url.params["count"]
+        with lock:
+            counts.append(count)
+        if int(count) > 3:
+            refused_all.wait()  # all three fetchers are refused before any retries
+            headers = {"KD-Max-Count": "3"}
+            return httpx.Response(422, headers=headers, content=error_body("IDG-004"))
+        return httpx.Response(200, json={"keys": [f"k{len(counts)}-{i}" for i in range(3)]})
+
+    buffering = Buffering(fetchers=3)
+    with KeyClient(
+        "http://x", "t", buffering=buffering, transport=httpx.MockTransport(handler)
+    ) as c:
+        keys = c.take_many(9, timeout_s=5)
+    assert len(set(keys)) == 9
+    assert counts[:3] == ["1000"] * 3 and set(counts[3:]) == {"3"}
