@@ -56,3 +56,15 @@ def test_fail_closed_time_comes_from_the_processes_own_lines(tmp_path: Path) -> 
     (tmp_path / "keygen.log").write_text("")
     assert fail_closed_seconds(tmp_path) == {"keygen": 0.0, "keysync": 3.5}
     assert history.count_events(tmp_path, "store_recovered") == 1
+
+
+def test_a_slow_answer_is_charged_by_its_request_not_by_when_it_arrived() -> None:
+    """An entry is written between a request and its answer: a request under way when
+    a restart destroyed the stream's data may have lost its record, however late its
+    answer came; one sent after the fault was over may not."""
+    spans = loss_spans([("redis_restart_empty", 10.0, 12.0, {})])
+    received = {"late": 20.0, "after": 20.0}
+    requested = {"late": 11.5, "after": 12.5}
+    found = check_ledger({}, received, {}, spans, 0, requested)
+    assert found["lost_to_fault"] == {"redis_restart_empty": 1}
+    assert found["missing"] == 1 and found["missing_sample"] == ["after"]

@@ -532,6 +532,7 @@ async def _drill(
         await asyncio.sleep(SETTLE_S)
         for each in loads:
             each.stop()
+        await uins.until_reissued(lifecycle.REISSUE_WAIT_S)
         uins.stop()
         await asyncio.gather(*running)
         drill.measure_disruptions()
@@ -605,7 +606,9 @@ async def _report(
     spans = history.loss_spans([(r.fault, _loss_from(r), r.ended, r.figures) for r in drill.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(recorded, load.received_at, load.marked, spans, alarms)
+    ledger = history.check_ledger(
+        recorded, load.received_at, load.marked, spans, alarms, load.requested_at
+    )
     uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     return ClusterDrillReport(
         lifecycle=uin_figures,

@@ -8,7 +8,9 @@ held, not yet applied, when it died, was cut off or restarted without persistenc
 entries made after the snapshot a restart went back to). Each such record is charged
 to its fault by its exact time (``LossSpan``: from the oldest entry the stream had not
 applied when the fault began, or from the snapshot, to the fault's end), never by a
-window around it, and counted apart (``lost_to_fault``); any other missing record is
+window around it: a record is charged to a fault when the request that made it was under
+way during that span (its entry was written between the request and its answer), and
+counted apart (``lost_to_fault``); any other missing record is
 ``ledger_missing`` or ``ledger_used_missing`` and fails the drill. PostgreSQL faults
 excuse nothing: keysync applies the entries a promotion lost again.
 """
@@ -61,6 +63,12 @@ class LossSpan:
     def holds(self, at: float) -> bool:
         return self.start <= at <= self.end
 
+    def may_hold(self, sent: float, answered: float) -> bool:
+        """Whether a record written by a request sent at ``sent`` and answered at
+        ``answered`` may have been made within the span: its entry was written at some
+        instant between the two (a slow answer arrives long after its entry was made)."""
+        return sent <= self.end and answered >= self.start
+
 
 def loss_spans(rounds: list[tuple[str, float, float, dict[str, Any]]]) -> list[LossSpan]:
     """(fault, start, ended, figures) of each round (``start``: from where the fault
@@ -99,26 +107,33 @@ def check_ledger(
     marked: dict[str, float],
     spans: list[LossSpan],
     duplicate_alarms: int,
+    requested: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The ledger against what clients were given (``received``: key -> when, unix
-    seconds) and marked used (``marked``: key -> when the mark was accepted)."""
+    """The ledger against what clients were given (``received``: key -> when answered;
+    ``requested``: when that request was sent, monotonic seconds) and marked used
+    (``marked``: key -> when the mark was accepted)."""
     lost: dict[str, int] = {}
+    sent = requested or {}
 
-    def destroyed(at: float) -> bool:
-        """Whether a record made at ``at`` fell with data a fault destroyed (the latest
-        such fault takes the count)."""
-        found = [span for span in spans if span.holds(at)]
+    def destroyed(at: float, since: float | None = None) -> bool:
+        """Whether a record made between ``since`` and ``at`` (a request's life) may
+        have fallen with data a fault destroyed (the latest such fault takes the count)."""
+        found = [span for span in spans if span.may_hold(at if since is None else since, at)]
         if not found:
             return False
         fault = max(found, key=lambda span: span.start).fault
         lost[fault] = lost.get(fault, 0) + 1
         return True
 
-    missing = [k for k, at in received.items() if k not in recorded and not destroyed(at)]
+    missing = [
+        k for k, at in received.items() if k not in recorded and not destroyed(at, sent.get(k))
+    ]
     used_missing = [
         k
         for k, at in marked.items()
-        if not recorded.get(k, False) and not destroyed(at) and not destroyed(received[k])
+        if not recorded.get(k, False)
+        and not destroyed(at)
+        and not destroyed(received[k], sent.get(k))
     ]
     return {
         "rows": len(recorded),

@@ -33,6 +33,7 @@ class RecordingLoad:
     keys: Counter[str] = field(default_factory=Counter)
     events: list[tuple[float, bool]] = field(default_factory=list)  # (time, dispensed)
     received_at: dict[str, float] = field(default_factory=dict)  # key -> monotonic time
+    requested_at: dict[str, float] = field(default_factory=dict)  # key -> its request sent
     marked: dict[str, float] = field(default_factory=dict)  # key -> when its mark was accepted
     requests: int = 0
     errors: Counter[str] = field(default_factory=Counter)
@@ -68,12 +69,14 @@ class RecordingLoad:
                 if batch
                 else f"{base}/v1/idgenerator/{self.name}/id"
             )
+            sent = time.monotonic()
             got = await self._request(session, url, batch)
             now = time.monotonic()
             self.events.append((now, bool(got)))
             self.keys.update(got)
             for key in got:
                 self.received_at.setdefault(key, now)
+                self.requested_at.setdefault(key, sent)
             if not got:
                 await asyncio.sleep(0.02)
             elif self.mark_every and not batch and i % self.mark_every == 1:

@@ -378,6 +378,7 @@ async def _drill(
         await asyncio.sleep(SETTLE_S)
         load.stop()
         snowflakes.stop()
+        await uins.until_reissued(lifecycle.REISSUE_WAIT_S)
         uins.stop()
         holders_done.set()
         await running
@@ -474,7 +475,9 @@ async def _report(
     spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in runner.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(recorded, load.received_at, load.marked, spans, alarms)
+    ledger = history.check_ledger(
+        recorded, load.received_at, load.marked, spans, alarms, load.requested_at
+    )
     uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     fail_closed = await asyncio.to_thread(history.fail_closed_seconds, logs)
     by_fault: dict[str, dict[str, Any]] = {}
