@@ -29,8 +29,10 @@ up: $(STAMP)
 
 # Two workers, a test file each at a time (each worker has its own databases and Redis
 # database): most tests wait on servers and processes, so the suite takes about half as long.
+# Then the failover drills, alone: they measure pauses and what each fault destroyed.
 test: $(TEST_STAMP)
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile -m "not drill"
+	$(BIN)/pytest -m drill
 
 # Break each guarantee's line in a scratch copy; fails when the tests miss one.
 mutants: $(TEST_STAMP)

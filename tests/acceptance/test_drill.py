@@ -17,7 +17,9 @@ from shared.ops.drill import runner
 from shared.ops.processes import run_cli
 from tests.conftest import TEST_SECRET
 
-pytestmark = pytest.mark.acceptance
+# The drills run alone, after the rest of the suite (`make test`): each measures pauses
+# and counts what the faults destroyed, and a second worker's load would distort both.
+pytestmark = [pytest.mark.acceptance, pytest.mark.drill]
 
 REDIS_FAULTS = sorted(runner.REDIS_FAULTS)
 
