@@ -51,7 +51,6 @@ from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.runner import (
     DRILL_CLIENT,
-    DRILL_KEYGEN,
     DRILL_TYPE,
     DRILL_TYPE_CONFIG,
     rounds_table,
@@ -572,8 +571,7 @@ def _fleet(
         json.dumps(
             {
                 "id_types": {DRILL_TYPE: DRILL_TYPE_CONFIG, **uin, **others},
-                "keygen": DRILL_KEYGEN,
-                "keysync": DRILL_KEYSYNC | {"ledger_requeue_every_s": 0.5},
+                "keysync": DRILL_KEYSYNC | {"ledger_requeue_every_s": 1.0},
                 "dispenser": dispenser,
                 "redis_namespace": NAMESPACE,
                 "postgres_connect_timeout_s": 1.0,

@@ -48,8 +48,6 @@ DRILL_TYPE_CONFIG: dict[str, Any] = {
     "sync_batch": 1_000,
     "ledger": True,
 }
-# keygen looks at the cold tiers often: the lifecycle type's tier is small (lifecycle.py).
-DRILL_KEYGEN = {"poll_interval_s": 0.5}
 # Every deadline and TTL the drill's processes have is short, so that a pause
 # (faults.PAUSE_S) outlasts them all.
 DRILL_KEYSYNC = {
@@ -58,7 +56,7 @@ DRILL_KEYSYNC = {
     "push_retry_s": 2.0,
     "batch_marker_ttl_s": 2.0,
     "take_idle_limit_s": 3.0,
-    "ledger_requeue_every_s": 0.5,  # the lifecycle's released UINs go back within seconds
+    "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
 REDIS_FAULTS = frozenset(
@@ -432,7 +430,6 @@ def _fleet(
         json.dumps(
             {
                 "id_types": types,
-                "keygen": DRILL_KEYGEN,
                 "keysync": DRILL_KEYSYNC,
                 "dispenser": dispenser,
                 "redis_namespace": DRILL_NAMESPACE,
