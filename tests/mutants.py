@@ -1063,6 +1063,20 @@ MUTANTS: Final = (
         ("tests/unit/test_snowflake_holder.py",),
     ),
     Mutant(
+        "purge_takes_any_directory_of_known_names_for_a_stack",
+        "shared/ops/up.py",
+        "    if strangers or not any((data_dir / proof).exists() for proof in STACK_PROOF):",
+        "    if strangers:",
+        ("tests/unit/test_up.py",),
+    ),
+    Mutant(
+        "purge_removes_the_postgres_data_a_copied_directory_names",
+        "shared/ops/up.py",
+        "or recorded != str(pgdata):",
+        ":",
+        ("tests/unit/test_up.py",),
+    ),
+    Mutant(
         "cold_empty_warned_at_every_poll",
         "keysync/main.py",
         "        if name not in self._empty:  # once per spell, not at every poll while it lasts",

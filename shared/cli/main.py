@@ -198,8 +198,9 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-# The operator tooling's commands (shared/ops/cli.py), and what each does: offered only
-# where the tooling is installed (a checkout), named with a hint everywhere else.
+# The operator tooling's commands (shared/ops/cli.py), and what each does (their help,
+# here and there): offered only where the tooling is installed (a checkout), named with
+# a hint everywhere else.
 OPS_COMMANDS: dict[str, str] = {
     "fill": "pre-fill the cold inventory of one type",
     "bench": "measure throughput; writes JSON results",

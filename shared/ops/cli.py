@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from shared.cli.main import positive_int, subcommand, write_json
+from shared.cli.main import OPS_COMMANDS, positive_int, subcommand, write_json
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.catalog import BENCHES
@@ -103,13 +103,13 @@ def run_up(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fill = subcommand(commands, "fill", run_fill, "pre-fill the cold inventory of one type")
+    fill = subcommand(commands, "fill", run_fill, OPS_COMMANDS["fill"])
     fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=positive_int, help="keys to add (at least)")
 
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = subcommand(commands, "bench", run_bench, "measure throughput; writes JSON results")
+    bench = subcommand(commands, "bench", run_bench, OPS_COMMANDS["bench"])
     which = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, what in BENCHES.items():
         one = which.add_parser(name, help=what, description=what)
@@ -206,9 +206,7 @@ BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] 
 
 
 def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    drill = subcommand(
-        commands, "drill", run_drill, "failover drill on loopback: Sentinel, faults, load"
-    )
+    drill = subcommand(commands, "drill", run_drill, OPS_COMMANDS["drill"])
     drill.add_argument("--rounds", type=positive_int, default=20, help="fault rounds")
     drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
     drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
@@ -242,7 +240,7 @@ def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    up = subcommand(commands, "up", run_up, "the whole stack on this machine, embedded servers")
+    up = subcommand(commands, "up", run_up, OPS_COMMANDS["up"])
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
     up.add_argument("--port", type=int, help="dispenser HTTP port (default: dispenser.port, 8080)")
     up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")

@@ -86,3 +86,39 @@ def test_purge_removes_only_a_stacks_own_entries_and_refuses_what_is_not_one(
     assert purge(data) == [data]
     assert not data.exists() and outside.is_dir()
     assert purge(data) == []  # nothing left: nothing to do
+
+
+def test_purge_removes_postgres_data_outside_only_where_this_directory_maps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copied data directory names its original's PGDATA: never removed."""
+    from shared.domain.errors import ConfigError
+    from shared.ops.up import _pgdata_outside
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("KD_EMBEDDED_RUNTIME", str(runtime))
+    data = tmp_path / "data"
+    (data / "postgres").mkdir(parents=True)
+    mine, other = runtime / "pgdata-mine", runtime / "pgdata-original"
+    mine.mkdir(parents=True)
+    other.mkdir()
+    location = data / "postgres" / "PGDATA_LOCATION"
+    location.write_text(f"{mine}\n")
+    assert _pgdata_outside(data, mine) == mine
+    location.write_text(f"{other}\n")  # a copy of another stack's data directory
+    with pytest.raises(ConfigError, match="copied or moved"):
+        _pgdata_outside(data, mine)
+    stray = tmp_path / "elsewhere"
+    stray.mkdir()
+    location.write_text(f"{stray}\n")  # outside the runtime directory: never removed
+    with pytest.raises(ConfigError):
+        _pgdata_outside(data, stray)
+    assert mine.is_dir() and other.is_dir() and stray.is_dir()
+
+
+def test_apikeys_note_knows_the_clients_default_batch() -> None:
+    """The server cannot import the client: the number it warns about is checked here."""
+    from keydispenser_client import Buffering
+    from shared.domain.apikeys import CLIENT_DEFAULT_BATCH
+
+    assert Buffering().batch == CLIENT_DEFAULT_BATCH

@@ -130,6 +130,11 @@ def new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
 
+def fresh(headers: dict[str, str]) -> dict[str, str]:
+    """A new Idempotency-Key where ``headers`` had one (a new request: its count changed)."""
+    return {"Idempotency-Key": new_idempotency_key()} if headers else {}
+
+
 def shrunk(buffering: Buffering, limit: int) -> Buffering | None:
     """``buffering`` with batches of at most ``limit`` keys (the marks, when left to
     their defaults, follow); None when its batch is not above ``limit`` already."""

@@ -193,11 +193,6 @@ class KeyClient:
         self._low, self._high = smaller.mark_low, smaller.mark_high
         self._fetch_url = http.fetch_url(self._http, self.id_type, smaller)
 
-    @staticmethod
-    def _fresh(headers: dict[str, str]) -> dict[str, str]:
-        """A new Idempotency-Key where there was one (the count changed)."""
-        return {"Idempotency-Key": protocol.new_idempotency_key()} if headers else {}
-
     def _fetch_batch(self) -> list[str] | None:
         """One batch; retried with the same Idempotency-Key until it is answered."""
         request_headers = {"Idempotency-Key": protocol.new_idempotency_key()}
@@ -216,7 +211,7 @@ class KeyClient:
                 return outcome.keys
             if isinstance(outcome, Shrink) and asked > outcome.limit:
                 self._shrink(outcome.limit)
-                request_headers = self._fresh(request_headers)  # a new request: new count
+                request_headers = protocol.fresh(request_headers)  # a new request: new count
                 url, asked = self._fetch_url, self._buffering.batch
                 continue
             if isinstance(outcome, Stop | Shrink):
