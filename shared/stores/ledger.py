@@ -397,7 +397,6 @@ class LedgerDrain:
         # The type whose key group's record the batches are judged against (one group
         # per drain: its types share it).
         self._lane = next(iter(sorted(types)), "")
-        self._retry_own = False  # the last batch failed: read this consumer's own first
         self._replayed: int | None = None  # fence count replayed up to, as last seen
 
     @property
@@ -433,17 +432,15 @@ class LedgerDrain:
     async def drain_once(self, block_ms: int) -> Applied | None:
         """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
         await self._stream.beat(self._consumer)
+        # A batch that fails (not applied, or applied and not acknowledged) stays
+        # pending under this consumer: the next read takes it again first (applying
+        # again is harmless).
         entries = await self._stream.read(
-            self._consumer, self._batch_size, block_ms, self._claim_idle_ms, self._retry_own
+            self._consumer, self._batch_size, block_ms, self._claim_idle_ms
         )
-        self._retry_own = False
         if not entries:
             return None
-        try:
-            applied, stamp = await self._apply(parse(entries, self._types))
-        except BaseException:
-            self._retry_own = True  # left pending: applied again (harmless) next time
-            raise
+        applied, stamp = await self._apply(parse(entries, self._types))
         await self._stream.ack([entry_id for entry_id, _ in entries], self._retain_ms)
         for name, keys in applied.duplicates.items():
             log.error(

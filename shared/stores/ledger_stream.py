@@ -124,23 +124,24 @@ class LedgerStream(RedisPort):
             )
 
     async def read(
-        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int, own: bool = False
+        self, consumer: str, count: int, block_ms: int, claim_idle_ms: int
     ) -> list[LedgerEntry]:
-        """Entries for ``consumer``, oldest obligations first: with ``own``, those it read
-        and did not acknowledge (its last batch failed); entries a stopped consumer (no
-        heartbeat) left pending, then any another consumer has held unacknowledged for
-        ``claim_idle_ms``, then new ones."""
+        """Entries for ``consumer``, oldest obligations first: those it holds already
+        (a batch it read and did not acknowledge: it failed, or the process restarted
+        under the same name, or a promoted replica still had it pending), then entries a
+        stopped consumer (no heartbeat) left pending, then any another consumer has held
+        unacknowledged for ``claim_idle_ms``, then new ones.
+
+        A drain reads one batch at a time, so when it asks, nothing it holds is being
+        applied: whatever it holds is an obligation it would otherwise leave pending
+        until another consumer's claim (``claim_idle_ms``) found it."""
         stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_read"):
             client = await self._endpoint.client()
             try:
-                if own:
-                    mine: Any = await client.xreadgroup(
-                        LEDGER_GROUP, consumer, {stream: "0"}, count=count
-                    )
-                    found = [(str(i), dict(f)) for _, es in mine for i, f in es if f is not None]
-                    if found:
-                        return found
+                mine = await self._own(client, stream, consumer, count)
+                if mine:
+                    return mine
                 orphans = await self._claim_from_stopped(client, stream, consumer, count)
                 if orphans:
                     return orphans
@@ -158,6 +159,15 @@ class LedgerStream(RedisPort):
                 await self._create_group(client, stream)
                 return []
         return [(str(i), dict(f)) for _, entries in answer for i, f in entries]
+
+    @staticmethod
+    async def _own(client: Any, stream: str, consumer: str, count: int) -> list[LedgerEntry]:
+        """The entries ``consumer`` holds pending. One deleted from the stream since
+        comes back without fields (None or {} by redis-py's version; a real entry always
+        has some) and is left out: the XAUTOCLAIM that follows drops it from the
+        pending list (Redis removes every deleted entry it scans)."""
+        held: Any = await client.xreadgroup(LEDGER_GROUP, consumer, {stream: "0"}, count=count)
+        return [(str(i), dict(f)) for _, entries in held for i, f in entries if f]
 
     async def _claim_from_stopped(
         self, client: Any, stream: str, consumer: str, count: int

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
 from shared.domain.config import Settings
+from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.stores import sql
 from shared.stores.cold_store import ColdStore
@@ -157,6 +158,72 @@ async def test_entries_a_dead_keysync_left_are_taken_over_first_and_not_duplicat
     newer = await drain.drain_once(block_ms=10)
     assert newer is not None and newer.issued == 1
     assert await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0
+
+
+async def test_a_batch_applied_but_not_acknowledged_is_taken_again_first(
+    drain: LedgerDrain,
+    hot: HotStore,
+    redis_client: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The acknowledgement failed (the primary moved between commit and ack): the same
+    drain takes its own batch again before any newer entry, rather than leaving it
+    pending until another consumer's claim finds it idle (``ledger_claim_idle_s``)."""
+    stream = redis_keys.ledger_stream_key(NS)
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "clients": "a"}
+    first = await redis_client.xadd(stream, fields | {"keys": "L000012"})
+    real_ack = LedgerStream.ack
+
+    async def lost_ack(self: LedgerStream, *args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(LedgerStream, "ack", real_ack)
+        raise StoreUnavailable("redis", "ledger_ack failed: Connection closed by server.")
+
+    monkeypatch.setattr(LedgerStream, "ack", lost_ack)
+    with pytest.raises(StoreUnavailable):
+        await drain.drain_once(block_ms=10)
+    await redis_client.xadd(stream, fields | {"keys": "L000013"})  # a newer entry
+    again = await drain.drain_once(block_ms=10)
+    assert again is not None and again.issued == 0  # the committed batch, taken again
+    assert await redis_client.xrange(stream, first, first) == []  # now acknowledged
+    newer = await drain.drain_once(block_ms=10)
+    assert newer is not None and newer.issued == 1
+    assert await LedgerStream(hot.endpoint, hot.namespace).backlog() == 0
+
+
+async def test_a_keysync_restarted_under_its_name_takes_what_it_held_first(
+    drain: LedgerDrain, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    """The consumer's name comes back (a container restarted: same host name and PID),
+    or a promoted replica still lists an entry as pending under it: what it holds is
+    taken first, not left until another consumer's claim finds it idle."""
+    stream = redis_keys.ledger_stream_key(NS)
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "clients": "a"}
+    held = await redis_client.xadd(stream, fields | {"keys": "L000014"})
+    before = LedgerStream(hot.endpoint, hot.namespace)
+    assert [e for e, _ in await before.read("test-consumer", 10, 10, 30_000)] == [held]
+    await redis_client.xadd(stream, fields | {"keys": "L000015"})  # a newer entry
+    first = await drain.drain_once(block_ms=10)
+    assert first is not None and first.issued == 1
+    assert await redis_client.xrange(stream, held, held) == []  # the one it held
+    assert (await drain.drain_once(block_ms=10) or Applied(0, 0, {}, 0)).issued == 1
+
+
+async def test_a_pending_entry_deleted_since_is_dropped_not_read_forever(
+    drain: LedgerDrain, hot: HotStore, redis_client: aioredis.Redis
+) -> None:
+    """A promoted replica's pending list may still name an entry the old primary
+    applied and deleted: the drain's own read passes over it, the entry leaves the
+    pending list, and the drain goes on to new entries."""
+    stream = redis_keys.ledger_stream_key(NS)
+    fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "clients": "a"}
+    for n in range(3):
+        await redis_client.xadd(stream, fields | {"keys": f"L00002{n}"})
+    stale = LedgerStream(hot.endpoint, hot.namespace)
+    taken = [e for e, _ in await stale.read("test-consumer", 2, 10, 30_000)]
+    await redis_client.xdel(stream, *taken)  # gone from the stream, still pending
+    applied = await drain.drain_once(block_ms=10)
+    assert applied is not None and applied.issued == 1  # the third, new entry
+    assert (await redis_client.xpending(stream, "kd-ledger"))["pending"] == 0
 
 
 async def test_a_live_keysyncs_entries_are_left_to_it_until_idle(
