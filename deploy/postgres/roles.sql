@@ -21,6 +21,10 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role) THEN
             EXECUTE format('CREATE ROLE %I LOGIN', role);
         END IF;
+        -- Plan every statement for the tables as they are now (the processes ask for it
+        -- when they connect too; set here, it holds behind a pooler that drops the ask).
+        EXECUTE format('ALTER ROLE %I IN DATABASE %I SET plan_cache_mode = force_custom_plan',
+                       role, current_database());
     END LOOP;
     EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO kd_keygen, kd_keysync, kd_dispenser, kd_status', current_database());
     EXECUTE format('GRANT ALL ON DATABASE %I TO kd_owner', current_database());

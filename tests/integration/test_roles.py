@@ -129,3 +129,16 @@ async def test_a_reading_role_cannot_write(
             await conn.execute("UPDATE kd_sync_clock SET clock = clock + 1")
     finally:
         await conn.close()
+
+
+async def test_each_role_plans_for_the_tables_as_they_are_behind_any_pooler(
+    database_with_roles: str,
+) -> None:
+    """roles.sql sets plan_cache_mode on each role in the database: a client that does
+    not ask for it at connect time (a pooler drops the startup parameter) has it too."""
+    for role in ("kd_owner", "kd_keygen", "kd_keysync", "kd_dispenser", "kd_status"):
+        conn = await asyncpg.connect(as_role(database_with_roles, role))
+        try:
+            assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan", role
+        finally:
+            await conn.close()
