@@ -668,6 +668,20 @@ MUTANTS: Final = (
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(
+        "a_keysync_leaves_the_batch_it_holds_for_another_to_claim",
+        "shared/stores/ledger_stream.py",
+        "                mine = await self._own(client, stream, consumer, count)",
+        "                mine: list[LedgerEntry] = []",
+        ("tests/integration/test_ledger.py",),
+    ),
+    Mutant(
+        "store_statements_keep_a_plan_made_for_an_empty_table",
+        "shared/stores/cold_store.py",
+        'SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}',
+        "SERVER_SETTINGS: dict[str, str] = {}",
+        ("tests/integration/test_plans.py",),
+    ),
+    Mutant(
         "a_lease_renewal_no_replica_has_counts",
         "shared/stores/machine_leases.py",
         'return str(status) if counts or status != "renewed" else "unreplicated"',

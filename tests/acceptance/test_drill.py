@@ -124,19 +124,7 @@ def test_no_key_is_dispensed_twice_through_failovers(tmp_path: Path) -> None:
     assert stepped["clock_behind_503s"] > 0, stepped
 
 
-# An open finding (docs/reliability.md, "Known gap"): with every type's ledger on one
-# stream, both keysyncs' drains stall after a CLUSTER FAILOVER and some of the default
-# (async) type's records go missing outside any fault's span in some runs. The drill
-# still runs here and says so; the check turns back to strict once the cause is fixed.
-NAMESPACE_LEDGER_GAP = pytest.mark.xfail(
-    reason="ledger drains stall after CLUSTER FAILOVER with one stream (open finding)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "slot_per", [pytest.param("namespace", marks=NAMESPACE_LEDGER_GAP), "type"]
-)
+@pytest.mark.parametrize("slot_per", ["namespace", "type"])
 def test_no_key_is_dispensed_twice_through_cluster_shard_faults(
     tmp_path: Path, slot_per: str
 ) -> None:

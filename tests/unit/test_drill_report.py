@@ -93,3 +93,12 @@ def test_the_json_report_keeps_its_flat_shape_and_carries_the_verdict() -> None:
     assert dataclasses.replace(PASSED, duplicates=1).as_json()["verdict"] == [
         "1 keys dispensed twice"
     ]
+
+
+def test_entries_keysync_left_unapplied_at_the_end_fail_the_drill() -> None:
+    """Records still in the stream when the fleet stopped would be counted as lost:
+    the drill names that rather than let it pass as missing records (or hide it)."""
+    left = dataclasses.replace(PASSED, ledger={**PASSED.ledger, "unapplied_at_end": 302})
+    assert left.failures() == ["keysync left 302 ledger entries unapplied at the end"]
+    unread = dataclasses.replace(PASSED, ledger={**PASSED.ledger, "unapplied_at_end": -1})
+    assert unread.failures() == ["keysync left -1 ledger entries unapplied at the end"]

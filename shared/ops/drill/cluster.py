@@ -53,6 +53,7 @@ from shared.ops.drill.runner import (
     DRILL_CLIENT,
     DRILL_TYPE,
     DRILL_TYPE_CONFIG,
+    LEDGER_DRAIN_S,
     rounds_table,
 )
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
@@ -165,6 +166,7 @@ class ClusterDrillReport:
                 f"{self.ledger['used_missing']} accepted use marks lost",
             ),
             (self.ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm"),
+            history.unapplied_check(self.ledger),
             (not self.process_exits, f"processes exited: {self.process_exits}"),
             (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
             (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
@@ -227,6 +229,7 @@ class ClusterDrill:
     tag: str  # the drill type's key namespace: its slot is the one struck
     bystanders: list[RecordingLoad] = field(default_factory=list)
     rounds: list[ClusterRound] = field(default_factory=list)
+    undrained_at_end: int = 0  # ledger entries left when the fleet was stopped
 
     @property
     def slot(self) -> int:
@@ -331,18 +334,19 @@ class ClusterDrill:
 
     # --- rounds -------------------------------------------------------------------------
 
-    async def drained(self) -> int:
-        """Wait (up to DRAIN_S) until keysync has caught up with the ledger stream, so
-        that each fault destroys only what it destroys itself, not a backlog the one
-        before left; returns the entries left when the fault starts."""
-        deadline = time.monotonic() + DRAIN_S
+    async def drained(self, most: int = DRAINED_ENTRIES, deadline_s: float = DRAIN_S) -> int:
+        """Wait (up to ``deadline_s``) until keysync has caught up with the ledger stream
+        (at most ``most`` entries left): before a fault, so that it destroys only what it
+        destroys itself, not a backlog the one before left; at the end (``most`` 0), so
+        that the checker reads every record. Returns the entries left (-1: unknown)."""
+        deadline = time.monotonic() + deadline_s
         left = -1
         while time.monotonic() < deadline:
             try:
                 left = int(self.primary().client().xlen(redis_keys.ledger_stream_key(self.tag)))
             except (redis.RedisError, EmbeddedServerError):
                 left = -1
-            if 0 <= left <= DRAINED_ENTRIES:
+            if 0 <= left <= most:
                 break
             await asyncio.sleep(0.2)
         return left
@@ -535,7 +539,9 @@ async def _drill(
         uins.stop()
         await asyncio.gather(*running)
         drill.measure_disruptions()
-        await drill.drained()  # keysync applies what the stream holds before it stops
+        # keysync applies everything the stream holds before it stops: the checker reads
+        # the ledger after (entries still there would count as records missing).
+        drill.undrained_at_end = await drill.drained(0, LEDGER_DRAIN_S)
         fleet.stop()
         dsn = postgres.dsn(database)
         return await _report(drill, kinds, dsn, base / "logs", slot_per, uins)
@@ -607,6 +613,7 @@ async def _report(
     ledger = history.check_ledger(
         recorded, load.received_at, load.marked, spans, alarms, load.requested_at
     )
+    ledger["unapplied_at_end"] = drill.undrained_at_end
     uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     return ClusterDrillReport(
         lifecycle=uin_figures,

@@ -330,16 +330,20 @@ class Drill:
                 return max(fenced, 0)
             await asyncio.sleep(0.2)
 
-    async def ledger_drained(self, deadline_s: float) -> bool:
-        """Wait until keysync has applied every ledger entry (up to ``deadline_s``)."""
+    async def ledger_drained(self, deadline_s: float) -> int:
+        """Wait until keysync has applied every ledger entry (up to ``deadline_s``);
+        the entries left (-1: the stream could not be read)."""
         stream = redis_keys.ledger_stream_key(DRILL_NAMESPACE)
         deadline = time.monotonic() + deadline_s
+        left = -1
         while time.monotonic() < deadline:
+            left = -1
             with contextlib.suppress(redis.RedisError, RuntimeError):
-                if self.topology.primary().client().xlen(stream) == 0:
-                    return True
+                left = int(self.topology.primary().client().xlen(stream))
+            if left == 0:
+                break
             await asyncio.sleep(0.2)
-        return False
+        return left
 
     def oldest_undrained(self) -> float | None:
         """When the oldest entry the ledger stream still holds was written (monotonic

@@ -148,6 +148,14 @@ def check_ledger(
     }
 
 
+def unapplied_check(ledger: dict[str, Any]) -> tuple[bool, str]:
+    """The check that keysync applied the whole stream before the drill stopped it:
+    entries left there would be counted as records missing (``unapplied_at_end``, the
+    entries left after the drill's wait; -1: the stream could not be read)."""
+    left = ledger.get("unapplied_at_end", 0)
+    return left == 0, f"keysync left {left} ledger entries unapplied at the end"
+
+
 def _events(path: Path) -> Iterator[dict[str, Any]]:
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("{"):

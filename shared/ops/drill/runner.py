@@ -162,6 +162,7 @@ class DrillReport:
             (self.ledger_duplicate_alarms == 0, "the ledger raised its duplicate alarm"),
             (self.ledger_missing == 0, f"{self.ledger_missing} ledger records lost"),
             (self.ledger_used_missing == 0, f"{self.ledger_used_missing} accepted use marks lost"),
+            history.unapplied_check(self.ledger),
             (self.keys_in_two_hands == 0, f"{self.keys_in_two_hands} keys live in two hands"),
             (self.status_changes_lost == 0, f"{self.status_changes_lost} status changes lost"),
             (self.ledger_wrong_client == 0, f"{self.ledger_wrong_client} under another client"),
@@ -383,7 +384,7 @@ async def _drill(
         runner.measure_disruptions()
         # keysync applies what the stream still holds before it stops (after a fence it
         # first applies again every entry it kept): the checker reads the ledger after.
-        await drill.ledger_drained(LEDGER_DRAIN_S)
+        unapplied = await drill.ledger_drained(LEDGER_DRAIN_S)
         fleet.stop()  # holders release their leases: every interval ends with its stop
         return await _report(
             runner,
@@ -393,6 +394,7 @@ async def _drill(
             lease_faults.report(),
             controls,
             uins,
+            unapplied,
         )
     finally:
         if load is not None:
@@ -466,6 +468,7 @@ async def _report(
     lease_report: leases.LeaseReport,
     controls: Controls,
     uins: LifecycleLoad,
+    unapplied: int = 0,
 ) -> DrillReport:
     load = runner.drill.load
     rows = [done.row() for done in runner.rounds]
@@ -475,6 +478,7 @@ async def _report(
     ledger = history.check_ledger(
         recorded, load.received_at, load.marked, spans, alarms, load.requested_at
     )
+    ledger["unapplied_at_end"] = unapplied
     uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     fail_closed = await asyncio.to_thread(history.fail_closed_seconds, logs)
     by_fault: dict[str, dict[str, Any]] = {}
