@@ -184,8 +184,9 @@ async def _get_one(
     internal: tuple[str, str],
 ) -> Answer:
     try:
-        client = dispenser.gate.admit(headers, name)
-        key = await dispenser.take_one(name, client)
+        route = dispenser.route(name)
+        client = dispenser.gate.admit(headers, route.name)
+        key = await dispenser.take_one(route, client)
         result = _answer(wrapper({field: key}, None))
     except KeydispenserError as exc:
         refused = _refusal(exc, not_available, internal)

@@ -67,6 +67,19 @@ class Stores:
     ledger: LedgerLookup
 
 
+@dataclass(frozen=True)
+class Route:
+    """A type as the single-ID path uses it, resolved once per request from the path's
+    type segment (its name or an alias): the name it is known by, and what serves it
+    (a pool it is popped from, or a minter). A segment that names no type resolves to a
+    Route of neither kind, refused where it is used (after the API-key check: a caller
+    without a key is not told which names exist)."""
+
+    name: str
+    id_type: IdType | None = None  # popped from the hot tier
+    minter: Minter | None = None  # a snowflake type, minted here
+
+
 class Dispenser:
     """Pops keys from the hot tier; PostgreSQL is read only for ledger lookups."""
 
@@ -93,6 +106,9 @@ class Dispenser:
         self.snowflakes = snowflakes or Snowflakes({}, no_leases, metrics)
         self.minters: dict[str, Minter] = self.snowflakes.minters
         self.names = frozenset(self.id_types) | frozenset(self.minters)
+        # Each path segment that names a type served here -> its type's one Route.
+        served = {n: Route(n, self.id_types.get(n), self.minters.get(n)) for n in self.names}
+        self.routes = {s: served[n] for s, n in self.segments.items() if n in served}
         # Counted when handed out (a prefetched key is not issued until then).
         metrics.issued.seed(self.names)
         self.coalescer = Coalescer(
@@ -110,6 +126,11 @@ class Dispenser:
         self._backlog: dict[str, int] = {}
         self._backlog_read_at: dict[str, float] = {}
         self._nudges: set[asyncio.Task[None]] = set()
+
+    def route(self, segment: str) -> Route:
+        """The type the path segment ``segment`` names, resolved once for the request."""
+        found = self.routes.get(segment)
+        return found if found is not None else Route(segment)
 
     def canonical(self, segment: str) -> str:
         """The type's name for a path segment that is one of its aliases; any other
@@ -138,25 +159,25 @@ class Dispenser:
             raise LedgerDisabled(name)
         return id_type
 
-    def take_ready(self, name: str) -> str | None:
-        """One key of the type ``name`` if one is at hand (prefetched, or a snowflake ID
+    def take_ready(self, route: Route) -> str | None:
+        """One key of ``route``'s type if one is at hand (prefetched, or a snowflake ID
         minted now), without waiting; else None, and ``take_one`` waits for it."""
-        minter = self.minters.get(name)
+        minter = route.minter
         if minter is None:
-            return self.coalescer.ready(name)  # counted as issued by the coalescer
+            return self.coalescer.ready(route.name)  # counted as issued by the coalescer
         got = minter.mint_some(1)
         if not isinstance(got, range):
             return None
-        self.metrics.issued.inc(name)
+        self.metrics.issued.inc(route.name)
         return minter.layout.encode(got.start)
 
-    async def take_one(self, name: str, client: str) -> str:
+    async def take_one(self, route: Route, client: str) -> str:
         """One key; concurrent callers of a type share one Redis call (snowflake types
-        mint it in-process)."""
-        minter = self.minters.get(name)
-        if minter is not None:
-            return await self._mint_one(minter)
-        id_type = self.id_types.get(name) or self.id_type(name)
+        mint it in-process). A route of neither kind is refused here (``id_type``)."""
+        if route.minter is not None:
+            return await self._mint_one(route.minter)
+        name = route.name
+        id_type = route.id_type or self.id_type(name)
         if id_type.config.ledger:
             await self.ledger_open(id_type)
         key = self.coalescer.ready(name)

@@ -70,17 +70,17 @@ async def answer(dispenser: Dispenser, segment: str, headers: HeaderLookup) -> A
     alias). Never raises: a refusal or a crash is an error answer, logged and counted."""
     started = perf_counter()
     try:
-        name = dispenser.segments.get(segment, segment)  # an alias -> its type's name
-        client = dispenser.gate.admit(headers, name)
+        route = dispenser.route(segment)  # an alias resolves to its type, once
+        client = dispenser.gate.admit(headers, route.name)
         once = headers.get("idempotency-key")
         if once is None:
-            key = dispenser.take_ready(name)  # at hand: answered without waiting
+            key = dispenser.take_ready(route)  # at hand: answered without waiting
             if key is None:
-                key = await dispenser.take_one(name, client)
+                key = await dispenser.take_one(route, client)
             result: Answer = (200, _OK, ok_id(key))
         else:
             once = checked_idempotency_key(once)
-            popped = await dispenser.take(name, 1, client, once)
+            popped = await dispenser.take(route.name, 1, client, once)
             result = (200, _REPLAYED if popped.replayed else _OK, ok_id(popped.keys[0]))
     except KeydispenserError as exc:
         result = envelope.refusal(exc, headers, dispenser.metrics, _path(segment))

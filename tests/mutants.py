@@ -682,6 +682,13 @@ MUTANTS: Final = (
         ("tests/integration/test_plans.py",),
     ),
     Mutant(
+        "an_alias_is_not_routed_on_the_single_id_path",
+        "dispenser/service.py",
+        "self.routes = {s: served[n] for s, n in self.segments.items() if n in served}",
+        "self.routes = {s: served[n] for s, n in self.segments.items() if s == n}",
+        ("tests/unit/test_single.py",),
+    ),
+    Mutant(
         "a_lease_renewal_no_replica_has_counts",
         "shared/stores/machine_leases.py",
         'return str(status) if counts or status != "renewed" else "unreplicated"',

@@ -20,7 +20,7 @@ from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics
 from dispenser.rsgi import HTTPProtocol, asgi_scope, serve_asgi
 from dispenser.rsgi import Scope as RsgiScope
-from dispenser.service import Dispenser
+from dispenser.service import Dispenser, Route
 from shared.domain.config import AuthConfig
 from shared.domain.errors import PoolEmpty
 
@@ -207,13 +207,13 @@ class StubDispenser:
         self.gate = Gate(AuthConfig())
         self.metrics = DispenserMetrics(CollectorRegistry())
 
-    def canonical(self, segment: str) -> str:
-        return self.segments.get(segment, segment)
+    def route(self, segment: str) -> Route:
+        return Route(self.segments.get(segment, segment))
 
-    def take_ready(self, name: str) -> None:
+    def take_ready(self, route: Route) -> None:
         return None
 
-    async def take_one(self, name: str, client: str) -> str:
+    async def take_one(self, route: Route, client: str) -> str:
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return self.outcome

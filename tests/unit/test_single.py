@@ -137,6 +137,28 @@ async def test_api_keys_are_checked_before_anything_is_popped() -> None:
     assert await hot.depth("farmer") == 1
 
 
+def test_a_type_is_resolved_once_into_the_route_the_path_uses() -> None:
+    """Its name and each alias resolve to one Route, built at start-up, carrying the
+    type the rest of the path uses; a segment that names none resolves to a Route of
+    neither kind (refused where it is used, after the API-key check)."""
+    service, _ = dispenser()
+    route = service.route("farmer")
+    assert service.route("beneficiary") is route
+    assert route.id_type is service.id_types["farmer"] and route.minter is None
+    unknown = service.route("nosuch")
+    assert (unknown.name, unknown.id_type, unknown.minter) == ("nosuch", None, None)
+
+
+async def test_a_caller_without_a_key_is_not_told_which_types_exist() -> None:
+    key, _ = new_api_key()
+    client = {"name": "registry", "sha256": digest(key), "id_types": ["*"]}
+    service, _ = dispenser(auth={"api_keys": [client]})
+    status, _, body = await ask(service, "nosuch")
+    assert status == 401 and body["errors"][0]["errorCode"] == "IDG-008"
+    status, _, body = await ask(service, "nosuch", **{"x-api-key": key})
+    assert status == 404 and body["errors"][0]["errorCode"] == "IDG-003"
+
+
 async def test_a_ledger_type_records_each_key_to_its_client_and_keeps_no_stock() -> None:
     key, _ = new_api_key()
     client = {"name": "registry", "sha256": digest(key), "id_types": ["*"]}
