@@ -689,6 +689,13 @@ MUTANTS: Final = (
         ("tests/unit/test_single.py",),
     ),
     Mutant(
+        "the_in_memory_hot_tier_appends_a_batch_twice",
+        "shared/stores/memory.py",
+        "        if batch_id in self.batches:",
+        "        if False:",
+        ("tests/integration/test_port_conformance.py",),
+    ),
+    Mutant(
         "a_lease_renewal_no_replica_has_counts",
         "shared/stores/machine_leases.py",
         'return str(status) if counts or status != "renewed" else "unreplicated"',

@@ -1,5 +1,7 @@
 """In-memory adapters of the ports (``shared.domain.ports``), for unit tests of the
-processes' logic: the dispenser's service and coalescer, keygen's loop.
+processes' logic: the dispenser's service and coalescer, keygen's loop, keysync's
+refill. ``tests/integration/test_port_conformance.py`` runs the same cases against
+each of them and the real adapter it stands for.
 
 They keep the contracts a unit test relies on (a key popped once is gone, a range
 leased once is never leased again, an idempotency record replays its keys to its own
@@ -16,24 +18,79 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import IdempotencyMismatch, KeyspaceExhausted
+from shared.domain.errors import IdempotencyMismatch, KeydispenserError, KeyspaceExhausted
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import KeyStatus, LeasedRange, Popped, SequenceState
+from shared.domain.tiers import (
+    NO_STAMP,
+    Depth,
+    KeyStatus,
+    LeasedRange,
+    Popped,
+    Pushed,
+    SequenceState,
+    Stamp,
+)
+
+MEMORY_TOKEN = "memory:1"  # the identity MemoryHot answers with (a server's run_id:replid)
 
 
 @dataclass
 class MemoryHot:
-    """The hot lists (``HotPool``): a deque of keys per type."""
+    """The hot lists, as dispensers see them (``HotPool``) and as keysync does
+    (``HotLists``): a deque of keys per type on one server that never changes
+    (``token``), whose clock is ``now_ms``."""
 
     lists: dict[str, deque[str]] = field(default_factory=dict)
     exhausted_types: set[str] = field(default_factory=set)
     # Issues recorded for ledger types: (type, key, client), in pop order.
     issued: list[tuple[str, str, str]] = field(default_factory=list)
     pops: list[tuple[str, int]] = field(default_factory=list)  # (type, count) per pop
+    token: str = MEMORY_TOKEN
+    now_ms: int = 1_000_000
+    batches: set[str] = field(default_factory=set)  # batch IDs pushed (push.lua's markers)
+    stamps: list[Stamp] = field(default_factory=list)  # each pushed batch's, in order
+    refills: dict[str, tuple[float, float]] = field(default_factory=dict)  # rate, at
     _records: dict[tuple[str, str], tuple[str, Popped]] = field(default_factory=dict)
 
-    def push(self, name: str, keys: Iterable[str]) -> None:
+    def fill(self, name: str, keys: Iterable[str]) -> None:
+        """Put keys in a type's list directly (a test's setup, not the port)."""
         self.lists.setdefault(name, deque()).extend(keys)
+
+    async def observe(self, name: str) -> Depth:
+        return Depth(len(self.lists.get(name, ())), self.token)
+
+    async def push(
+        self,
+        name: str,
+        keys: Sequence[str],
+        batch_id: str,
+        pin: str = "",
+        stamp: Stamp = NO_STAMP,
+        not_after_ms: int = 0,
+        marker_ttl_s: float = 3_600.0,
+    ) -> Pushed:
+        """Append a batch once (``batch_id``); refused when pinned to another server,
+        expired after ``not_after_ms`` of this server's clock (neither appends)."""
+        hot = self.lists.setdefault(name, deque())
+        if pin and pin != self.token:
+            return Pushed(len(hot), self.token, "refused")
+        if not_after_ms and self.now_ms > not_after_ms:
+            return Pushed(len(hot), self.token, "expired")
+        if batch_id in self.batches:
+            return Pushed(len(hot), self.token, "duplicate")
+        self.batches.add(batch_id)
+        self.stamps.append(stamp)
+        hot.extend(keys)
+        return Pushed(len(hot), self.token, "pushed")
+
+    async def server_time_ms(self) -> int:
+        return self.now_ms
+
+    async def record_refill(self, name: str, rate: float, at: float) -> None:
+        self.refills[name] = (rate, at)
+
+    async def mark_exhausted(self, name: str) -> None:
+        self.exhausted_types.add(name)
 
     async def pop(
         self,
@@ -149,14 +206,52 @@ class MemoryLedger:
 
 
 @dataclass
+class MemoryTake:
+    """Keys taken out of a ``MemoryCold`` by a take still open (``OpenBatch``): gone
+    once committed, back in the cold tier after a rollback."""
+
+    keys: list[str]
+    stamp: Stamp
+    _cold: MemoryCold = field(repr=False)
+    _name: str = field(repr=False)
+    _finished: bool = field(default=False, repr=False)
+
+    async def commit(self) -> None:
+        if self._finished:
+            raise KeydispenserError("take_batch: this batch's transaction already ended")
+        self._finished = True
+
+    async def rollback(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._cold.keys.setdefault(self._name, set()).update(self.keys)
+
+
+@dataclass
 class MemoryCold:
-    """keygen's cold tier (``KeyInventory`` and ``RangeLeases``): a set of keys per
-    type, and one counter per type from which disjoint ranges are leased."""
+    """The cold tier, as keygen sees it (``KeyInventory`` and ``RangeLeases``: a set of
+    keys per type, one counter per type from which disjoint ranges are leased) and as
+    keysync does (``ColdInventory``: takes left open until committed)."""
 
     keys: dict[str, set[str]] = field(default_factory=dict)
     next_counter: dict[str, int] = field(default_factory=dict)
     ranges: list[tuple[str, int, int]] = field(default_factory=list)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    woken: list[str] = field(default_factory=list)  # wake_keygen's types, in order
+    vouched: int = 0
+    clock: int = 0  # the sync clock: each take's stamp moves it on
+
+    async def begin_take(self, name: str, size: int) -> MemoryTake:
+        stored = self.keys.get(name, set())
+        taken = [stored.pop() for _ in range(min(size, len(stored)))]
+        self.clock += 1
+        return MemoryTake(taken, Stamp(1, 0, self.clock), self, name)
+
+    async def vouch(self) -> None:
+        self.vouched += 1
+
+    async def wake_keygen(self, name: str) -> None:
+        self.woken.append(name)
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         config = id_type.config

@@ -14,7 +14,16 @@ from dispenser.metrics import DispenserMetrics
 from dispenser.service import Dispenser, Stores
 from shared.domain.apikeys import digest, new_api_key
 from shared.domain.config import load_settings
-from shared.domain.ports import HotPool, KeyInventory, LedgerLookup, LedgerWrites, Nudges
+from shared.domain.ports import (
+    ColdInventory,
+    HotLists,
+    HotPool,
+    KeyInventory,
+    LedgerLookup,
+    LedgerWrites,
+    Nudges,
+    RangeLeases,
+)
 from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger, MemoryNudges
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET, small_types
 
@@ -43,21 +52,19 @@ async def ask(service: Dispenser, segment: str = "farmer", **headers: str) -> An
 
 
 def test_the_in_memory_adapters_are_the_ports() -> None:
-    """Checked by mypy: each adapter satisfies its port without a cast."""
-    ledger = MemoryLedger()
-    ports: tuple[HotPool, Nudges, LedgerWrites, LedgerLookup, KeyInventory] = (
-        MemoryHot(),
-        MemoryNudges(),
-        ledger,
-        ledger,
-        MemoryCold(),
-    )
-    assert len(ports) == 5
+    """Checked by mypy: each adapter satisfies its port without a cast, every port of
+    shared.domain.ports has one (the dispenser's, keygen's and keysync's)."""
+    ledger, hot, cold = MemoryLedger(), MemoryHot(), MemoryCold()
+    ports: tuple[
+        HotPool, Nudges, LedgerWrites, LedgerLookup, RangeLeases, KeyInventory, ColdInventory,
+        HotLists,
+    ] = (hot, MemoryNudges(), ledger, ledger, cold, cold, cold, hot)  # fmt: skip
+    assert len(ports) == 8
 
 
 async def test_one_id_is_the_envelope_around_a_key_of_the_pool() -> None:
     service, hot = dispenser()
-    hot.push("farmer", ["3029384756"])
+    hot.fill("farmer", ["3029384756"])
     status, headers, body = await ask(service)
     assert (status, headers) == (200, {"content-type": "application/json"})
     assert body["id"] == "openg2p.idgenerator" and body["errors"] == []
@@ -67,7 +74,7 @@ async def test_one_id_is_the_envelope_around_a_key_of_the_pool() -> None:
 
 async def test_a_plentiful_pool_fills_the_stock_and_later_ids_need_no_pop() -> None:
     service, hot = dispenser()
-    hot.push("farmer", [f"{i:010d}" for i in range(5_000)])
+    hot.fill("farmer", [f"{i:010d}" for i in range(5_000)])
     await ask(service)  # the first pop learns the list is plentiful
     await ask(service)  # this one's pop takes the stock too
     pops = len(hot.pops)
@@ -83,7 +90,7 @@ async def test_a_plentiful_pool_fills_the_stock_and_later_ids_need_no_pop() -> N
 
 async def test_an_alias_is_served_as_its_type() -> None:
     service, hot = dispenser()
-    hot.push("farmer", ["3029384756"])
+    hot.fill("farmer", ["3029384756"])
     status, _, body = await ask(service, "beneficiary")
     assert status == 200 and body["response"]["id"] == "3029384756"
 
@@ -112,7 +119,7 @@ async def test_an_empty_pool_is_503_with_retry_after() -> None:
 
 async def test_an_idempotency_key_replays_its_answer_and_says_so() -> None:
     service, hot = dispenser()
-    hot.push("farmer", ["3029384756", "2013023805"])
+    hot.fill("farmer", ["3029384756", "2013023805"])
     first = await ask(service, **{"idempotency-key": "order-1"})
     again = await ask(service, **{"idempotency-key": "order-1"})
     assert first[0] == again[0] == 200
@@ -128,7 +135,7 @@ async def test_api_keys_are_checked_before_anything_is_popped() -> None:
     key, _ = new_api_key()
     client = {"name": "registry", "sha256": digest(key), "id_types": ["shortlink"]}
     service, hot = dispenser(auth={"api_keys": [client]})
-    hot.push("farmer", ["3029384756"])
+    hot.fill("farmer", ["3029384756"])
     status, headers, body = await ask(service)
     assert status == 401 and body["errors"][0]["errorCode"] == "IDG-008"
     assert headers["www-authenticate"].startswith("Bearer")
@@ -163,7 +170,7 @@ async def test_a_ledger_type_records_each_key_to_its_client_and_keeps_no_stock()
     key, _ = new_api_key()
     client = {"name": "registry", "sha256": digest(key), "id_types": ["*"]}
     service, hot = dispenser(auth={"api_keys": [client]})
-    hot.push("shortlink", [f"s{i:06d}" for i in range(5_000)])
+    hot.fill("shortlink", [f"s{i:06d}" for i in range(5_000)])
     for _ in range(3):
         status, _, _ = await ask(service, "shortlink", **{"x-api-key": key})
         assert status == 200
@@ -189,7 +196,7 @@ async def test_an_unexpected_failure_is_a_500_logged_with_its_request_id(
 
 async def test_every_answer_is_timed_once() -> None:
     service, hot = dispenser()
-    hot.push("farmer", ["3029384756"])
+    hot.fill("farmer", ["3029384756"])
     await ask(service)
     await ask(service)  # 503
     await ask(service, "nosuch")  # 404

@@ -1,0 +1,201 @@
+"""Each in-memory adapter behaves like the real adapter it stands for.
+
+The unit tests of the processes' logic run on ``shared.stores.memory``; what they prove
+holds of the real processes only if the fakes keep the ports' contracts as the real
+stores do. The same cases run here against both: the hot tier as dispensers and
+keysync see it (``MemoryHot`` and ``HotStore`` on Redis), the cold tier as keygen and
+keysync see it (``MemoryCold`` and ``ColdStore`` with ``GuardedCold`` on PostgreSQL).
+The faults the real stores guard against (a new primary, a fork) are not part of the
+contract a fake keeps: their own tests prove them on real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pytest
+import redis.asyncio as aioredis
+
+from shared.domain.config import Settings
+from shared.domain.errors import IdempotencyMismatch, KeydispenserError
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.ports import ColdInventory, HotLists, HotPool, KeyInventory, RangeLeases
+from shared.domain.tiers import Pushed
+from shared.stores.cold_store import ColdStore
+from shared.stores.hot_store import HotStore
+from shared.stores.memory import MemoryCold, MemoryHot
+from shared.stores.postgres_fence import GuardedCold
+from shared.stores.sync_record import SyncRecord
+from tests.conftest import Servers, make_settings
+
+KINDS = ["memory", "real"]
+
+
+class HotTier(HotPool, HotLists, Protocol):
+    """Both views of the hot tier (one adapter serves both; mypy checks each does)."""
+
+
+@dataclass
+class ColdTier:
+    leases: RangeLeases
+    inventory: KeyInventory
+    takes: ColdInventory
+
+
+@pytest.fixture
+def settings(servers: Servers, database: str) -> Settings:
+    return make_settings(servers, database)
+
+
+@pytest.fixture
+def farmer(settings: Settings) -> IdType:
+    return build_id_types(settings)["farmer"]
+
+
+@pytest.fixture(params=KINDS)
+async def hot_tier(
+    request: pytest.FixtureRequest, hot: HotStore, redis_client: aioredis.Redis
+) -> AsyncIterator[HotTier]:
+    tier: HotTier = MemoryHot() if request.param == "memory" else hot
+    yield tier
+
+
+@pytest.fixture(params=KINDS)
+async def cold_tier(
+    request: pytest.FixtureRequest, settings: Settings, sync: SyncRecord
+) -> AsyncIterator[ColdTier]:
+    if request.param == "memory":
+        memory = MemoryCold()
+        yield ColdTier(memory, memory, memory)
+        return
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    guarded = GuardedCold(cold, sync, build_id_types(settings))
+    try:
+        yield ColdTier(guarded, cold, guarded)
+    finally:
+        await cold.close()
+
+
+async def push(tier: HotLists, keys: list[str], **options: Any) -> Pushed:
+    return await tier.push("farmer", keys, uuid.uuid4().hex, **options)
+
+
+# --- the hot tier ------------------------------------------------------------------
+
+
+async def test_keys_pushed_are_popped_once_in_order(hot_tier: HotTier) -> None:
+    pushed = await push(hot_tier, ["k1", "k2", "k3"])
+    assert (pushed.status, pushed.length) == ("pushed", 3)
+    assert (await hot_tier.observe("farmer")).length == 3
+    first = await hot_tier.pop("farmer", 2)
+    assert (first.keys, first.remaining, first.exhausted) == (["k1", "k2"], 1, False)
+    rest = await hot_tier.pop("farmer", 5)
+    assert (rest.keys, rest.remaining) == (["k3"], 0)
+    none = await hot_tier.pop("farmer", 1)
+    assert (none.keys, none.exhausted) == ([], False)
+    assert await hot_tier.depth("farmer") == 0
+
+
+async def test_a_batch_is_appended_once_whatever_its_retries(hot_tier: HotTier) -> None:
+    batch = uuid.uuid4().hex
+    assert (await hot_tier.push("farmer", ["a", "b"], batch)).status == "pushed"
+    again = await hot_tier.push("farmer", ["a", "b"], batch)
+    assert (again.status, again.length) == ("duplicate", 2)
+    assert await hot_tier.depth("farmer") == 2
+
+
+async def test_a_push_pinned_to_another_server_or_past_its_deadline_appends_nothing(
+    hot_tier: HotTier,
+) -> None:
+    token = (await hot_tier.observe("farmer")).token
+    assert (await push(hot_tier, ["a"], pin=token)).status == "pushed"
+    assert (await push(hot_tier, ["b"], pin="another:server")).status == "refused"
+    past = await hot_tier.server_time_ms() - 1
+    assert (await push(hot_tier, ["c"], not_after_ms=past)).status == "expired"
+    assert (await hot_tier.pop("farmer", 10)).keys == ["a"]
+
+
+async def test_an_exhausted_type_says_so_once_its_list_is_empty(hot_tier: HotTier) -> None:
+    await push(hot_tier, ["last"])
+    await hot_tier.mark_exhausted("farmer")
+    assert (await hot_tier.pop("farmer", 1)).keys == ["last"]
+    empty = await hot_tier.pop("farmer", 1)
+    assert (empty.keys, empty.exhausted) == ([], True)
+    assert await hot_tier.exhausted("farmer")
+
+
+async def test_an_idempotency_key_replays_its_keys_to_its_client_only(hot_tier: HotTier) -> None:
+    await push(hot_tier, [f"k{i}" for i in range(6)])
+    first = await hot_tier.pop_once("farmer", 2, "once-1", 60, "registry")
+    again = await hot_tier.pop_once("farmer", 2, "once-1", 60, "registry")
+    assert (again.keys, again.replayed) == (first.keys, True) and not first.replayed
+    other = await hot_tier.pop_once("farmer", 2, "once-1", 60, "another")
+    assert set(other.keys).isdisjoint(first.keys) and not other.replayed
+    with pytest.raises(IdempotencyMismatch):
+        await hot_tier.pop_once("farmer", 3, "once-1", 60, "registry")
+    assert await hot_tier.depth("farmer") == 2
+
+
+# --- the cold tier -----------------------------------------------------------------
+
+
+async def test_ranges_are_leased_once_each_and_counted(cold_tier: ColdTier, farmer: IdType) -> None:
+    first = await cold_tier.leases.lease_range(farmer, "keygen-a")
+    second = await cold_tier.leases.lease_range(farmer, "keygen-b")
+    assert first.stop - first.start == farmer.config.range_size
+    assert second.start >= first.stop  # disjoint
+    state = await cold_tier.inventory.sequence_state(farmer)
+    assert state.leased_counters == 2 * farmer.config.range_size
+    assert state.headroom == farmer.config.counter_share - state.leased_counters
+
+
+async def filled(cold_tier: ColdTier, farmer: IdType, count: int) -> set[str]:
+    leased = await cold_tier.leases.lease_range(farmer, "keygen")
+    keys = [f"{leased.start + i:010d}" for i in range(count)]
+    await cold_tier.inventory.insert_keys(farmer, leased, keys, count, final=False)
+    return set(keys)
+
+
+async def test_a_take_leaves_the_cold_tier_only_once_committed(
+    cold_tier: ColdTier, farmer: IdType
+) -> None:
+    stored = await filled(cold_tier, farmer, 50)
+    assert await cold_tier.inventory.depth("farmer", 1_000) == 50
+    assert await cold_tier.inventory.depth("farmer", 10) == 10  # capped
+    rolled = await cold_tier.takes.begin_take("farmer", 20)
+    assert len(rolled.keys) == 20 and set(rolled.keys) <= stored
+    await rolled.rollback()
+    assert await cold_tier.inventory.depth("farmer", 1_000) == 50
+    taken = await cold_tier.takes.begin_take("farmer", 20)
+    await taken.commit()
+    with pytest.raises(KeydispenserError):
+        await taken.commit()  # a transaction ends once
+    await taken.rollback()  # and a rollback after it changes nothing
+    assert await cold_tier.inventory.depth("farmer", 1_000) == 30
+    rest = await cold_tier.takes.begin_take("farmer", 100)
+    await rest.commit()
+    assert set(rest.keys) | set(taken.keys) == stored
+    empty = await cold_tier.takes.begin_take("farmer", 10)
+    await empty.commit()
+    assert empty.keys == []
+
+
+async def test_a_take_begun_while_another_is_open_never_shares_a_key(
+    cold_tier: ColdTier, farmer: IdType
+) -> None:
+    """On PostgreSQL the second take waits for the first to end (the sync clock's row
+    lock; begun one after the other in one task they would wait for the first's idle
+    limit); in memory it does not wait. Either way no key is in both."""
+    await filled(cold_tier, farmer, 30)
+    first = await cold_tier.takes.begin_take("farmer", 20)
+    later = asyncio.ensure_future(cold_tier.takes.begin_take("farmer", 20))
+    await asyncio.sleep(0.2)
+    await first.commit()
+    second = await asyncio.wait_for(later, 10)
+    await second.commit()
+    assert set(first.keys).isdisjoint(second.keys)
+    assert len(first.keys) + len(second.keys) == 30
