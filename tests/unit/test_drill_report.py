@@ -59,29 +59,60 @@ def test_a_drill_where_every_check_held_has_no_failures() -> None:
 
 
 def test_each_broken_check_is_named() -> None:
+    """The checks every drill makes come first, as written once (history.common_checks,
+    the cluster drill's report uses them too), then the Sentinel drill's own."""
     broken = dataclasses.replace(
         PASSED,
         duplicates=3,
-        ledger_missing=2,
-        keys_in_two_hands=1,
-        status_changes_lost=4,
-        ledger_wrong_client=5,
+        ledger={**PASSED.ledger, "missing": 2},
+        lifecycle={
+            **PASSED.lifecycle,
+            "keys_in_two_hands": 1,
+            "status_changes_lost": 4,
+            "ledger_wrong_client": 5,
+        },
         not_resumed=[1],
         process_exits=["keysync"],
         leases=dataclasses.replace(LEASES, lease_overlaps=1, snowflake_duplicates=5),
     )
     assert broken.failures() == [
         "3 keys dispensed twice",
-        "snowflake IDs issued twice",
-        "1 leases overlapped",
         "2 ledger records lost",
         "1 keys live in two hands",
         "4 status changes lost",
         "5 under another client",
         "processes exited: ['keysync']",
         "no key after rounds [1]",
+        "snowflake IDs issued twice",
+        "1 leases overlapped",
     ]
     assert format_table(broken).count("FAILED: ") == 9
+
+
+def test_the_cluster_drill_makes_the_same_checks() -> None:
+    from shared.ops.drill.cluster import ClusterDrillReport
+
+    report = ClusterDrillReport(
+        faults=[],
+        keys_dispensed=500,
+        unique_keys=500,
+        duplicates=3,
+        requests=50,
+        errors={},
+        faults_not_injected=1,
+        ledger={**PASSED.ledger, "missing": 2},
+        process_exits=[],
+        fence_not_engaged=[],
+        not_resumed=[],
+        fault_kinds=[],
+        lifecycle={**PASSED.lifecycle, "keys_in_two_hands": 1},
+    )
+    assert report.failures() == [
+        "3 keys dispensed twice",
+        "2 ledger records lost",
+        "1 keys live in two hands",
+        "1 faults not injected",
+    ]
 
 
 def test_the_json_report_keeps_its_flat_shape_and_carries_the_verdict() -> None:

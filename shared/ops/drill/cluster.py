@@ -136,42 +136,16 @@ class ClusterDrillReport:
     lifecycle: dict[str, Any] = field(default_factory=dict)  # lifecycle.check's figures
 
     def failures(self) -> list[str]:
-        uins = self.lifecycle
-        checks = [
-            (uins.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
-            (
-                uins.get("keys_in_two_hands", 0) == 0,
-                f"{uins.get('keys_in_two_hands')} keys live in two hands",
-            ),
-            (
-                uins.get("status_changes_lost", 0) == 0,
-                f"{uins.get('status_changes_lost')} status changes lost",
-            ),
-            (
-                uins.get("ledger_wrong_client", 0) == 0,
-                f"{uins.get('ledger_wrong_client')} under another client",
-            ),
-            (
-                uins.get("ledger_missing", 0) == 0,
-                f"{uins.get('ledger_missing')} lifecycle records lost",
-            ),
-            (
-                uins.get("replays_of_keys_reissued", 0) == 0,
-                "a retry was answered with a key given back and issued to another client",
-            ),
-            (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
-            (self.ledger["missing"] == 0, f"{self.ledger['missing']} ledger records lost"),
-            (
-                self.ledger["used_missing"] == 0,
-                f"{self.ledger['used_missing']} accepted use marks lost",
-            ),
-            (self.ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm"),
-            history.unapplied_check(self.ledger),
-            (not self.process_exits, f"processes exited: {self.process_exits}"),
-            (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
-            (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
-            (self.faults_not_injected == 0, f"{self.faults_not_injected} faults not injected"),
-        ]
+        common = history.common_checks(
+            self.duplicates,
+            self.ledger,
+            self.lifecycle,
+            self.process_exits,
+            self.fence_not_engaged,
+            self.not_resumed,
+        )
+        injected = self.faults_not_injected == 0
+        checks = [*common, (injected, f"{self.faults_not_injected} faults not injected")]
         for name, seen in self.bystanders.items():
             checks += [
                 (seen["keys"] > 0, f"{name} (another shard) dispensed nothing"),

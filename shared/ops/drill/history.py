@@ -148,12 +148,51 @@ def check_ledger(
     }
 
 
-def unapplied_check(ledger: dict[str, Any]) -> tuple[bool, str]:
-    """The check that keysync applied the whole stream before the drill stopped it:
-    entries left there would be counted as records missing (``unapplied_at_end``, the
-    entries left after the drill's wait; -1: the stream could not be read)."""
-    left = ledger.get("unapplied_at_end", 0)
-    return left == 0, f"keysync left {left} ledger entries unapplied at the end"
+def common_checks(
+    duplicates: int,
+    ledger: dict[str, Any],
+    lifecycle: dict[str, Any],
+    process_exits: list[str],
+    fence_not_engaged: list[int],
+    not_resumed: list[int],
+) -> list[tuple[bool, str]]:
+    """What every drill must hold, whatever its topology, each check named once
+    (``ledger``: check_ledger's figures; ``lifecycle``: lifecycle.check's): (holds,
+    what to say when it does not). Each drill's report adds its own after these."""
+    left = ledger.get("unapplied_at_end", 0)  # -1: the stream could not be read
+    uins = lifecycle
+    return [
+        (duplicates == 0, f"{duplicates} keys dispensed twice"),
+        (ledger["missing"] == 0, f"{ledger['missing']} ledger records lost"),
+        (ledger["used_missing"] == 0, f"{ledger['used_missing']} accepted use marks lost"),
+        (ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm"),
+        # Entries still in the stream when the fleet stopped would count as records lost.
+        (left == 0, f"keysync left {left} ledger entries unapplied at the end"),
+        (
+            uins.get("keys_in_two_hands", 0) == 0,
+            f"{uins.get('keys_in_two_hands')} keys live in two hands",
+        ),
+        (
+            uins.get("status_changes_lost", 0) == 0,
+            f"{uins.get('status_changes_lost')} status changes lost",
+        ),
+        (
+            uins.get("ledger_wrong_client", 0) == 0,
+            f"{uins.get('ledger_wrong_client')} under another client",
+        ),
+        (
+            uins.get("ledger_missing", 0) == 0,
+            f"{uins.get('ledger_missing')} lifecycle records lost",
+        ),
+        (
+            uins.get("replays_of_keys_reissued", 0) == 0,
+            "a retry was answered with a key given back and issued to another client",
+        ),
+        (uins.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
+        (not process_exits, f"processes exited: {process_exits}"),
+        (not fence_not_engaged, f"fence did not engage: {fence_not_engaged}"),
+        (not not_resumed, f"no key after rounds {not_resumed}"),
+    ]
 
 
 def _events(path: Path) -> Iterator[dict[str, Any]]:

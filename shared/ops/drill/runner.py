@@ -155,29 +155,18 @@ class DrillReport:
     def failures(self) -> list[str]:
         """What must hold after every drill, each broken check named."""
         held = self.leases
+        common = history.common_checks(
+            self.duplicates,
+            self.ledger,
+            self.lifecycle,
+            self.process_exits,
+            self.fence_not_engaged,
+            self.not_resumed,
+        )
         checks = [
-            (self.duplicates == 0, f"{self.duplicates} keys dispensed twice"),
+            *common,
             (held.snowflake_duplicates == 0, "snowflake IDs issued twice"),
             (held.lease_overlaps == 0, f"{held.lease_overlaps} leases overlapped"),
-            (self.ledger_duplicate_alarms == 0, "the ledger raised its duplicate alarm"),
-            (self.ledger_missing == 0, f"{self.ledger_missing} ledger records lost"),
-            (self.ledger_used_missing == 0, f"{self.ledger_used_missing} accepted use marks lost"),
-            history.unapplied_check(self.ledger),
-            (self.keys_in_two_hands == 0, f"{self.keys_in_two_hands} keys live in two hands"),
-            (self.status_changes_lost == 0, f"{self.status_changes_lost} status changes lost"),
-            (self.ledger_wrong_client == 0, f"{self.ledger_wrong_client} under another client"),
-            (
-                self.lifecycle.get("ledger_missing", 0) == 0,
-                f"{self.lifecycle.get('ledger_missing')} lifecycle records lost",
-            ),
-            (
-                self.lifecycle.get("replays_of_keys_reissued", 0) == 0,
-                "a retry was answered with a key given back and issued to another client",
-            ),
-            (self.lifecycle.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
-            (not self.process_exits, f"processes exited: {self.process_exits}"),
-            (not self.fence_not_engaged, f"fence did not engage: {self.fence_not_engaged}"),
-            (not self.not_resumed, f"no key after rounds {self.not_resumed}"),
             (
                 not self.lease_faults_not_observed,
                 f"lease faults not observed in rounds {self.lease_faults_not_observed}",
