@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.domain.config.redis import DEFAULT_NAMESPACE
-from shared.domain.errors import NoMachineIdFree, StoreUnavailable
+from shared.domain.errors import ConfigError, NoMachineIdFree, StoreUnavailable
 from shared.domain.leases import NO_WAIT, LeaseWait, check_pool, check_ttl, safety_margin_s
 from shared.stores.machine_leases import Acquired, MachineLeases
 from shared.stores.redis_endpoint import RedisEndpoint
@@ -311,6 +311,17 @@ async def release(store: MachineLeases, lease: MachineLease) -> None:
     )
 
 
+def check_named(endpoint: RedisEndpoint) -> None:
+    """Refuse an endpoint that names no Redis: a machine ID is unique only among the
+    holders of one Redis, and whatever answers at 127.0.0.1:6379 (a developer's server,
+    a sidecar) would grant IDs the deployment's holders also hold."""
+    if not endpoint.named:
+        raise ConfigError(
+            "lease_machine_id: the endpoint names no Redis; pass the deployment's "
+            "(RedisEndpoint(url), or RedisEndpoint.from_settings(settings))"
+        )
+
+
 @asynccontextmanager
 async def lease_machine_id(
     endpoint: RedisEndpoint,
@@ -329,7 +340,8 @@ async def lease_machine_id(
     """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
 
     Raises NoMachineIdFree when none is granted within ``wait_s``, ConfigError for a
-    bad pool name or range, or when ``renew_every_s`` exceeds a third of ``ttl_s``.
+    bad pool name or range, when ``renew_every_s`` exceeds a third of ``ttl_s``, or
+    for an endpoint that names no Redis (``check_named``).
     ``owner`` is a readable label (default: host and process); a random suffix makes
     the owner token unique. The endpoint stays open (it belongs to the caller).
     ``wait``: how many Redis replicas must acknowledge a grant or renewal for it to
@@ -337,6 +349,7 @@ async def lease_machine_id(
     """
     check_pool(pool, lo, hi)
     check_ttl(ttl_s, renew_every_s)
+    check_named(endpoint)
     store = MachineLeases(endpoint, namespace, wait)
     token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
     lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
@@ -390,6 +403,7 @@ class SyncMachineLease:
         namespace: str = DEFAULT_NAMESPACE,
         wait: LeaseWait = NO_WAIT,
     ) -> None:
+        check_named(endpoint)  # in the caller's thread: the error reaches it at once
         self._endpoint = endpoint
         self._open: Callable[[], Any] = lambda: lease_machine_id(
             endpoint,

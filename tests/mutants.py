@@ -696,6 +696,13 @@ MUTANTS: Final = (
         ("tests/integration/test_port_conformance.py",),
     ),
     Mutant(
+        "the_lease_library_leases_from_whatever_redis_answers_locally",
+        "shared/leasing.py",
+        "    if not endpoint.named:",
+        "    if False:",
+        ("tests/unit/test_leases.py",),
+    ),
+    Mutant(
         "a_lease_renewal_no_replica_has_counts",
         "shared/stores/machine_leases.py",
         'return str(status) if counts or status != "renewed" else "unreplicated"',

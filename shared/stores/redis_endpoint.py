@@ -108,6 +108,12 @@ class RedisEndpoint:
     def address(self) -> tuple[str, int] | None:
         return self._address
 
+    @property
+    def named(self) -> bool:
+        """Whether a Redis was named (a URL, Sentinel or a cluster); an endpoint built
+        without any falls back to 127.0.0.1:6379/0, whatever runs there."""
+        return self._url is not None or self._discovered is not None
+
     async def client(self) -> aioredis.Redis:
         """The client for the current primary, resolving it first when stale.
 

@@ -100,3 +100,18 @@ def test_the_holder_listing_shows_each_lease_and_a_settle_period() -> None:
     text = format_holders(shown)
     assert "pool prod: 1 held; grants resume in 1.2s" in text
     assert "host-1:svc#ab" in text.splitlines()[2]
+
+
+async def test_the_library_refuses_an_endpoint_that_names_no_redis() -> None:
+    """A machine ID is unique among one Redis's holders: an endpoint built without a
+    URL, Sentinel or cluster would lease from whatever answers at 127.0.0.1:6379. The
+    refusal comes before any connection (no server runs for this test)."""
+    from shared.leasing import SyncMachineLease, lease_machine_id
+    from shared.stores.redis_endpoint import RedisEndpoint
+
+    with pytest.raises(ConfigError, match="names no Redis"):
+        async with lease_machine_id(RedisEndpoint(), "orders", 0, 1023):
+            pass
+    with pytest.raises(ConfigError, match="names no Redis"):
+        SyncMachineLease(RedisEndpoint(), "orders", 0, 1023)
+    assert RedisEndpoint("redis://127.0.0.1:6379/0").named
