@@ -26,6 +26,10 @@ from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 RUN_DEADLINE_S: Final = 600.0  # per pytest run; pytest-timeout bounds each test too
+# The unmutated run of every mutant's tests at once (about 60 files, acceptance tests
+# among them): two workers, one file each at a time, as `make test` runs them.
+BASELINE_DEADLINE_S: Final = 1_800.0
+BASELINE_WORKERS: Final = ("-n", "2", "--dist", "loadfile")
 
 
 @dataclass(frozen=True)
@@ -1164,21 +1168,26 @@ def imports_from(copy: Path) -> None:
             raise SystemExit(f"mutants: the scratch copy imports {where}, not its own files")
 
 
-def run_tests(copy: Path, tests: Sequence[str]) -> tuple[int, str, str]:
+def run_tests(
+    copy: Path,
+    tests: Sequence[str],
+    options: Sequence[str] = (),
+    deadline_s: float = RUN_DEADLINE_S,
+) -> tuple[int, str, str]:
     """pytest's exit code (0 all passed, 1 some failed, anything else an error), the
     first failed test's id, and the end of pytest's output."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider"]
     try:
         done = subprocess.run(
-            [*command, *tests],
+            [*command, *options, *tests],
             cwd=copy,
             env=environment(copy),
             capture_output=True,
             text=True,
-            timeout=RUN_DEADLINE_S,
+            timeout=deadline_s,
         )
     except subprocess.TimeoutExpired:
-        return -1, "", f"no result within {RUN_DEADLINE_S} s"
+        return -1, "", f"no result within {deadline_s} s"
     failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
     return done.returncode, failed[0] if failed else "", (done.stdout + done.stderr)[-6000:]
 
@@ -1228,7 +1237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch_copy(copy)
         imports_from(copy)
         tests = sorted({t for m in mutants for t in m.tests})
-        code, first_failure, output = run_tests(copy, tests)
+        code, first_failure, output = run_tests(copy, tests, BASELINE_WORKERS, BASELINE_DEADLINE_S)
         if code != 0:
             print(output, file=sys.stderr)
             print(
