@@ -136,14 +136,7 @@ class ClusterDrillReport:
     lifecycle: dict[str, Any] = field(default_factory=dict)  # lifecycle.check's figures
 
     def failures(self) -> list[str]:
-        common = history.common_checks(
-            self.duplicates,
-            self.ledger,
-            self.lifecycle,
-            self.process_exits,
-            self.fence_not_engaged,
-            self.not_resumed,
-        )
+        common = history.common_checks(self)
         injected = self.faults_not_injected == 0
         checks = [*common, (injected, f"{self.faults_not_injected} faults not injected")]
         for name, seen in self.bystanders.items():

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -148,19 +148,31 @@ def check_ledger(
     }
 
 
-def common_checks(
-    duplicates: int,
-    ledger: dict[str, Any],
-    lifecycle: dict[str, Any],
-    process_exits: list[str],
-    fence_not_engaged: list[int],
-    not_resumed: list[int],
-) -> list[tuple[bool, str]]:
-    """What every drill must hold, whatever its topology, each check named once
-    (``ledger``: check_ledger's figures; ``lifecycle``: lifecycle.check's): (holds,
+class Checked(Protocol):
+    """The figures every drill's report has (``ledger``: check_ledger's figures;
+    ``lifecycle``: lifecycle.check's)."""
+
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def ledger(self) -> dict[str, Any]: ...
+    @property
+    def lifecycle(self) -> dict[str, Any]: ...
+    @property
+    def process_exits(self) -> list[str]: ...
+    @property
+    def fence_not_engaged(self) -> list[int]: ...
+    @property
+    def not_resumed(self) -> list[int]: ...
+
+
+def common_checks(report: Checked) -> list[tuple[bool, str]]:
+    """What every drill must hold, whatever its topology, each check named once: (holds,
     what to say when it does not). Each drill's report adds its own after these."""
+    duplicates, ledger, uins = report.duplicates, report.ledger, report.lifecycle
+    process_exits, fence_not_engaged = report.process_exits, report.fence_not_engaged
+    not_resumed = report.not_resumed
     left = ledger.get("unapplied_at_end", 0)  # -1: the stream could not be read
-    uins = lifecycle
     return [
         (duplicates == 0, f"{duplicates} keys dispensed twice"),
         (ledger["missing"] == 0, f"{ledger['missing']} ledger records lost"),

@@ -155,14 +155,7 @@ class DrillReport:
     def failures(self) -> list[str]:
         """What must hold after every drill, each broken check named."""
         held = self.leases
-        common = history.common_checks(
-            self.duplicates,
-            self.ledger,
-            self.lifecycle,
-            self.process_exits,
-            self.fence_not_engaged,
-            self.not_resumed,
-        )
+        common = history.common_checks(self)
         checks = [
             *common,
             (held.snowflake_duplicates == 0, "snowflake IDs issued twice"),
