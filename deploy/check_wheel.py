@@ -10,8 +10,11 @@ from collections import Counter
 
 REQUIRED = (
     "shared/cli/main.py",
-    "shared/stores/lua/pop.lua",
-    "shared/stores/migrations/0001_initial.sql",
+    "shared/stores/hot/lua/pop.lua",
+    "shared/stores/fence/lua/fence.lua",
+    "shared/stores/ledger/lua/ledger.lua",
+    "shared/leases/lua/lease_acquire.lua",
+    "shared/stores/postgres/migrations/0001_initial.sql",
     "shared/domain/default.yaml",
     "keygen/main.py",
     "keysync/main.py",

@@ -47,13 +47,13 @@ from shared.domain.leases import lease_wait
 from shared.domain.ports import HotPool, LedgerWrites, Nudges
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.domain.tiers import Popped
-from shared.leasing import LeaseMetrics
+from shared.leases.holder import LeaseMetrics
 from shared.stores.groups import Groups, dispenser_ports
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerReader, not_issued
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.wake import WakeChannel
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerReader, not_issued
+from shared.stores.redis.endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
 

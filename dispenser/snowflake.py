@@ -18,8 +18,8 @@ from dispenser.metrics import DispenserMetrics
 from shared.domain.errors import ConfigError, NoMachineIdFree
 from shared.domain.leases import NO_WAIT, LeaseWait
 from shared.domain.snowflake import Clock, Lease, Minter, SnowflakeType, wall_clock_ms
-from shared.leasing import LeaseMetrics, lease_machine_id
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.leases.holder import LeaseMetrics, lease_machine_id
+from shared.stores.redis.endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
 # A lease for one type: entered to acquire, exited to release (with the last time issued).
@@ -164,7 +164,7 @@ def redis_leases(
     metrics: LeaseMetrics | None = None,
     wait: LeaseWait = NO_WAIT,
 ) -> LeaseSource:
-    """Machine-ID leases kept in the hot tier's Redis (``shared.leasing``), one pool per
+    """Machine-ID leases kept in the hot tier's Redis (``shared.leases.holder``), one pool per
     type, each where ``place`` says its pool's keys live (``Groups.place``); an acquire
     waits up to one lease TTL (a new Redis server grants none for that long) before it
     is logged and tried again."""

@@ -30,14 +30,14 @@ from shared.runtime import (
     sleep_or_stop,
     stop_on_signals,
 )
-from shared.stores.binding import bind
-from shared.stores.cold_store import DRIVER_ERRORS, ColdStore
+from shared.stores.fence.binding import bind
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import SyncRecords
-from shared.stores.pg_connect import connect_each_host
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.schema import check
-from shared.stores.sql import KEYGEN_CHANNEL
-from shared.stores.sync_record import SyncRecord
+from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore
+from shared.stores.postgres.connect import connect_each_host
+from shared.stores.postgres.schema import check
+from shared.stores.postgres.sql import KEYGEN_CHANNEL
 
 log = logging.getLogger(__name__)
 # One line per range filled: `up` quiets it (its own progress lines say as much).

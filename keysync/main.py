@@ -34,15 +34,15 @@ from shared.runtime import (
     sleep_or_stop,
     stop_on_signals,
 )
-from shared.stores.binding import bind
-from shared.stores.cold_store import ColdStore
+from shared.stores.fence.binding import bind
+from shared.stores.fence.postgres_fence import GuardedCold
 from shared.stores.groups import Groups, LedgerRouter, SyncRecords
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.schema import check
-from shared.stores.wake import WakeChannel
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import check
 
 log = logging.getLogger(__name__)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window

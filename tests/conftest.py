@@ -29,13 +29,13 @@ from dispenser.server import uvicorn_options
 from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings, load_settings
+from shared.leases.store import MachineLeases
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
 from shared.ops.redis_cluster import EmbeddedRedisCluster
-from shared.stores.hot_store import HotStore
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 
 # Tests never assert speed: Hypothesis's per-example deadline (200 ms) would, and fails
 # on a loaded machine.

@@ -9,7 +9,7 @@ import asyncpg
 from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
-from shared.stores.schema import migrate
+from shared.stores.postgres.schema import migrate
 
 # The database every PostgreSQL server has: scratch databases are created through it.
 MAINTENANCE_DATABASE = "postgres"

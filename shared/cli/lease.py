@@ -32,10 +32,10 @@ from prometheus_client import CollectorRegistry
 from shared.domain.config import Settings
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import lease_wait, safety_margin_s
-from shared.leasing import LeaseMetrics, MachineLease, default_owner, lease_machine_id
+from shared.leases.holder import LeaseMetrics, MachineLease, default_owner, lease_machine_id
+from shared.leases.store import Holders, MachineLeases
 from shared.metrics import serve
-from shared.stores.machine_leases import Holders, MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 
 EX_TEMPFAIL = 75  # sysexits.h: try again later
 EX_NOTFOUND = 127

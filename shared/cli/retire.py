@@ -10,9 +10,9 @@ import asyncpg
 from shared.domain.config import Settings, path_segments
 from shared.domain.errors import ConfigError
 from shared.domain.names import ID_TYPE_NAME
-from shared.stores import schema
 from shared.stores.groups import Groups
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import schema
 
 
 def refuse_configured(settings: Settings, name: str) -> None:

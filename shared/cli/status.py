@@ -8,12 +8,12 @@ from typing import Any
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
-from shared.stores import sql
-from shared.stores.binding import bind
-from shared.stores.cold_store import ColdStore
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.binding import bind
+from shared.stores.fence.postgres_fence import ClockRow, combined, settle, verdict
+from shared.stores.fence.sync_record import Record
 from shared.stores.groups import Groups, HotRouter, SyncRecords
-from shared.stores.postgres_fence import ClockRow, combined, settle, verdict
-from shared.stores.sync_record import Record
+from shared.stores.postgres.cold_store import ColdStore
 
 _STATUS_CAP = 10_000_000
 
@@ -172,8 +172,8 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecords) -> dict[str, 
     all (the record shown: the one furthest on)."""
     records = {each.namespace: await each.read() for each in sync}
     async with cold.connection() as conn:
-        clock = await conn.fetchrow(sql.LOCK_SYNC_CLOCK.replace("FOR UPDATE", ""))
-        event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+        clock = await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK.replace("FOR UPDATE", ""))
+        event = await conn.fetchrow(fence_sql.SELECT_LAST_FENCE)
     row = None if clock is None else ClockRow(*(clock[k] for k in ROW_FIELDS))
     verdicts = {ns: None if row is None else verdict(row, r) for ns, r in records.items()}
     record = max(records.values(), key=lambda r: (r.timeline, r.clock))

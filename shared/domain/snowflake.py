@@ -45,7 +45,7 @@ def wall_clock_ms() -> int:
 
 
 class Lease(Protocol):
-    """What the minter needs of a machine-ID lease (``shared.leasing.MachineLease``)."""
+    """What the minter needs of a machine-ID lease (``shared.leases.holder.MachineLease``)."""
 
     @property
     def pool(self) -> str: ...

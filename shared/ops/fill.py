@@ -18,10 +18,10 @@ from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
 from shared.runtime import stop_on_signals
-from shared.stores.binding import bind
-from shared.stores.cold_store import ColdStore
+from shared.stores.fence.binding import bind
 from shared.stores.groups import SyncRecords
-from shared.stores.schema import check
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import check
 
 log = logging.getLogger(__name__)
 

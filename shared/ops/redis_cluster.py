@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from shared.ops.embedded import EmbeddedRedis, EmbeddedServerError, free_port
 from shared.ops.processes import kill_process
-from shared.stores.redis_endpoint import config_epoch
+from shared.stores.redis.endpoint import config_epoch
 
 SLOTS = 16_384
 READY_S = 30.0

@@ -29,7 +29,7 @@ from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, runtime_root
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
-from shared.stores.sql import SELECT_RANGE_STATS
+from shared.stores.postgres.sql import SELECT_RANGE_STATS
 
 log = logging.getLogger(__name__)
 CHILDREN = ("keygen", "keysync", "dispenser")

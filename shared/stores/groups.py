@@ -23,11 +23,11 @@ from typing import Generic, TypeVar
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.tiers import Popped
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import SyncRecord
-from shared.stores.wake import WakeChannel
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.redis.endpoint import RedisEndpoint
 
 T = TypeVar("T")
 P = TypeVar("P")

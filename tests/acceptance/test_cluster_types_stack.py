@@ -22,7 +22,7 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.processes import run_cli
 from shared.ops.redis_cluster import EmbeddedRedisCluster
-from shared.stores import sql
+from shared.stores.postgres import sql
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 

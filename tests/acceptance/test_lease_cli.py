@@ -16,9 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
+from shared.leases.store import MachineLeases
 from shared.ops.processes import cli_command, run_cli, scrubbed_env
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, Servers
 
 pytestmark = pytest.mark.acceptance

@@ -28,8 +28,8 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.ops.drill.proxy import standalone
-from shared.stores.cold_store import ColdStore
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env
 from tests.conftest import NS, Servers, make_settings
 

@@ -22,10 +22,10 @@ import pytest
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.ops.processes import kill_process, run_cli
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger_stream import LedgerStream
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
 from tests.conftest import Servers, make_settings
 

@@ -28,10 +28,10 @@ from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import LeasedRange
 from shared.ops.embedded import EmbeddedPostgres
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore, translated
-from shared.stores.hot_store import HotStore
-from shared.stores.pg_connect import connect_each_host
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore, translated
+from shared.stores.postgres.connect import connect_each_host
 from tests.conftest import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance

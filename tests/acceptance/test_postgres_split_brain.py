@@ -32,13 +32,13 @@ from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, S
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
 from shared.ops.drill.postgres import PostgresPair
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.postgres_fence import GuardedCold, settle
+from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import SyncRecords
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold, settle
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import Servers, make_settings
 from tests.integration.test_key_groups import ClaimFailsOnce
 
@@ -284,7 +284,7 @@ async def test_a_range_leased_before_a_fence_is_never_copied_after_it(
     assert await old.cold.depth("farmer", 10) == 0
     conn = await asyncpg.connect(old.settings.postgres_dsn)
     try:
-        clock = await conn.fetchrow(sql.SELECT_SYNC_CLOCK)
+        clock = await conn.fetchrow(fence_sql.SELECT_SYNC_CLOCK)
         assert clock is not None and clock["fences"] == leased.fences + 1
     finally:
         await conn.close()
@@ -386,7 +386,7 @@ async def test_with_a_record_per_type_a_new_timeline_is_judged_against_every_rec
         await GuardedCold(new.cold, groups.records, new.types).take_batch("shortlink", 100)
         conn = await asyncpg.connect(new.settings.postgres_dsn)
         try:
-            event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+            event = await conn.fetchrow(fence_sql.SELECT_LAST_FENCE)
         finally:
             await conn.close()
         assert event is not None and event["reason"] == "behind"  # refused, settled

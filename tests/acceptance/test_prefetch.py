@@ -22,8 +22,8 @@ import pytest
 
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, spawn, stop_process
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import (
     NS,
     Servers,

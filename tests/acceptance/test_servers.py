@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, spawn, stop_process
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import (
     Servers,
     both_servers,

@@ -11,10 +11,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from shared.leases.store import MachineLeases
 from shared.ops.embedded import free_port
 from shared.ops.processes import scrubbed_env
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.acceptance.harness import ChildProcesses, wait_for_http
 from tests.conftest import NS, Servers, end_lease_settling
 from tests.integration.test_snowflake import EVENTS, EVENTS_CONFIG

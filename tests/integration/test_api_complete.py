@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
-from shared.stores import sql
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
 from tests.conftest import (
     NS,
     Servers,

@@ -25,12 +25,12 @@ from shared.domain.config import Settings
 from shared.domain.errors import NamespaceBound, StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.ops.processes import run_cli
-from shared.stores import sql
-from shared.stores.binding import bind
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.binding import bind
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import Servers, make_settings
 
@@ -50,7 +50,7 @@ async def second_database(servers: Servers, template_db: str) -> str:
 async def identity(dsn: str) -> str:
     conn = await asyncpg.connect(dsn)
     try:
-        return str(await conn.fetchval(sql.SELECT_DATABASE_IDENTITY))
+        return str(await conn.fetchval(fence_sql.SELECT_DATABASE_IDENTITY))
     finally:
         await conn.close()
 
@@ -128,7 +128,7 @@ async def test_another_database_is_refused_at_run_time_without_a_fence(
         assert await hot.depth("farmer") == 0
         for store in (mine, theirs):
             async with store.connection() as conn:
-                assert await conn.fetchrow(sql.SELECT_LAST_FENCE) is None
+                assert await conn.fetchrow(fence_sql.SELECT_LAST_FENCE) is None
     finally:
         generator.close()
         await mine.close()

@@ -28,11 +28,11 @@ from keysync.main import Keysync
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, Servers, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote
 from tests.integration.test_replica_fence import replicaof, synced

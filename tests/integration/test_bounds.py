@@ -20,8 +20,8 @@ from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.domain.tiers import MAX_KEYS_PER_POP
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import (
     EMPTY_CONFIG,
     NS,

@@ -25,7 +25,7 @@ from keydispenser_client import (
 from shared.domain import redis_keys
 from shared.domain.apikeys import digest
 from shared.domain.config import Settings
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 DEADLINE_S = 20.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import NS
 
 

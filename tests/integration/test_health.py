@@ -15,11 +15,11 @@ from keysync.main import Keysync, run
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.metrics import Heartbeat, serve
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
-from shared.stores.wake import WakeChannel
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.postgres.cold_store import ColdStore
 
 
 class Clock:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from shared.domain.config import Settings
 from shared.ops.embedded import free_port
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import (
     Servers,
     both_servers,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shared.domain.config import Settings
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import dispenser_over_http
 
 

@@ -14,10 +14,10 @@ from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import Applied, LedgerDrain
-from shared.stores.ledger_stream import LedgerStream
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import Applied, LedgerDrain
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 KEYS = [f"L{i:06d}" for i in range(200)]  # well-formed base62 keys of length 7

@@ -23,12 +23,12 @@ from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
-from shared.stores import sql
-from shared.stores.binding import bind
+from shared.stores.fence.binding import bind
+from shared.stores.fence.postgres_fence import GuardedCold, combined, settle
+from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.groups import SyncRecords
-from shared.stores.postgres_fence import GuardedCold, combined, settle
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import Record, SyncRecord
+from shared.stores.postgres import sql
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, Servers
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
 

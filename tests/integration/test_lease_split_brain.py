@@ -24,9 +24,9 @@ import redis.asyncio as aioredis
 from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import LeaseWait
-from shared.leasing import lease_machine_id
+from shared.leases.holder import lease_machine_id
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, end_lease_settling
 from tests.integration.test_replica_fence import replicaof, synced
 

@@ -14,11 +14,12 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import Applied, LedgerDrain, apply, parse
-from shared.stores.ledger_stream import LedgerStream
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import Applied, LedgerDrain, apply, parse
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 KEYS = [f"L{i:06d}" for i in range(100)]  # well-formed base62 keys of length 7
@@ -260,7 +261,9 @@ async def test_a_use_applied_before_its_issue_is_kept_until_the_issue_comes(
         late = await apply(conn, parse(held, build_id_types(settings)))
     assert late.issued == 1 and late.used == 1
     async with cold_store.connection() as conn:
-        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000012")
+        row = await conn.fetchrow(
+            sql.for_type(ledger_sql.SELECT_LEDGER_KEY, "shortlink"), "L000012"
+        )
         assert await conn.fetchval("SELECT count(*) FROM kd_ledger_early_marks") == 0
     assert row is not None and row["used_at"] is not None and row["used_by"] == "a"
 
@@ -278,7 +281,9 @@ async def test_an_early_use_by_another_client_is_refused_when_the_issue_comes(
     assert applied is not None and applied.issued == 1
     assert applied.used == 0 and applied.used_refused == 1
     async with cold_store.connection() as conn:
-        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000013")
+        row = await conn.fetchrow(
+            sql.for_type(ledger_sql.SELECT_LEDGER_KEY, "shortlink"), "L000013"
+        )
     assert row is not None and row["used_at"] is None
 
 
@@ -406,7 +411,9 @@ async def test_an_early_foreign_mark_never_hides_the_owners(
         for batch in (marks, issue):
             async with conn.transaction():
                 applied.append(await apply(conn, parse(batch, types)))
-        row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, "shortlink"), "L000015")
+        row = await conn.fetchrow(
+            sql.for_type(ledger_sql.SELECT_LEDGER_KEY, "shortlink"), "L000015"
+        )
     assert sum(a.used for a in applied) == 1 and sum(a.used_refused for a in applied) == 1
     assert row is not None and row["used_by"] == "owner"
 

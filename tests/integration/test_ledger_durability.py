@@ -24,12 +24,12 @@ import pytest
 from shared.cli.databases import run_migrate
 from shared.domain.idtypes import build_id_types
 from shared.ops.embedded import free_port
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 from tests.integration import test_replica_fence
 from tests.integration.test_replica_fence import Pair, caught_up, replicaof

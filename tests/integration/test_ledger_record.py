@@ -17,12 +17,12 @@ from keysync.main import Keysync
 from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores import sql
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain, apply, parse
-from shared.stores.ledger_stream import LedgerEntry, LedgerStream
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerEntry, LedgerStream
+from shared.stores.ledger.table import LedgerDrain, apply, parse
+from shared.stores.postgres import sql
 from tests.conftest import Servers, make_settings, small_types
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
 

@@ -18,12 +18,12 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from shared import leasing
 from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
-from shared.leasing import LeaseMetrics, SyncMachineLease, lease_machine_id
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.leases import holder as leasing
+from shared.leases.holder import LeaseMetrics, SyncMachineLease, lease_machine_id
+from shared.leases.store import MachineLeases
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, Servers
 
 TTL_MS = 400

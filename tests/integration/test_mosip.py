@@ -20,11 +20,11 @@ from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain, apply, parse
-from shared.stores.ledger_stream import LedgerStream
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain, apply, parse
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 RESPONSE_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 OTHER = "staging"

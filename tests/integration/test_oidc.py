@@ -29,7 +29,7 @@ from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 
 ISSUER = "https://keycloak.test/realms/mosip"

@@ -15,7 +15,7 @@ from starlette.routing import Route
 from dispenser import mosip
 from dispenser.app import ROUTES
 from shared.domain.apikeys import new_api_key
-from shared.stores.hot_store import HotStore
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import (
     Servers,
     dispenser_over_http,

@@ -19,12 +19,12 @@ from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import Popped
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
-from shared.stores.wake import WakeChannel
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, make_settings, small_types
 
 

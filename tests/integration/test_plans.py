@@ -19,8 +19,9 @@ import asyncpg
 import pytest
 
 from shared.domain.config import Settings
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, make_settings, small_types
 
 ROWS = 20_000  # issue rows added after the statement's first runs
@@ -46,7 +47,7 @@ async def plan_after_growth(conn: asyncpg.Connection) -> dict[str, Any]:
     """The plan ``conn`` uses for the ledger's mark-of-use statement (UPDATE_LEDGER_USED)
     after running it six times on an empty ledger table and then filling the table."""
     ledger = sql.ledger_table("shortlink")
-    statement = sql.for_type(sql.UPDATE_LEDGER_USED, "shortlink")
+    statement = sql.for_type(ledger_sql.UPDATE_LEDGER_USED, "shortlink")
     await conn.execute(f"PREPARE mark_used(text[], timestamptz[], text[], bool[]) AS {statement}")
     try:
         for _ in range(6):  # custom plans first; then PostgreSQL may settle on a generic one

@@ -25,11 +25,11 @@ from shared.domain.errors import IdempotencyMismatch, KeydispenserError
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import ColdInventory, HotLists, HotPool, KeyInventory, RangeLeases
 from shared.domain.tiers import Pushed
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
 from shared.stores.memory import MemoryCold, MemoryHot
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, make_settings
 
 KINDS = ["memory", "real"]

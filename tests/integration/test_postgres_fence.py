@@ -27,11 +27,13 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
-from shared.stores import postgres_fence, sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold, settle
-from shared.stores.sync_record import Record, SyncRecord
+from shared.stores.fence import postgres_fence
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.postgres_fence import GuardedCold, settle
+from shared.stores.fence.sync_record import Record, SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers
 
 
@@ -133,7 +135,7 @@ async def test_a_server_that_lost_commits_is_fenced_and_reissues_nothing(
         assert not set(before) & set(after)
         conn = await asyncpg.connect(replica)
         try:
-            event = await conn.fetchrow(sql.SELECT_LAST_FENCE)
+            event = await conn.fetchrow(fence_sql.SELECT_LAST_FENCE)
             assert event is not None
             assert event["reason"] == "behind"
             assert event["keys_discarded"] > 0  # the replica's whole inventory

@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
 from shared.domain.tiers import Stamp
-from shared.stores.hot_store import HotStore
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
 from tests.conftest import NS
 
 DB = "7712819248751995008/kd"

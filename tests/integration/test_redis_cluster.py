@@ -21,11 +21,11 @@ from redis.crc import key_slot
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
+from shared.leases.store import MachineLeases
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
-from shared.stores.hot_store import HotStore
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 T = TypeVar("T")

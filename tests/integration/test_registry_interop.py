@@ -18,11 +18,11 @@ from keysync.main import Keysync
 from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
 
 MARKS = {

@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
+from shared.leases.store import MachineLeases
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores.hot_store import HotStore
-from shared.stores.machine_leases import MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS
 
 REPLICA_REFUSAL = "this server is a replica, not the primary"

@@ -21,8 +21,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared.ops.embedded import EmbeddedRedis
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS
 
 

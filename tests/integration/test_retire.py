@@ -21,11 +21,11 @@ from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.ops.processes import run_cli
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import NS, Servers, make_settings
 

@@ -23,13 +23,13 @@ from shared.cli.status import collect_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.ledger import LedgerDrain, LedgerReader
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.postgres_fence import GuardedCold, settle
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold, settle
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain, LedgerReader
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, make_settings, small_types
 
 ROLES = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "roles.sql"

@@ -9,9 +9,9 @@ from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.stores.cold_store import ColdStore
-from shared.stores.schema import check, latest_version, migrate, migration_files
-from shared.stores.sync_record import UNGUARDED
+from shared.stores.fence.sync_record import UNGUARDED
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import check, latest_version, migrate, migration_files
 from tests.conftest import Servers, make_settings, small_types
 
 

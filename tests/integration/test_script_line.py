@@ -14,8 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.stores.hot_store import HotStore
-from shared.stores.script_line import LineScript, ScriptLine
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.script_line import LineScript, ScriptLine
 from tests.conftest import Servers
 
 COUNTER = "kd-test-line-counter"

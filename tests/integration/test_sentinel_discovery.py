@@ -9,7 +9,7 @@ import pytest
 
 from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import Servers
 
 

@@ -25,9 +25,9 @@ from shared.domain import redis_keys
 from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
 from shared.ops.drill.topology import MASTER, Topology
-from shared.stores import redis_endpoint
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis import endpoint as redis_endpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS
 
 DEADLINE_S = 30.0

@@ -24,10 +24,10 @@ from shared.cli.status import collect_status, format_status
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, KeyspaceExhausted
 from shared.domain.idtypes import build_id_types
-from shared.stores.cold_store import ColdStore
-from shared.stores.postgres_fence import settle
-from shared.stores.schema import migrate
-from shared.stores.sync_record import UNGUARDED, SyncRecord
+from shared.stores.fence.postgres_fence import settle
+from shared.stores.fence.sync_record import UNGUARDED, SyncRecord
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import migrate
 from tests.conftest import Servers, make_settings
 
 DOMAIN = 10_000  # numeric length 5: four counter digits and the check digit

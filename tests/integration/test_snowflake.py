@@ -22,7 +22,7 @@ from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops.fill import fill
-from shared.stores import sql
+from shared.stores.postgres import sql
 from tests.conftest import (
     NS,
     Servers,

@@ -10,8 +10,8 @@ import pytest
 from shared.cli.lease import exit_status, format_holders, report
 from shared.domain.errors import ConfigError
 from shared.domain.leases import MAX_POOL_IDS, check_pool, check_ttl, safety_margin_s
-from shared.leasing import MachineLease
-from shared.stores.machine_leases import Acquired, Holder, Holders
+from shared.leases.holder import MachineLease
+from shared.leases.store import Acquired, Holder, Holders
 
 
 @pytest.mark.parametrize(
@@ -106,8 +106,8 @@ async def test_the_library_refuses_an_endpoint_that_names_no_redis() -> None:
     """A machine ID is unique among one Redis's holders: an endpoint built without a
     URL, Sentinel or cluster would lease from whatever answers at 127.0.0.1:6379. The
     refusal comes before any connection (no server runs for this test)."""
-    from shared.leasing import SyncMachineLease, lease_machine_id
-    from shared.stores.redis_endpoint import RedisEndpoint
+    from shared.leases.holder import SyncMachineLease, lease_machine_id
+    from shared.stores.redis.endpoint import RedisEndpoint
 
     with pytest.raises(ConfigError, match="names no Redis"):
         async with lease_machine_id(RedisEndpoint(), "orders", 0, 1023):

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from shared.domain.config import IdTypeConfig, load_settings
 from shared.domain.idtypes import build_id_types
-from shared.stores.ledger import entry_time, parse
+from shared.stores.ledger.table import entry_time, parse
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 
@@ -34,7 +34,7 @@ def test_issue_entries_stay_one_item_per_entry() -> None:
         ],
         types(),
     )
-    rows = batch.issued["link"]  # PostgreSQL splits them (sql._ISSUE_BATCH)
+    rows = batch.issued["link"]  # PostgreSQL splits them (ledger_sql._ISSUE_BATCH)
     assert rows.keys == ["a b", "c d"] and rows.count == 4
     assert rows.clients == ["x y", "z"]
     assert rows.idempotency_keys == [None, "k1"]

@@ -19,7 +19,7 @@ def restored() -> Iterator[None]:
     """Put the logging tree back as it was: configure() changes it process-wide."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    leasing = logging.getLogger("shared.leasing")
+    leasing = logging.getLogger("shared.leases.holder")
     leasing_level = leasing.level
     yield
     root.handlers[:], root.level = handlers, level
@@ -29,8 +29,8 @@ def restored() -> Iterator[None]:
 def test_a_logger_of_its_own_level_logs_below_the_process_level(
     restored: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logs.configure("keysync", "INFO", {"shared.leasing": "DEBUG"})
-    logging.getLogger("shared.leasing").debug("lease_renewed", extra={"machine_id": 7})
+    logs.configure("keysync", "INFO", {"shared.leases.holder": "DEBUG"})
+    logging.getLogger("shared.leases.holder").debug("lease_renewed", extra={"machine_id": 7})
     logging.getLogger("shared.stores").debug("not_this_one")
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert [(line["event"], line["level"]) for line in lines] == [("lease_renewed", "debug")]
@@ -41,15 +41,15 @@ def test_without_levels_of_their_own_renewals_are_not_logged(
     restored: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs.configure("dispenser", "INFO")
-    logging.getLogger("shared.leasing").debug("lease_renewed")
-    logging.getLogger("shared.leasing").info("lease_granted")
+    logging.getLogger("shared.leases.holder").debug("lease_renewed")
+    logging.getLogger("shared.leases.holder").info("lease_granted")
     events = [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
     assert events == ["lease_granted"]
 
 
 def test_an_unknown_level_is_refused_naming_the_logger() -> None:
-    with pytest.raises(ConfigError, match=r"log_levels\.shared\.leasing"):
-        load_settings(EMPTY_CONFIG, log_levels={"shared.leasing": "LOUD"})
+    with pytest.raises(ConfigError, match=r"log_levels\.shared\.leases\.holder"):
+        load_settings(EMPTY_CONFIG, log_levels={"shared.leases.holder": "LOUD"})
 
 
 @pytest.mark.parametrize("formatter", [logs.JsonFormatter, logs.ConsoleFormatter])

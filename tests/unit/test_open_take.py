@@ -14,7 +14,7 @@ from shared.domain.config import IdTypeConfig
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import LeasedRange, Stamp
-from shared.stores.cold_store import ColdStore, OpenTake
+from shared.stores.postgres.cold_store import ColdStore, OpenTake
 
 
 class Transaction:

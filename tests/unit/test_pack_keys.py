@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.stores.hot_store import pack_keys
+from shared.stores.hot.hot_store import pack_keys
 
 
 def test_keys_are_joined_by_newlines() -> None:

@@ -16,7 +16,7 @@ from redis.exceptions import (
 
 from shared.domain.config import ClusterConfig, load_settings
 from shared.domain.errors import ConfigError
-from shared.stores.redis_endpoint import _owner_in, config_epoch, describe, means_primary_moved
+from shared.stores.redis.endpoint import _owner_in, config_epoch, describe, means_primary_moved
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 
@@ -52,7 +52,7 @@ def test_other_errors_do_not(exc: Exception) -> None:
 async def test_no_client_the_endpoint_builds_retries_by_itself() -> None:
     """redis-py retries a command 10 times by default: that would re-run pops."""
     from shared.domain.config import SentinelConfig
-    from shared.stores.redis_endpoint import RedisEndpoint, redis_client
+    from shared.stores.redis.endpoint import RedisEndpoint, redis_client
 
     config = SentinelConfig(sentinels=("127.0.0.1:1", "127.0.0.1:2"), password=SecretStr("p"))
     clients = [redis_client(("127.0.0.1", 1), config), redis_client(("127.0.0.1", 1))]
@@ -69,7 +69,7 @@ def test_sentinel_tls_and_credentials_reach_servers_and_sentinels() -> None:
     from redis.asyncio.connection import SSLConnection
 
     from shared.domain.config import SentinelConfig
-    from shared.stores.redis_endpoint import redis_client
+    from shared.stores.redis.endpoint import redis_client
 
     config = SentinelConfig(
         sentinels=("s1:26379",),
@@ -161,7 +161,7 @@ def test_a_bad_cluster_setting_is_named(values: dict[str, object], message: str)
 def test_cluster_tls_and_credentials_reach_every_node() -> None:
     from redis.asyncio.connection import SSLConnection
 
-    from shared.stores.redis_endpoint import redis_client
+    from shared.stores.redis.endpoint import redis_client
 
     config = ClusterConfig(
         nodes=("n1:7000",), username="kd", password=SecretStr("p"), tls=True, tls_ca_file="/ca"
@@ -174,7 +174,7 @@ def test_cluster_tls_and_credentials_reach_every_node() -> None:
 
 def test_a_cluster_endpoint_needs_the_namespace_its_slot_is_of() -> None:
     """Without it every process would look for slot 0's primary: another shard."""
-    from shared.stores.redis_endpoint import RedisEndpoint
+    from shared.stores.redis.endpoint import RedisEndpoint
 
     with pytest.raises(ValueError, match="key namespace"):
         RedisEndpoint(cluster=ClusterConfig(nodes=("127.0.0.1:7000",)))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.domain import redis_keys
-from shared.stores import redis_scripts
+from shared.stores.redis import scripts as redis_scripts
 
 
 def builders(module: Any, suffix: str) -> list[Callable[..., Any]]:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 
-from shared.stores.script_line import ScriptLine
+from shared.stores.redis.script_line import ScriptLine
 
 Argument = str | int | bytes | float
 SHA = "0123456789abcdef0123456789abcdef01234567"

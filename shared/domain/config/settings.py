@@ -38,7 +38,7 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
     # json: one JSON object per line (what log collectors want); console: one readable
     # line per event (`keydispenser up` uses it on a terminal).
     log_format: Literal["json", "console"] = "json"
-    # Per logger (and the loggers below it), overriding log_level: {"shared.leasing":
+    # Per logger (and the loggers below it), overriding log_level: {"shared.leases.holder":
     # "DEBUG"} logs every machine-ID lease renewal, for an audit of who held an ID when.
     log_levels: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR"]] = Field(
         default_factory=dict

@@ -32,8 +32,8 @@ from shared.ops.bench.dispense import FILL_SCRIPT
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_process
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 
 CLIENT_TYPE = "kd_bench_client"
 # Four requests in flight: the caller outruns one fetcher, which waits on the

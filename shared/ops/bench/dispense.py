@@ -48,8 +48,8 @@ from shared.ops.bench import servers as bench_servers
 from shared.ops.bench.tokens import LocalIssuer
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 
 # The one ID type this bench dispenses (from a hot list it fills itself).
 DISPENSE_TYPE = "kd_bench"

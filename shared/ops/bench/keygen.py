@@ -16,8 +16,8 @@ from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.idtypes import IdType, build_id_types
 from shared.ops.bench import Options
-from shared.stores.cold_store import ColdStore
-from shared.stores.schema import migrate
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import migrate
 
 # Name in the results -> ID type definition.
 BENCH_TYPES: dict[str, dict[str, Any]] = {

@@ -34,12 +34,12 @@ from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.hot_store import HotStore
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.schema import migrate
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import migrate
 
 SYNC_TYPE = "kd_bench_sync"
 # Cold keys per measure: this many per second of --seconds (above the 300 k/s target,

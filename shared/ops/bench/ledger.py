@@ -38,13 +38,13 @@ from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.keysync import _gather
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore
-from shared.stores.ledger import LedgerDrain
-from shared.stores.ledger_stream import LedgerStream
-from shared.stores.postgres_fence import GuardedCold
-from shared.stores.schema import migrate
-from shared.stores.sync_record import SyncRecord
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.schema import migrate
 
 LEDGER_TYPE = "kd_bench_ledger"
 ENTRY_KEYS = 20  # keys per issue entry

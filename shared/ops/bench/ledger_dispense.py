@@ -26,8 +26,8 @@ from shared.ops.bench import BENCH_PERMUTATION_KEY
 from shared.ops.bench.dispense import FILL_SCRIPT, BenchServer, LoadGenerator
 from shared.ops.embedded import EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env
-from shared.stores.hot_store import HotStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.redis.endpoint import RedisEndpoint
 
 BASE = {"kind": "numeric", "length": 10, "hot": {"low": 0, "high": 1}}
 TYPES: dict[str, dict[str, Any]] = {

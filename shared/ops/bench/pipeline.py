@@ -54,8 +54,8 @@ from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 from shared.ops.redis_cluster import EmbeddedRedisCluster
-from shared.stores.cold_store import ColdStore
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.redis.endpoint import RedisEndpoint
 
 PIPE_TYPE = "kd_bench_pipe"
 BATCH = 5_000

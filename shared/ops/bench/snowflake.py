@@ -28,12 +28,12 @@ import yaml
 from shared.domain.config import Settings, SnowflakeConfig
 from shared.domain.errors import ConfigError
 from shared.domain.snowflake import Minter, SnowflakeType
-from shared.leasing import lease_machine_id
+from shared.leases.holder import lease_machine_id
 from shared.ops.bench import Options
 from shared.ops.bench.dispense import BATCH, CONNECTIONS, BenchServer, LoadGenerator, uvicorn_argv
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.stores.redis.endpoint import RedisEndpoint
 
 SNOWFLAKE_TYPE = "kd_bench_snowflake"
 SNOWFLAKE_TYPE_CONFIG: dict[str, Any] = {

@@ -30,7 +30,7 @@ from shared.ops.drill.load import RecordingLoad
 from shared.ops.drill.postgres import PostgresPair
 from shared.ops.drill.topology import Topology
 from shared.ops.embedded import EmbeddedPostgres, children_of
-from shared.stores import sql
+from shared.stores.fence import sql as fence_sql
 
 DRILL_NAMESPACE = "kd"  # the Redis namespace of the drill's own servers
 LAG_WINDOW_S = 2.0  # postgres faults: how long the replica misses commits first
@@ -313,7 +313,7 @@ class Drill:
         with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             conn = await asyncpg.connect(dsn, timeout=5)
             try:
-                return int(await conn.fetchval(sql.SUM_FENCE_DISCARDED))
+                return int(await conn.fetchval(fence_sql.SUM_FENCE_DISCARDED))
             finally:
                 await conn.close()
         return 0

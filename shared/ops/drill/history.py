@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from shared.stores import sql
+from shared.stores.postgres import sql
 
 LEDGER_SETTLE_S = 30.0  # how long the checker waits for keysync to drain the ledger
 # Faults that destroy Redis data a record may sit in (writes a replica had not copied,

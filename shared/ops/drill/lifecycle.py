@@ -27,7 +27,7 @@ import aiohttp
 import asyncpg
 
 from shared.ops.drill.history import LossSpan
-from shared.stores import sql
+from shared.stores.postgres import sql
 
 LIFECYCLE_TYPE = "drill_uin"
 LIFECYCLE_TYPE_CONFIG: dict[str, Any] = {

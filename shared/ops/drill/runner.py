@@ -409,7 +409,7 @@ def _fleet(
         "mosip": {"uin": lifecycle.LIFECYCLE_TYPE, "ledger_wait_s": 5},
     }
     # Every lease renewal is logged: the interval checks read each holder's deadlines.
-    log_levels = {"shared.leasing": "DEBUG"}
+    log_levels = {"shared.leases.holder": "DEBUG"}
     config.write_text(
         json.dumps(
             {

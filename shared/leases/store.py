@@ -17,8 +17,8 @@ from typing import Any
 
 from shared.domain.errors import StoreUnavailable
 from shared.domain.leases import NO_WAIT, LeaseWait, check_pool
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import (
+from shared.stores.redis.endpoint import RedisEndpoint
+from shared.stores.redis.scripts import (
     RedisPort,
     lease_acquire_keys,
     lease_holders_keys,

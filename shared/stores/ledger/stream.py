@@ -10,8 +10,8 @@ from redis.exceptions import ResponseError
 
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import RedisPort, forget_consumer_keys, ledger_ack_keys
+from shared.stores.redis.endpoint import RedisEndpoint
+from shared.stores.redis.scripts import RedisPort, forget_consumer_keys, ledger_ack_keys
 
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
 LedgerEntry = tuple[str, dict[str, str]]

@@ -33,8 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from shared.domain.config.redis import DEFAULT_NAMESPACE
 from shared.domain.errors import ConfigError, NoMachineIdFree, StoreUnavailable
 from shared.domain.leases import NO_WAIT, LeaseWait, check_pool, check_ttl, safety_margin_s
-from shared.stores.machine_leases import Acquired, MachineLeases
-from shared.stores.redis_endpoint import RedisEndpoint
+from shared.leases.store import Acquired, MachineLeases
+from shared.stores.redis.endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
 POOL = ["pool"]

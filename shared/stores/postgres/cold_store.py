@@ -23,9 +23,10 @@ from shared.domain.errors import (
 )
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import LeasedRange, SequenceState, Stamp
-from shared.stores import sql
-from shared.stores.pg_connect import CONNECT_TIMEOUT_S, connect_each_host, where
-from shared.stores.sync_record import Record
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.sync_record import Record
+from shared.stores.postgres import sql
+from shared.stores.postgres.connect import CONNECT_TIMEOUT_S, connect_each_host, where
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class ColdStore:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> ColdStore:
         """A pool on ``dsn``; each host of a multi-host DSN gets ``connect_timeout_s``
-        (pg_connect.py): a frozen host listed first costs one connect timeout."""
+        (connect.py): a frozen host listed first costs one connect timeout."""
 
         async def connect(*args: Any, **options: Any) -> asyncpg.Connection:
             return await connect_each_host(*args, host_timeout_s=connect_timeout_s, **options)
@@ -298,7 +299,7 @@ class ColdStore:
                 await transaction.start()
                 idle_limit_ms = round(self.open_take_idle_limit_s * 1000)
                 await conn.execute(sql.LIMIT_IDLE_TAKE, str(idle_limit_ms))
-                guard = await conn.fetchrow(sql.GUARD_TAKE, *record.guard_args())
+                guard = await conn.fetchrow(fence_sql.GUARD_TAKE, *record.guard_args())
                 if guard is None:
                     raise PostgresBehind(f"batch of '{name}' refused by the guard")
                 row = one_row(await conn.fetchrow(statement, size), "take_batch")

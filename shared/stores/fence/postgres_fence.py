@@ -1,7 +1,7 @@
 """The PostgreSQL fence: a promoted asynchronous replica may lack the last commits, and
 an old primary may stay up and reachable by some processes after another was promoted.
 
-Every range lease and keysync batch runs behind a guard (``sql._GUARD``) that advances
+Every range lease and keysync batch runs behind a guard (``fence_sql.GUARD``) that advances
 a sync clock in the same statement and refuses to run on a server whose history does
 not cover the clock's record in Redis (``sync_record.py``). When the guard refuses, a
 stamp proved lost commits, or Redis lost the record, ``settle`` runs under the clock
@@ -55,17 +55,19 @@ from shared.domain.errors import (
 )
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import NO_STAMP, LeasedRange, SequenceState, Stamp
-from shared.stores import sql
-from shared.stores.cold_store import (
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.sync_record import UNGUARDED, Record, SyncRecord
+from shared.stores.groups import SyncRecords, records_of
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import (
     DRIVER_ERRORS,
     ColdStore,
     OpenTake,
     one_row,
     translated,
 )
-from shared.stores.groups import SyncRecords, records_of
-from shared.stores.pg_connect import any_server, dsn_hosts
-from shared.stores.sync_record import UNGUARDED, Record, SyncRecord
+from shared.stores.postgres.connect import any_server, dsn_hosts
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -177,7 +179,7 @@ async def settle(
 
 
 # How long a fence's transaction may wait for the clock row's lock, or sit idle holding
-# it (sql.LIMIT_FENCE): every lease and take on the server waits for it.
+# it (fence_sql.LIMIT_FENCE): every lease and take on the server waits for it.
 FENCE_LIMIT_MS = 10_000
 
 
@@ -187,11 +189,11 @@ async def _settle_once(
     operator = skip_ranges is not None
     report, vouched, halt, claimed = None, None, "", None
     async with cold.connection() as conn, translated("postgres_fence"), conn.transaction():
-        await conn.execute(sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
-        row = _clock_row(one_row(await conn.fetchrow(sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
+        await conn.execute(fence_sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
+        row = _clock_row(one_row(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
         # Every record that judges a type the database holds (with a record per type,
         # also those of types this process is not configured with).
-        held = [str(r["name"]) for r in await conn.fetch(sql.SELECT_FENCED_TYPES)]
+        held = [str(r["name"]) for r in await conn.fetch(fence_sql.SELECT_FENCED_TYPES)]
         judged = records.covering(held)
         # Under the lock it fences under; every shard asked at once (the lock holds
         # every type's takes and leases meanwhile).
@@ -293,12 +295,12 @@ async def _another_primary(conn: Any, dsn: str | None, timeout_s: float) -> bool
     hosts = dsn_hosts(dsn or "")
     if len(hosts) < 2 or dsn is None:
         return False
-    here = await conn.fetchval(sql.SELECT_SERVER_STARTED)
+    here = await conn.fetchval(fence_sql.SELECT_SERVER_STARTED)
     for host, port in hosts:
         with contextlib.suppress(*DRIVER_ERRORS):
             other = await asyncpg.connect(any_server(dsn), host=host, port=port, timeout=timeout_s)
             try:
-                found = await other.fetchrow(sql.SELECT_IS_PRIMARY)
+                found = await other.fetchrow(fence_sql.SELECT_IS_PRIMARY)
             finally:
                 await other.close()
             if found is not None and found["primary"] and found["started"] != here:
@@ -310,8 +312,10 @@ async def _another_primary(conn: Any, dsn: str | None, timeout_s: float) -> bool
 async def _vouch_stamp(conn: Any) -> tuple[Stamp, dict[str, int]]:
     """Under the lock: this server's stamp, and the highest counter its history leased
     per type; recorded in Redis once the transaction committed."""
-    stamp = Stamp.of(one_row(await conn.fetchrow(sql.VOUCH), "vouch"))
-    highs = {r["id_type"]: int(r["highest"]) for r in await conn.fetch(sql.SELECT_LEASED_HIGHS)}
+    stamp = Stamp.of(one_row(await conn.fetchrow(fence_sql.VOUCH), "vouch"))
+    highs = {
+        r["id_type"]: int(r["highest"]) for r in await conn.fetch(fence_sql.SELECT_LEASED_HIGHS)
+    }
     return stamp, highs
 
 
@@ -332,7 +336,7 @@ async def _adopt(conn: Any, read: dict[SyncRecord, Record], row: ClockRow) -> St
     a guarded write of its own starts the new history, and every record is claimed for
     it, pending until the commit (with a record per type, the guard lets no statement
     do this: it would be judged against one record only)."""
-    stamp = Stamp.of(one_row(await conn.fetchrow(sql.VOUCH), "adopt_timeline"))
+    stamp = Stamp.of(one_row(await conn.fetchrow(fence_sql.VOUCH), "adopt_timeline"))
     for sync, record in read.items():
         status = await sync.reset(stamp, record.leased, "automatic", pending=True)
         if status == "moved":
@@ -394,19 +398,21 @@ async def _fence(
     record_clock = max(record.clock for record in read.values())
     discarded: dict[str, int] = {}
     starts: dict[str, int] = {}
-    for held in await conn.fetch(sql.SELECT_FENCED_TYPES):
+    for held in await conn.fetch(fence_sql.SELECT_FENCED_TYPES):
         name = str(held["name"])
         if held["has_cold"]:
             discarded[name] = await _discard_cold(conn, name)
         starts[name] = await _advance_sequence(conn, held, floors.get(name, 0), skip_ranges)
     settled = await _settle_releases(conn)
     stamp_row = one_row(
-        await conn.fetchrow(sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
+        await conn.fetchrow(fence_sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
         "reset_sync_clock",
     )
     stamp = Stamp.of(stamp_row)
     detail = {"next_starts": starts, "record_clock": record_clock, "server_clock": row.clock}
-    await conn.execute(sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail))
+    await conn.execute(
+        fence_sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail)
+    )
     for sync, record in read.items():
         claimed = await sync.reset(stamp, record.leased, mode, pending)
         if claimed == "moved":
@@ -418,7 +424,7 @@ async def _fence(
 async def _settle_releases(conn: Any) -> dict[str, int]:
     """Every released key not requeued yet, per type: the history this server lost may
     have requeued and issued it already, so it never goes back (counted)."""
-    rows = await conn.fetch(sql.SETTLE_RELEASES)
+    rows = await conn.fetch(ledger_sql.SETTLE_RELEASES)
     return {str(r["id_type"]): int(r["releases"]) for r in rows}
 
 
@@ -428,7 +434,7 @@ async def _discard_cold(conn: Any, name: str) -> int:
     DELETE, not TRUNCATE: guarded statements queued on the clock row already hold the
     cold table's row lock, and TRUNCATE's exclusive lock would deadlock with them.
     """
-    return int(await conn.fetchval(sql.for_type(sql.DISCARD_COLD, name)))
+    return int(await conn.fetchval(sql.for_type(fence_sql.DISCARD_COLD, name)))
 
 
 async def _advance_sequence(conn: Any, held: Any, floor: int, skip_ranges: int) -> int:
@@ -442,7 +448,7 @@ async def _advance_sequence(conn: Any, held: Any, floor: int, skip_ranges: int) 
     target = max(floor, next_start) + skip_ranges * size
     if target > next_start:
         value = max(min(target - size, top), bottom)
-        await conn.execute(sql.for_type(sql.SET_SEQUENCE, str(held["name"])), value)
+        await conn.execute(sql.for_type(fence_sql.SET_SEQUENCE, str(held["name"])), value)
         return value + size
     return next_start
 
@@ -563,7 +569,7 @@ class GuardedCold:
             if self._sync is None:
                 return result, None
             # Last: the clock row's lock is held only while the transaction commits.
-            guard = await conn.fetchrow(sql.GUARD_TAKE, *record.guard_args())
+            guard = await conn.fetchrow(fence_sql.GUARD_TAKE, *record.guard_args())
             if guard is None:
                 raise PostgresBehind(f"{operation} of '{name}' refused by the guard")
         stamp = Stamp.of(guard)

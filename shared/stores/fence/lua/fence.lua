@@ -1,5 +1,5 @@
 -- Fence prologue, prepended to every script that reads or writes hot lists.
--- Its KEYS slots come first in every fenced script's key list (see redis_scripts.py):
+-- Its KEYS slots come first in every fenced script's key list (see shared/stores/redis/scripts.py):
 local FENCE = KEYS[1]      -- owner token: run_id:master_replid of the owning server
 local REGISTRY = KEYS[2]   -- set of every hot list name
 local DISCARDS = KEYS[3]   -- hash: hot list -> keys discarded by fences

@@ -24,8 +24,8 @@ from redis.exceptions import RedisError
 
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
-from shared.stores.redis_endpoint import RedisEndpoint, describe, means_primary_moved
-from shared.stores.script_line import LineScript, ScriptLine
+from shared.stores.redis.endpoint import RedisEndpoint, describe, means_primary_moved
+from shared.stores.redis.script_line import LineScript, ScriptLine
 
 UNFENCED = frozenset({"nudge", "forget_consumer", "ledger_ack"})
 # Helpers some scripts need besides the fence's, prepended after them.
@@ -35,8 +35,21 @@ HELPERS = {
 }
 
 
+# The packages whose ``lua/`` folder holds scripts, one per mechanism: the fence (with its
+# record), the ledger, the hot lists, the machine-ID leases. A script is named by its file.
+LUA_HOMES = ("shared.stores.fence", "shared.stores.ledger", "shared.stores.hot", "shared.leases")
+
+
 def load_script(script: str) -> str:
-    return resources.files("shared.stores").joinpath("lua", f"{script}.lua").read_text()
+    """The text of ``<script>.lua``, from the mechanism's package that holds it."""
+    for home in LUA_HOMES:
+        try:
+            found = resources.files(home).joinpath("lua", f"{script}.lua")
+        except ModuleNotFoundError:
+            continue  # a distribution without that mechanism (the lease library)
+        if found.is_file():
+            return found.read_text()
+    raise FileNotFoundError(f"no Lua script {script!r} in {', '.join(LUA_HOMES)}")
 
 
 def fenced_script(script: str) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import RedisPort, nudge_keys
+from shared.stores.redis.endpoint import RedisEndpoint
+from shared.stores.redis.scripts import RedisPort, nudge_keys
 
 WAKE_LIST_MAX = 64  # a nudge only needs to be seen once; the list never grows past this
 

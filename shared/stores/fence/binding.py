@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 
 from shared.domain.errors import NamespaceBound, StoreUnavailable
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore, translated
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import SyncRecords, records_of
-from shared.stores.sync_record import SyncRecord
+from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,10 @@ async def bind(cold: ColdStore, sync: SyncRecord | SyncRecords | None, namespace
     only.
     """
     async with cold.connection() as conn, translated("bind"):
-        database = str(await conn.fetchval(sql.SELECT_DATABASE_IDENTITY))
-        bound = await conn.fetchval(sql.BIND_NAMESPACE, namespace)
+        database = str(await conn.fetchval(fence_sql.SELECT_DATABASE_IDENTITY))
+        bound = await conn.fetchval(fence_sql.BIND_NAMESPACE, namespace)
         if bound is None:  # another process bound it concurrently: read it now
-            bound = await conn.fetchval(sql.BIND_NAMESPACE, namespace)
+            bound = await conn.fetchval(fence_sql.BIND_NAMESPACE, namespace)
     if bound != namespace:
         raise NamespaceBound(
             f"redis_namespace: database {database} is bound to redis_namespace '{bound}', "

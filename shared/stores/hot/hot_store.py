@@ -1,6 +1,6 @@
 """The hot tier: per-type Redis lists, touched only through fenced Lua scripts.
 
-The ledger stream (``ledger_stream.py``) and keysync's wake channel (``wake.py``) live
+The ledger stream (``shared.stores.ledger.stream``) and keysync's wake channel (``wake.py``) live
 on the same server but have their own small classes.
 """
 
@@ -15,15 +15,15 @@ from shared.domain.apikeys import ANONYMOUS
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, IdempotencyMismatch, StoreUnavailable
 from shared.domain.tiers import NO_STAMP, Depth, Popped, Pushed, Refill, Stamp
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import (
+from shared.stores.fence.sync_record import LEASED
+from shared.stores.redis.endpoint import RedisEndpoint
+from shared.stores.redis.scripts import (
     RedisPort,
     depth_keys,
     pop_idempotent_keys,
     pop_keys,
     push_keys,
 )
-from shared.stores.sync_record import LEASED
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600  # how long a pushed batch's marker lives at least

@@ -11,16 +11,16 @@ import asyncpg
 
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import IdType
-from shared.stores import sql
-from shared.stores.cold_store import one_row
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import one_row
 
 log = logging.getLogger(__name__)
 _MIGRATION_LOCK = 0x6B64_6D69  # "kdmi"
 
 
 def migration_files() -> list[tuple[int, str]]:
-    """(version, SQL) for every file in shared/stores/migrations, in order."""
-    folder = resources.files("shared.stores").joinpath("migrations")
+    """(version, SQL) for every file in shared/stores/postgres/migrations, in order."""
+    folder = resources.files("shared.stores.postgres").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from shared.domain.config import Settings
 from shared.domain.tiers import Stamp
-from shared.stores.redis_endpoint import RedisEndpoint
-from shared.stores.redis_scripts import RedisPort, record_keys
+from shared.stores.redis.endpoint import RedisEndpoint
+from shared.stores.redis.scripts import RedisPort, record_keys
 
 LEASED = "leased:"
 

@@ -35,10 +35,11 @@ from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import KeyStatus, Stamp
-from shared.stores import sql
-from shared.stores.cold_store import ColdStore, translated
-from shared.stores.ledger_stream import LedgerEntry, LedgerStream
-from shared.stores.postgres_fence import GuardedCold
+from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.stream import LedgerEntry, LedgerStream
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def entry_time(entry_id: str) -> datetime:
 
 @dataclass
 class Issued:
-    """Issue entries of one type, one item per entry (as sql._ISSUE_BATCH takes them)."""
+    """Issue entries of one type, one item per entry (as ledger_sql._ISSUE_BATCH takes them)."""
 
     keys: list[str] = field(default_factory=list)  # each entry's keys, space-separated
     times: list[datetime] = field(default_factory=list)
@@ -165,25 +166,27 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     """Write one batch in the caller's transaction: issues first (with any marks that
     came before them), then uses (a mark of a key not issued yet waits for it)."""
     alone = bool(batch.used or batch.released)
-    await conn.execute(sql.LOCK_LEDGER if alone else sql.LOCK_LEDGER_SHARED, LEDGER_LOCK)
+    await conn.execute(
+        ledger_sql.LOCK_LEDGER if alone else ledger_sql.LOCK_LEDGER_SHARED, LEDGER_LOCK
+    )
     issued = used = unknown = refused = 0
     duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
     for name, rows in batch.issued.items():
-        statement = sql.for_type(sql.INSERT_LEDGER_ISSUED, name)
+        statement = sql.for_type(ledger_sql.INSERT_LEDGER_ISSUED, name)
         inserted = int(await conn.fetchval(statement, *rows.arrays(), name))
         issued += inserted
-        if await conn.fetchval(sql.HAS_EARLY_MARKS, name):
+        if await conn.fetchval(ledger_sql.HAS_EARLY_MARKS, name):
             early = await _apply_early_marks(conn, name, set(rows.all_keys()))
             used, refused = used + early[1], refused + early[0] - early[1]
         if inserted < rows.count:  # redelivered, applied again, or issued twice
-            twice = sql.for_type(sql.SELECT_ISSUED_TWICE, name)
+            twice = sql.for_type(ledger_sql.SELECT_ISSUED_TWICE, name)
             found = await conn.fetch(twice, *rows.arrays(), name)
             duplicates.setdefault(name, []).extend(r["key"] for r in found)
     for name, marks in batch.used.items():
         updated = {
             r["key"]
             for r in await conn.fetch(
-                sql.for_type(sql.UPDATE_LEDGER_USED, name),
+                sql.for_type(ledger_sql.UPDATE_LEDGER_USED, name),
                 marks.keys,
                 marks.times,
                 marks.clients,
@@ -208,10 +211,10 @@ async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue:
     kd_released_issues, from which ``requeue_released`` puts them back later."""
     arrays = (marks.keys, marks.times, marks.clients, marks.admin)
     if reissue:
-        statement = sql.for_type(sql.RELEASE_TO_HISTORY, name)
+        statement = sql.for_type(ledger_sql.RELEASE_TO_HISTORY, name)
         rows = await conn.fetch(statement, name, *arrays, marks.entries)
     else:
-        rows = await conn.fetch(sql.for_type(sql.RELEASE_LEDGER, name), *arrays)
+        rows = await conn.fetch(sql.for_type(ledger_sql.RELEASE_LEDGER, name), *arrays)
     done = {r["key"] for r in rows}
     if done:
         log.info(
@@ -230,7 +233,9 @@ async def _apply_early_marks(
     """(found, applied): marks that waited for these new issue rows."""
     if not inserted:
         return 0, 0
-    row = await conn.fetchrow(sql.for_type(sql.APPLY_EARLY_MARKS, name), name, sorted(inserted))
+    row = await conn.fetchrow(
+        sql.for_type(ledger_sql.APPLY_EARLY_MARKS, name), name, sorted(inserted)
+    )
     assert row is not None
     return int(row["found"]), int(row["applied"])
 
@@ -247,7 +252,7 @@ async def _keep_early_marks(
             first.setdefault((key, client), i)
     rows = list(first.values())
     await conn.execute(
-        sql.INSERT_EARLY_MARKS,
+        ledger_sql.INSERT_EARLY_MARKS,
         name,
         [marks.keys[i] for i in rows],
         [marks.times[i] for i in rows],
@@ -264,11 +269,12 @@ async def _not_marked(
     if not rest:
         return set(), set()
     known = {
-        r["key"]: r for r in await conn.fetch(sql.for_type(sql.SELECT_LEDGER_ENTRIES, name), rest)
+        r["key"]: r
+        for r in await conn.fetch(sql.for_type(ledger_sql.SELECT_LEDGER_ENTRIES, name), rest)
     }
     missing = set(rest) - set(known)
     if missing:  # given back (the issue row moved away): refused, never kept waiting
-        given_back = await conn.fetch(sql.SELECT_RELEASED_KEYS, name, sorted(missing))
+        given_back = await conn.fetch(ledger_sql.SELECT_RELEASED_KEYS, name, sorted(missing))
         released = {r["key"] for r in given_back}
         missing -= released
     else:
@@ -307,7 +313,7 @@ class LedgerReader:
         store = await self._opened()
         async with store.connection() as conn, translated("ledger_lookup"):
             try:
-                row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
+                row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
             except asyncpg.UndefinedTableError as exc:
                 raise StoreUnavailable(
                     "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
@@ -334,10 +340,10 @@ class LedgerReader:
         released back to the cold tier, else never issued."""
         store = await self._opened()
         async with store.connection() as conn, translated("ledger_status"):
-            row = await conn.fetchrow(sql.for_type(sql.SELECT_LEDGER_KEY, name), key)
+            row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
             past = None
             if row is None:
-                past = await conn.fetchrow(sql.SELECT_RELEASED_ISSUE, name, key)
+                past = await conn.fetchrow(ledger_sql.SELECT_RELEASED_ISSUE, name, key)
         if row is not None:
             if row["used_at"] is not None:
                 return KeyStatus("assigned", row["client"])
@@ -407,7 +413,7 @@ class LedgerDrain:
         """Forget "used" marks that waited longer than ``max_age_s`` for their issue row
         (keys never issued, or whose issue entry a Redis loss took); returns how many."""
         async with self._cold.connection() as conn, translated("ledger_prune"):
-            rows = await conn.fetch(sql.PRUNE_EARLY_MARKS, max_age_s)
+            rows = await conn.fetch(ledger_sql.PRUNE_EARLY_MARKS, max_age_s)
         for row in rows:
             log.warning(
                 "used_key_never_issued", extra={"id_type": row["id_type"], "count": row["marks"]}
@@ -421,7 +427,7 @@ class LedgerDrain:
         for name, id_type in self._types.items():
             if not (id_type.config.ledger and id_type.config.reissue_released):
                 continue
-            statement = sql.for_type(sql.REQUEUE_RELEASED, name)
+            statement = sql.for_type(ledger_sql.REQUEUE_RELEASED, name)
             async with self._cold.connection() as conn, translated("ledger_requeue"):
                 rows = await conn.fetch(statement, name, id_type.config.reissue_after_s)
             if rows:

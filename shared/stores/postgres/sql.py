@@ -1,0 +1,258 @@
+"""The cold tier's SQL: migrations, sequences, ranges, takes; the quoting of type-derived
+identifiers every statement uses. The fence's statements are in ``shared.stores.fence.sql``,
+the ledger's in ``shared.stores.ledger.sql``.
+
+Values are always bind parameters ($1..$n, documented above each constant).
+Identifiers derived from ID-type names are validated and quoted by ``ident``
+and substituted through ``str.format`` as ``{cold}`` / ``{seq}`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared.domain.names import ID_TYPE_NAME
+from shared.stores.fence.sql import GUARD
+
+
+def ident(name: str) -> str:
+    """A safely quoted identifier; refuses anything but a validated type-derived name."""
+    bare = name
+    for prefix in ("kd_cold_", "kd_seq_", "kd_ledger_"):
+        bare = bare.removeprefix(prefix)
+    if not ID_TYPE_NAME.fullmatch(bare):
+        raise ValueError(f"refusing unsafe identifier {name!r}")
+    return '"' + name + '"'
+
+
+def cold_table_name(name: str) -> str:
+    """The cold table's bare name, for APIs that quote it themselves (COPY)."""
+    if not ID_TYPE_NAME.fullmatch(name):
+        raise ValueError(f"refusing unsafe identifier {name!r}")
+    return f"kd_cold_{name}"
+
+
+def cold_table(name: str) -> str:
+    return ident(f"kd_cold_{name}")
+
+
+def sequence(name: str) -> str:
+    return ident(f"kd_seq_{name}")
+
+
+def ledger_table(name: str) -> str:
+    return ident(f"kd_ledger_{name}")
+
+
+def for_type(statement: str, name: str, **numbers: int) -> str:
+    """``statement`` with the type's quoted identifiers (and integers) filled in."""
+    ints = {key: int(value) for key, value in numbers.items()}
+    return statement.format(
+        cold=cold_table(name), seq=sequence(name), ledger=ledger_table(name), **ints
+    )
+
+
+# $1: lock id. Serialises concurrent `migrate` runs.
+LOCK_MIGRATIONS: Final = "SELECT pg_advisory_xact_lock($1)"
+
+# No parameters.
+SELECT_SCHEMA_VERSION: Final = "SELECT coalesce(max(version), 0) FROM kd_schema_version"
+
+# $1: version applied.
+INSERT_SCHEMA_VERSION: Final = "INSERT INTO kd_schema_version (version) VALUES ($1)"
+
+# $1: relation name. Whether a table exists (before migrations, kd_schema_version may not).
+SELECT_TABLE_EXISTS: Final = "SELECT to_regclass($1) IS NOT NULL"
+
+# $1: id type. The stored fingerprint (jsonb as text), if any.
+SELECT_FINGERPRINT: Final = "SELECT fingerprint::text FROM kd_id_types WHERE name = $1"
+
+# $1: id type, $2: fingerprint json. Records or replaces a fingerprint.
+UPSERT_FINGERPRINT: Final = """
+INSERT INTO kd_id_types (name, fingerprint) VALUES ($1, $2::jsonb)
+ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, updated_at = now()
+"""
+
+# Identifiers only ({seq}); the numbers are computed integers from validated config.
+# A type's sequence runs over its site's share of the counters, [minvalue, maxvalue]
+# (the whole domain without a site), and stops at its end (KeyspaceExhausted).
+CREATE_SEQUENCE: Final = (
+    "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint INCREMENT BY {increment} "
+    "MINVALUE {minvalue} MAXVALUE {maxvalue} START WITH {minvalue} NO CYCLE"
+)
+ALTER_SEQUENCE: Final = (
+    "ALTER SEQUENCE {seq} INCREMENT BY {increment} MINVALUE {minvalue} MAXVALUE {maxvalue} "
+    "START WITH {minvalue} RESTART WITH {minvalue}"
+)
+
+# The cold table is an insert-then-delete queue: vacuum it eagerly.
+CREATE_COLD_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS {cold} (key text PRIMARY KEY)
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
+"""
+
+# The cold table of a sequential type: byte-ordered keys, so its primary key index
+# serves TAKE_BATCH_IN_ORDER.
+CREATE_COLD_TABLE_IN_ORDER: Final = """
+CREATE TABLE IF NOT EXISTS {cold} (key text COLLATE "C" PRIMARY KEY)
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05)
+"""
+
+# Retiring a type (`keydispenser retire`): identifiers only.
+DROP_COLD_TABLE: Final = "DROP TABLE IF EXISTS {cold}"
+DROP_SEQUENCE: Final = "DROP SEQUENCE IF EXISTS {seq}"
+DROP_LEDGER_TABLE: Final = "DROP TABLE IF EXISTS {ledger}"
+# $1: id type. Its released issues (kept with its ledger, dropped with it).
+DELETE_RELEASED_ISSUES: Final = "DELETE FROM kd_released_issues WHERE id_type = $1"
+# Tables of every type's ledger share the kd_ledger_ prefix: a type may not take the
+# name of a table that is not a type's (kd_ledger_early_marks).
+LEDGER_PREFIX_TABLES: Final = frozenset({"early_marks"})
+# No parameters. Every key left in a cold table.
+COUNT_COLD: Final = "SELECT count(*) FROM {cold}"
+
+# $1: id type. When it was retired (no row: never).
+SELECT_RETIRED: Final = "SELECT retired_at FROM kd_retired_types WHERE name = $1"
+
+# $1: id type. Its leases: how many, and the end of the highest (0: none).
+SUMMARIZE_RANGES: Final = """
+SELECT count(*) AS leased, coalesce(max(range_end), 0) AS highest
+FROM kd_ranges WHERE id_type = $1
+"""
+
+# $1: id type. Forgets its leases (kd_ranges refers to its fingerprint row).
+DELETE_RANGES: Final = "DELETE FROM kd_ranges WHERE id_type = $1"
+
+# $1: id type. Forgets its fingerprint; returns it (jsonb as text), if there was one.
+DELETE_FINGERPRINT: Final = "DELETE FROM kd_id_types WHERE name = $1 RETURNING fingerprint::text"
+
+# $1: id type, $2: fingerprint json (or NULL), $3: ranges leased, $4: highest counter
+# leased, $5: cold keys dropped. The tombstone of a retired type.
+INSERT_RETIRED: Final = """
+INSERT INTO kd_retired_types (name, fingerprint, ranges_leased, highest_counter, keys_discarded)
+VALUES ($1, $2::jsonb, $3, $4, $5)
+ON CONFLICT (name) DO NOTHING
+"""
+
+# The ledger of issued keys. entry_id is the Redis stream entry that recorded the
+# issue: a redelivered entry conflicts with its own row, a duplicate issue with another's.
+CREATE_LEDGER_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS {ledger} (
+    key text PRIMARY KEY,
+    issued_at timestamptz NOT NULL,
+    client text NOT NULL,
+    idempotency_key text,
+    entry_id text NOT NULL,
+    used_at timestamptz,
+    used_by text,
+    released_at timestamptz,
+    released_by text
+)
+"""
+
+# Ledger tables created before mark-used recorded who marked a key.
+ADD_LEDGER_USED_BY: Final = "ALTER TABLE {ledger} ADD COLUMN IF NOT EXISTS used_by text"
+# Ledger tables created before keys could be released (migration 5 adds them too).
+ADD_LEDGER_RELEASED: Final = (
+    "ALTER TABLE {ledger} ADD COLUMN IF NOT EXISTS released_at timestamptz, "
+    "ADD COLUMN IF NOT EXISTS released_by text"
+)
+
+# No parameters. State of a type's sequence: last value handed out and whether any was.
+SELECT_SEQUENCE_STATE: Final = "SELECT last_value, is_called FROM {seq}"
+
+# $1-$4: the guard's. $5: id type, $6: range size, $7: lessee. A lease ends where the
+# sequence does (its MAXVALUE + 1: the end of the domain, or of the site's share): a
+# process still running with a configuration from before `migrate` gave the type a
+# site never leases past the share the sequence now holds.
+# Leases one range; no row when the guard refused (nothing leased). ``fences`` is the
+# fence count the lease was made under (LOCK_FENCES).
+LEASE_RANGE: Final = (
+    GUARD
+    + """,
+lease AS (
+    INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by)
+    SELECT $5, v, LEAST(v + $6, (SELECT seqmax + 1 FROM pg_sequence
+                                 WHERE seqrelid = '{seq}'::regclass)), $7
+    FROM (SELECT nextval('{seq}') AS v WHERE EXISTS (SELECT 1 FROM stamp)) AS next
+    RETURNING range_start, range_end
+)
+SELECT lease.range_start, lease.range_end,
+       stamp.timeline, stamp.fork, stamp.clock, stamp.fences, stamp.database
+FROM lease, stamp
+"""
+)
+
+# No parameters. First in a COPY's transaction: the fence count, under a lock that
+# the fence's LOCK_SYNC_CLOCK (FOR UPDATE) waits for and that takes and leases (FOR NO
+# KEY UPDATE) do not: a fence waits for every COPY in flight, and a COPY that starts
+# after a fence sees its count. A range leased under another count is not copied.
+LOCK_FENCES: Final = "SELECT fences FROM kd_sync_clock WHERE id = 1 FOR KEY SHARE"
+
+# $1: id type, $2: range start, $3: candidates, $4: accepted (both added to the
+# range's totals), $5: true when this was the range's last slice (marks it filled).
+ACCOUNT_RANGE: Final = """
+UPDATE kd_ranges
+SET candidates = coalesce(candidates, 0) + $3,
+    accepted = coalesce(accepted, 0) + $4,
+    filled_at = CASE WHEN $5 THEN now() ELSE filled_at END
+WHERE id_type = $1 AND range_start = $2
+"""
+
+
+# $1: milliseconds, as text ("0": no limit). First in a take's transaction: how long it
+# may sit idle while open (a next batch waiting for the push), and how long the server
+# may wait for the client to acknowledge what it sent (a batch's keys). Past either the
+# server ends the session and rolls the take back, so a keysync paused or cut off
+# between its DELETE and its commit cannot hold the clock's row lock, and with it every
+# other take and lease, until TCP gives up on the connection (15 minutes to hours).
+# Both settings are the transaction's own (set_config's third argument).
+LIMIT_IDLE_TAKE: Final = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
+    " set_config('tcp_user_timeout', $1, true)"
+)
+
+# $1: batch size. After GUARD_TAKE. Removes up to $1 keys; one row: how many, and the
+# keys joined by newlines (NULL when none; keys never hold a newline). One text value
+# costs the server and the driver less than an array of thousands.
+TAKE_BATCH: Final = """
+WITH taken AS (
+    DELETE FROM {cold}
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1))
+    RETURNING key
+)
+SELECT count(*) AS taken, string_agg(key, E'\\n') AS keys FROM taken
+"""
+
+# TAKE_BATCH for sequential types: the lowest keys first, returned in order (keys of a
+# sequential type are zero-padded, so byte order is counter order).
+TAKE_BATCH_IN_ORDER: Final = """
+WITH taken AS (
+    DELETE FROM {cold}
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $1))
+    RETURNING key
+)
+SELECT count(*) AS taken, string_agg(key, E'\\n' ORDER BY key COLLATE "C") AS keys FROM taken
+"""
+
+# $1: cap. Cold inventory, counted up to $1 rows so the cost stays bounded.
+COUNT_COLD_UP_TO: Final = "SELECT count(*) FROM (SELECT 1 FROM {cold} LIMIT $1) AS capped"
+
+# $1: id type. Range bookkeeping for status.
+SELECT_RANGE_STATS: Final = """
+SELECT count(*) AS leased,
+       count(filled_at) AS filled,
+       coalesce(sum(candidates), 0) AS candidates,
+       coalesce(sum(accepted), 0) AS accepted
+FROM kd_ranges WHERE id_type = $1
+"""
+
+# $1: channel, $2: payload. Wakes keygen processes listening on the channel.
+NOTIFY: Final = "SELECT pg_notify($1, $2)"
+KEYGEN_CHANNEL: Final = "kd_keygen_wake"
+
+# $1: milliseconds, as text. First in a COPY's transaction: a keygen paused or cut off
+# in it (holding the lock a fence waits for) is ended by the server after $1.
+LIMIT_COPY: Final = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
+    " set_config('statement_timeout', $1, true)"
+)
