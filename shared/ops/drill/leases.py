@@ -247,6 +247,17 @@ class LeaseFaults:
             figures["regrant_after_deadline_ms"] = round(regrant.start - held.end, 1)
             figures["regrant_after_kill_ms"] = round(regrant.start - killed_at, 1)
             figures["regranted_to"] = f"{regrant.dispenser}:{regrant.pid}"
+        else:
+            # Who logged a grant of that ID last: a failed round explains itself.
+            same = [
+                h
+                for h in read_intervals(self.log_dir)
+                if (h.pool, h.machine_id) == (held.pool, held.machine_id)
+            ]
+            figures["killed_interval"] = _described(held, killed_at)
+            figures["holders_of_the_id"] = [
+                _described(h, killed_at) for h in sorted(same, key=lambda h: h.start)[-3:]
+            ]
         self.kills.append(figures)
         return figures
 
@@ -301,7 +312,13 @@ class LeaseFaults:
                 last = max(fresh[pid].start for pid in workers)
                 return {"leases_reacquired": True, "reacquired_ms": round(last - since_ms)}
             await asyncio.sleep(0.2)
-        return {"leases_reacquired": False}
+        # Which holders had none, and the last lease each of them logged: a failed round
+        # explains itself in the report.
+        missing = [
+            {"pid": pid, "latest": _described(latest.get(pid), since_ms)}
+            for pid in sorted(workers - fresh.keys())
+        ]
+        return {"leases_reacquired": False, "leases_missing": missing}
 
     def report(self) -> LeaseReport:
         intervals = read_intervals(self.log_dir)
@@ -339,6 +356,20 @@ class LeaseReport:
     snowflake_duplicates: int
     snowflake_errors: dict[str, int]
     snowflake_batches_by_worker: dict[str, Any]
+
+
+def _described(held: Interval | None, since_ms: float) -> dict[str, Any] | None:
+    """One interval for the report, its times relative to ``since_ms``."""
+    if held is None:
+        return None
+    return {
+        "pool": held.pool,
+        "machine_id": held.machine_id,
+        "holder": f"{held.dispenser}:{held.pid}",
+        "start_ms": round(held.start - since_ms),
+        "end_ms": round(held.end - since_ms),
+        "stopped": held.stopped,
+    }
 
 
 def not_observed(rows: list[dict[str, Any]]) -> list[int]:
