@@ -10,6 +10,7 @@ from shared.ops.drill.leases import (
     SNOWFLAKE_TYPE,
     SNOWFLAKE_TYPE_CONFIG,
     Interval,
+    _described,
     not_observed,
     overlaps,
     read_intervals,
@@ -80,3 +81,16 @@ def test_a_lease_fault_that_did_not_show_fails_its_round() -> None:
 def test_the_holders_process_is_read_from_its_owner_token() -> None:
     assert held("my-host-42#9f", 0, 1).pid == 42
     assert held("my-host-43:sleep#9f", 0, 1).pid == 43  # keydispenser lease -- sleep
+
+
+def test_a_lease_check_that_fails_names_the_interval_relative_to_the_fault() -> None:
+    described = _described(Interval("p", 3, "h-42#x", "dispenser-1", 1_500.0, 4_000.0), 1_000.0)
+    assert described == {
+        "pool": "p",
+        "machine_id": 3,
+        "holder": "dispenser-1:42",
+        "start_ms": 500,
+        "end_ms": 3_000,
+        "stopped": False,
+    }
+    assert _described(None, 1_000.0) is None  # a holder that logged no lease at all
