@@ -75,6 +75,7 @@ dist: | $(BIN)/python
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m build --outdir dist $(CLIENT)
+	$(BIN)/python -m build --outdir dist clients/leases
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python deploy/check_wheel.py dist/keydispenser-*.whl
 

@@ -707,6 +707,13 @@ MUTANTS: Final = (
         ("tests/unit/test_leases.py",),
     ),
     Mutant(
+        "the_lease_library_loads_every_configuration_model",
+        "shared/domain/config/__init__.py",
+        "if TYPE_CHECKING:\n",
+        "if True:\n",
+        ("tests/integration/test_lease_distribution.py",),
+    ),
+    Mutant(
         "a_lease_renewal_no_replica_has_counts",
         "shared/leases/store.py",
         'return str(status) if counts or status != "renewed" else "unreplicated"',

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -42,8 +42,11 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from shared.domain.config import ClusterConfig, SentinelConfig, ServerAccess, Settings
+from shared.domain.config.redis import ClusterConfig, SentinelConfig, ServerAccess
 from shared.domain.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from shared.domain.config.settings import Settings
 
 log = logging.getLogger(__name__)
 _RESOLVE_EVERY_S = 0.05  # at most this often while the primary cannot be found
