@@ -57,9 +57,11 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_drill(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.ops.drill import fault_kinds
     from shared.ops.drill.runner import format_table, run
 
     only = [f.strip() for f in args.faults.split(",")] if args.faults else None
+    fault_kinds.chosen(args.redis, only)  # before any server starts
     work = Path(args.work_dir).resolve() if args.work_dir else None
     if args.redis == "cluster":
         run_cluster_drill(settings, args, only, work)

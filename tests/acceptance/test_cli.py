@@ -416,3 +416,10 @@ def test_errors_name_the_next_step(settings: Settings, tmp_path: Path) -> None:
         assert "--config: configuration file not found: /nowhere/kd.yaml" in missing.stderr
     finally:
         asyncio.run(drop_database(admin_dsn, empty))
+
+
+def test_a_drill_fault_of_the_other_topology_is_refused_before_anything_starts() -> None:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "KD_PERMUTATION_KEY": "x" * 16}
+    done = run_cli("drill", "--faults", "shard_restart_empty", env=env, timeout_s=60)
+    assert done.returncode != 0
+    assert "shard_restart_empty is a fault of the cluster drill" in done.stderr

@@ -45,10 +45,11 @@ from redis.crc import key_slot
 from shared.cli.databases import scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.drill import history, lifecycle
+from shared.ops.drill import fault_kinds, history, lifecycle
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.runner import (
     DRILL_CLIENT,
     DRILL_TYPE,
@@ -66,12 +67,7 @@ NAMESPACE = "kd"
 BYSTANDER_STEMS = ("bystander", "onlooker")
 BYSTANDER_PAUSE_S = 1.0
 BYSTANDER_TIERS = {"ledger": False, "hot": {"low": 12_000, "high": 24_000}, "sync_batch": 2_000}
-CLUSTER_FAULTS = (
-    "shard_primary_sigkill",
-    "cluster_failover",
-    "lagging_replica_failover",
-    "shard_restart_empty",
-)
+CLUSTER_FAULTS = tuple(fault_kinds.of("cluster"))
 LAG_S = 1.0  # lagging_replica_failover: how long the replica misses writes
 SETTLE_S = 2.0  # normal load between faults
 # ... and until the ledger stream holds at most this many entries (keysync caught up
@@ -81,38 +77,6 @@ DRAIN_S = 20.0
 FAILOVER_S = 30.0  # how long the cluster may take to put a primary on the slot
 FENCE_DEADLINE_S = 15.0
 DRILL_KEYSYNC = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
-
-
-@dataclass
-class ClusterRound:
-    number: int
-    fault: str
-    began: float  # monotonic
-    ended: float
-    error: str | None
-    primary_before: str
-    primary_after: str
-    identity_changed: bool
-    fence_engaged: bool
-    keys_discarded: int
-    wall: float = 0.0  # unix seconds at the fault
-    figures: dict[str, Any] = field(default_factory=dict)
-    # When the oldest ledger entry not yet applied at the fault was written (monotonic):
-    # a fault that destroys Redis data may destroy every entry since.
-    undrained_since: float | None = None
-    process_exits: list[str] = field(default_factory=list)
-    outage_began_ms: int = 0
-    resume_ms: int = 0
-    served_after_fault: int = 0
-
-    def row(self) -> dict[str, Any]:
-        fields = asdict(self)
-        figures = fields.pop("figures")
-        for private in ("began", "ended", "undrained_since"):
-            fields.pop(private)
-        wall = fields.pop("wall")
-        at = time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}"
-        return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
 
 
 @dataclass(frozen=True)
@@ -195,7 +159,7 @@ class ClusterDrill:
     load: RecordingLoad
     tag: str  # the drill type's key namespace: its slot is the one struck
     bystanders: list[RecordingLoad] = field(default_factory=list)
-    rounds: list[ClusterRound] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
     undrained_at_end: int = 0  # ledger entries left when the fleet was stopped
 
     @property
@@ -351,30 +315,26 @@ class ClusterDrill:
         changed = after_token != before_token
         engaged = changed and await self.fence_engaged(after_token)
         await asyncio.sleep(1.0)  # the first refill after the fault lands
-        done = ClusterRound(
-            number,
-            name,
-            began,
-            ended,
-            error,
-            before_address,
-            after_address,
-            changed,
-            engaged,
-            _since(self.discarded(), discarded_before),
-            wall,
-            figures,
-            undrained_since=undrained_since,
+        done = Round(
+            number, name, began, ended, wall, error, _since(self.discarded(), discarded_before)
         )
+        done.figures = {
+            "primary_before": before_address,
+            "primary_after": after_address,
+            "identity_changed": changed,
+            **figures,
+        }
+        done.fence_engaged = engaged
+        # A replica promoted has every entry it copied, applied or not; a restart
+        # without persistence has none: the records it may destroy start at the oldest
+        # entry not applied when the fault began.
+        done.loss_from = min(began, undrained_since) if undrained_since is not None else began
         done.process_exits = self.fleet.restart_exited()
         self.rounds.append(done)
 
     def measure_disruptions(self) -> None:
-        for i, done in enumerate(self.rounds):
-            until = self.rounds[i + 1].began if i + 1 < len(self.rounds) else float("inf")
-            began, resume = self.load.disruption(done.began, until)
-            done.outage_began_ms, done.resume_ms = round(began), round(resume)
-            done.served_after_fault = self.load.served_between(done.ended, until)
+        measure_disruptions(self.rounds, self.load)
+        for done in self.rounds:
             if self.bystanders:
                 # The other shards' types, from the fault until the struck shard serves
                 # again (and a second more): refused requests, and the longest wait.
@@ -398,15 +358,6 @@ def _longest_gap_ms(load: RecordingLoad, start: float, until: float) -> int:
     last = load.events[-1][0] if load.events else start
     edges = [start, *served, max(start, min(until, last))]
     return round(max(b - a for a, b in itertools.pairwise(edges)) * 1000)
-
-
-def _loss_from(done: ClusterRound) -> float:
-    """Where the records a round's fault may destroy start (monotonic time): the oldest
-    entry its shard's stream had not applied when it began (a replica promoted has
-    every entry it copied, applied or not; a restart without persistence has none)."""
-    if done.undrained_since is not None:
-        return min(done.began, done.undrained_since)
-    return done.began
 
 
 def _since(now: int, before: int) -> int:
@@ -446,10 +397,7 @@ async def run(
 async def _drill(
     settings: Settings, rounds: int, only: list[str] | None, base: Path, slot_per: str
 ) -> ClusterDrillReport:
-    kinds = only or list(CLUSTER_FAULTS)
-    unknown = set(kinds) - set(CLUSTER_FAULTS)
-    if unknown:
-        raise RuntimeError(f"unknown cluster faults: {sorted(unknown)}")
+    kinds = fault_kinds.chosen("cluster", only)
     cluster = EmbeddedRedisCluster(base / "redis-cluster")
     postgres = EmbeddedPostgres(base / "postgres")
     fleet: Fleet | None = None
@@ -574,7 +522,7 @@ async def _report(
     rows = [done.row() for done in drill.rounds]
     # What a fault destroys: entries its shard's stream had not applied when it began
     # (each record charged by its time, from the oldest of them to the fault's end).
-    spans = history.loss_spans([(r.fault, _loss_from(r), r.ended, r.figures) for r in drill.rounds])
+    spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in drill.rounds])
     recorded = await history.ledger_rows(dsn, DRILL_TYPE)
     alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
     ledger = history.check_ledger(

@@ -27,27 +27,10 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from shared.ops.drill.fault_kinds import DATA_LOSS_FAULTS
 from shared.stores.postgres import sql
 
 LEDGER_SETTLE_S = 30.0  # how long the checker waits for keysync to drain the ledger
-# Faults that destroy Redis data a record may sit in (writes a replica had not copied,
-# a Redis restarted without persistence or from an older snapshot).
-DATA_LOSS_FAULTS = frozenset(
-    {
-        "primary_sigkill",
-        "cut_links_then_sigkill",
-        "redis_restart_old_snapshot",
-        "sentinel_failover",
-        "failback",
-        "partition",
-        "redis_restart_empty",
-        "pause",  # of the Redis primary (``paused``: redis_primary) only
-        # redis cluster drill (cluster.py): a shard's unreplicated writes, or its data
-        "shard_primary_sigkill",
-        "lagging_replica_failover",
-        "shard_restart_empty",
-    }
-)
 
 
 @dataclass(frozen=True)

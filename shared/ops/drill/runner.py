@@ -22,7 +22,7 @@ import redis
 
 from shared.cli.databases import scratch_database
 from shared.domain.config import Settings
-from shared.ops.drill import history, leases, lifecycle
+from shared.ops.drill import fault_kinds, history, leases, lifecycle
 from shared.ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.leases import LeaseFaults
@@ -30,6 +30,7 @@ from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.links import PROCESSES, Links
 from shared.ops.drill.load import RecordingLoad, SnowflakeLoad
 from shared.ops.drill.postgres import PostgresPair
+from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
@@ -59,17 +60,7 @@ DRILL_KEYSYNC = {
     "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
-REDIS_FAULTS = frozenset(
-    {
-        "primary_sigkill",
-        "sentinel_failover",
-        "failback",
-        "cut_links_then_sigkill",
-        "redis_restart_old_snapshot",
-        "partition",
-        "redis_restart_empty",
-    }
-)
+REDIS_FAULTS = fault_kinds.new_primary("sentinel")
 FENCE_DEADLINE_S = 15.0  # how long after a fault the fence (Redis's, PostgreSQL's) may take
 LEDGER_DRAIN_S = 60.0  # how long the drill waits, at its end, for keysync to drain the ledger
 
@@ -80,38 +71,6 @@ class Controls:
 
     postgres_fence: bool = True
     lease_wait: bool = True
-
-
-@dataclass
-class Round:
-    """One fault and what followed it; ``figures`` are the fault's own."""
-
-    number: int
-    fault: str
-    began: float  # monotonic
-    ended: float
-    wall: float  # unix seconds at the fault
-    error: str | None
-    requests: int
-    keys_discarded: int
-    figures: dict[str, Any] = field(default_factory=dict)
-    process_exits: list[str] = field(default_factory=list)
-    outage_began_ms: int = 0
-    resume_ms: int = 0
-    served_after_fault: int = 0
-    fence_engaged: bool | None = None  # after a Redis fault: did the new primary own the fence
-    # From when the Redis data the fault may destroy was written (monotonic): the oldest
-    # ledger entry not applied when it began, or the snapshot it restarted from.
-    loss_from: float = 0.0
-
-    def row(self) -> dict[str, Any]:
-        """The round as the JSON report shows it (the fault's figures inline)."""
-        fields = asdict(self)
-        figures = fields.pop("figures")
-        for private in ("began", "ended", "wall", "loss_from"):
-            fields.pop(private)
-        at = time.strftime("%H:%M:%S", time.gmtime(self.wall)) + f".{int(self.wall % 1 * 1000):03d}"
-        return {"round": fields.pop("number"), "fault_at": at, **fields, **figures}
 
 
 @dataclass(frozen=True)
@@ -228,10 +187,9 @@ class Runner:
             figures["postgres_keys_discarded"] = fenced
             discarded += fenced
         drill.lease_faults.respawn_cli_holders()
-        done = Round(
-            number, name, began, ended, wall, error, drill.load.requests - requests, discarded
-        )
-        done.figures, done.fence_engaged = figures, engaged
+        done = Round(number, name, began, ended, wall, error, discarded)
+        done.figures = {"requests": drill.load.requests - requests, **figures}
+        done.fence_engaged = engaged
         starts = [began, undrained_since, outcome.destroys_from]
         done.loss_from = min(t for t in starts if t is not None)
         done.process_exits = drill.fleet.restart_exited()
@@ -258,13 +216,7 @@ class Runner:
 
     def measure_disruptions(self) -> None:
         """Outage figures per round, from every request the load made (after the drill)."""
-        load = self.drill.load
-        for i, done in enumerate(self.rounds):
-            until = self.rounds[i + 1].began if i + 1 < len(self.rounds) else float("inf")
-            began, resume = load.disruption(done.began, until)
-            done.outage_began_ms, done.resume_ms = round(began), round(resume)
-            # Service resumed: requests answered with keys after the fault was over.
-            done.served_after_fault = load.served_between(done.ended, until)
+        measure_disruptions(self.rounds, self.drill.load)
 
 
 async def run(
@@ -339,10 +291,9 @@ async def _drill(
             base / "snapshot.rdb",
             lease_faults,
         )
-        kinds = only or list(drill.faults())
-        unknown = set(kinds) - set(drill.faults())
-        if unknown:
-            raise RuntimeError(f"unknown faults: {sorted(unknown)}")
+        kinds = fault_kinds.chosen("sentinel", only)
+        if set(drill.faults()) != set(fault_kinds.of("sentinel")):
+            raise RuntimeError("the Sentinel drill's faults differ from fault_kinds.FAULTS")
         until = time.monotonic() + rounds * 45 + 60
         holders_done = asyncio.Event()  # the CLI lease holders' supervisor stops
         running = asyncio.ensure_future(
