@@ -1,10 +1,11 @@
 """The Lua scripts and how they are called: one function per script builds its key list.
 
-Every script that reads or writes hot lists or the sync clock's record is fenced:
-``fence.lua`` is prepended, and its four slots (``fence_slots``) come first in the key
-list. The lease scripts also get the helpers in ``lease.lua`` (``HELPERS``). Each
-``.lua`` file names its own KEYS/ARGV slots as locals at the top; the functions here
-fill them in that order.
+Every script is declared once, in ``SCRIPTS``: its key list, and what runs before it.
+A script that reads or writes hot lists, the sync clock's record or leases is fenced:
+``fence.lua`` (with the ledger's and the record's helpers) is prepended, and the
+fence's four slots (``fence_slots``) come first in its key list; the lease scripts also
+get the helpers in ``lease.lua``. Each ``.lua`` file names its own KEYS/ARGV slots as
+locals at the top; the functions here fill them in that order.
 
 Scripts never build key names: every name comes from ``redis_keys`` through these
 functions, which take the namespace as their first argument (``RedisPort.namespace``),
@@ -13,8 +14,9 @@ so a script touches only its own namespace's keys.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -26,14 +28,6 @@ from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.stores.redis.endpoint import RedisEndpoint, describe, means_primary_moved
 from shared.stores.redis.script_line import LineScript, ScriptLine
-
-UNFENCED = frozenset({"nudge", "forget_consumer", "ledger_ack"})
-# Helpers some scripts need besides the fence's, prepended after them.
-HELPERS = {
-    script: ("lease",)
-    for script in ("lease_acquire", "lease_renew", "lease_release", "lease_holders")
-}
-
 
 # The packages whose ``lua/`` folder holds scripts, one per mechanism: the fence (with its
 # record), the ledger, the hot lists, the machine-ID leases. A script is named by its file.
@@ -52,10 +46,14 @@ def load_script(script: str) -> str:
     raise FileNotFoundError(f"no Lua script {script!r} in {', '.join(LUA_HOMES)}")
 
 
-def fenced_script(script: str) -> str:
+# The fence's prologue: what every fenced script starts with (helpers, no KEYS of their own
+# beyond the fence's slots).
+PROLOGUE = ("fence", "ledger", "sync_record")
+
+
+def fenced_script(script: str, helpers: tuple[str, ...] = ()) -> str:
     """The fence prologue and the helpers, followed by the script's own body."""
-    parts = ("fence", "ledger", "sync_record", *HELPERS.get(script, ()), script)
-    return "\n".join(load_script(part) for part in parts)
+    return "\n".join(load_script(part) for part in (*PROLOGUE, *helpers, script))
 
 
 def fence_slots(ns: str) -> list[str]:
@@ -135,8 +133,57 @@ def nudge_keys(ns: str) -> list[str]:
     return [redis_keys.keysync_wake_key(ns)]
 
 
+@dataclass(frozen=True)
+class Script:
+    """A Lua script, named by its file: how its key list is built from the namespace (and
+    the call's own names), whether the fence's prologue runs first, and the helpers
+    prepended after it."""
+
+    keys: Callable[..., list[str]]
+    fenced: bool = True
+    helpers: tuple[str, ...] = ()
+
+    def body(self, name: str) -> str:
+        if not self.fenced:
+            return load_script(name)
+        return fenced_script(name, self.helpers)
+
+
+# Every script a store runs. A new one is its .lua file, its entry here (a key list
+# function above when its slots are new), and the adapter's method that calls it.
+SCRIPTS: dict[str, Script] = {
+    # the hot lists (shared.stores.hot)
+    "pop": Script(pop_keys),
+    "pop_idempotent": Script(pop_idempotent_keys),
+    "push": Script(push_keys),
+    "depth": Script(depth_keys),
+    "nudge": Script(nudge_keys, fenced=False),  # keysync's wake list
+    # the PostgreSQL fence's record (shared.stores.fence)
+    **{
+        name: Script(record_keys)
+        for name in (
+            "read_record",
+            "record_lease",
+            "reset_record",
+            "vouch_record",
+            "bind_record",
+            "confirm_record",
+            "halt_record",
+        )
+    },
+    # the ledger stream (shared.stores.ledger): its own keys, no fence
+    "ledger_ack": Script(ledger_ack_keys, fenced=False),
+    "forget_consumer": Script(forget_consumer_keys, fenced=False),
+    # machine-ID leases (shared.leases)
+    "lease_acquire": Script(lease_acquire_keys, helpers=("lease",)),
+    "lease_renew": Script(lease_renew_keys, helpers=("lease",)),
+    "lease_release": Script(lease_release_keys, helpers=("lease",)),
+    "lease_holders": Script(lease_holders_keys, helpers=("lease",)),
+}
+
+
 def _body(script: str) -> str:
-    return load_script(script) if script in UNFENCED else fenced_script(script)
+    return SCRIPTS[script].body(script)
 
 
 class RedisPort:
