@@ -59,8 +59,8 @@ def test_a_drill_where_every_check_held_has_no_failures() -> None:
 
 
 def test_each_broken_check_is_named() -> None:
-    """The checks every drill makes come first, as written once (history.common_checks,
-    the cluster drill's report uses them too), then the Sentinel drill's own."""
+    """The checks every drill makes come first, as written once (report.Report: the
+    cluster drill's report extends it too), then the Sentinel drill's own."""
     broken = dataclasses.replace(
         PASSED,
         duplicates=3,

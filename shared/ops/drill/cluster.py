@@ -35,9 +35,9 @@ import secrets
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from redis.crc import key_slot
@@ -49,6 +49,7 @@ from shared.ops.drill import fault_kinds, history, lifecycle
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.report import Report
 from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.runner import (
     DRILL_CLIENT,
@@ -80,29 +81,20 @@ DRILL_KEYSYNC = {"poll_interval_s": 0.2, "ledger_claim_idle_s": 2.0}
 
 
 @dataclass(frozen=True)
-class ClusterDrillReport:
-    faults: list[dict[str, Any]]
-    keys_dispensed: int
-    unique_keys: int
-    duplicates: int
-    requests: int
-    errors: dict[str, int]
-    faults_not_injected: int
-    ledger: dict[str, Any]
-    process_exits: list[str]
-    fence_not_engaged: list[int]
-    not_resumed: list[int]
-    fault_kinds: list[str]
+class ClusterDrillReport(Report):
+    """The Cluster drill: what every drill reports (``Report``), and the other shards'
+    types (with --slot-per type) and their checks."""
+
+    kind: ClassVar[str] = "redis_cluster"
+
     slot_per: str = "namespace"
     # With slot_per type: each type on another shard than the struck one (its keys,
     # duplicates, refusals, and longest wait for a key during any fault).
     bystanders: dict[str, dict[str, Any]] = field(default_factory=dict)
-    lifecycle: dict[str, Any] = field(default_factory=dict)  # lifecycle.check's figures
 
-    def failures(self) -> list[str]:
-        common = history.common_checks(self)
+    def own_checks(self) -> list[tuple[bool, str]]:
         injected = self.faults_not_injected == 0
-        checks = [*common, (injected, f"{self.faults_not_injected} faults not injected")]
+        checks = [(injected, f"{self.faults_not_injected} faults not injected")]
         for name, seen in self.bystanders.items():
             checks += [
                 (seen["keys"] > 0, f"{name} (another shard) dispensed nothing"),
@@ -113,15 +105,7 @@ class ClusterDrillReport:
                     f"{name} (another shard) paused {seen['longest_gap_ms']} ms",
                 ),
             ]
-        return [failure for holds, failure in checks if not holds]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "drill": "redis_cluster",
-            "rounds": len(self.faults),
-            **asdict(self),
-            "verdict": self.failures(),
-        }
+        return checks
 
 
 def format_table(report: ClusterDrillReport) -> str:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 
@@ -129,65 +129,6 @@ def check_ledger(
         "unreceived": len(recorded.keys() - received.keys()),
         "duplicate_alarms": duplicate_alarms,
     }
-
-
-class Checked(Protocol):
-    """The figures every drill's report has (``ledger``: check_ledger's figures;
-    ``lifecycle``: lifecycle.check's)."""
-
-    @property
-    def duplicates(self) -> int: ...
-    @property
-    def ledger(self) -> dict[str, Any]: ...
-    @property
-    def lifecycle(self) -> dict[str, Any]: ...
-    @property
-    def process_exits(self) -> list[str]: ...
-    @property
-    def fence_not_engaged(self) -> list[int]: ...
-    @property
-    def not_resumed(self) -> list[int]: ...
-
-
-def common_checks(report: Checked) -> list[tuple[bool, str]]:
-    """What every drill must hold, whatever its topology, each check named once: (holds,
-    what to say when it does not). Each drill's report adds its own after these."""
-    duplicates, ledger, uins = report.duplicates, report.ledger, report.lifecycle
-    process_exits, fence_not_engaged = report.process_exits, report.fence_not_engaged
-    not_resumed = report.not_resumed
-    left = ledger.get("unapplied_at_end", 0)  # -1: the stream could not be read
-    return [
-        (duplicates == 0, f"{duplicates} keys dispensed twice"),
-        (ledger["missing"] == 0, f"{ledger['missing']} ledger records lost"),
-        (ledger["used_missing"] == 0, f"{ledger['used_missing']} accepted use marks lost"),
-        (ledger["duplicate_alarms"] == 0, "the ledger raised its duplicate alarm"),
-        # Entries still in the stream when the fleet stopped would count as records lost.
-        (left == 0, f"keysync left {left} ledger entries unapplied at the end"),
-        (
-            uins.get("keys_in_two_hands", 0) == 0,
-            f"{uins.get('keys_in_two_hands')} keys live in two hands",
-        ),
-        (
-            uins.get("status_changes_lost", 0) == 0,
-            f"{uins.get('status_changes_lost')} status changes lost",
-        ),
-        (
-            uins.get("ledger_wrong_client", 0) == 0,
-            f"{uins.get('ledger_wrong_client')} under another client",
-        ),
-        (
-            uins.get("ledger_missing", 0) == 0,
-            f"{uins.get('ledger_missing')} lifecycle records lost",
-        ),
-        (
-            uins.get("replays_of_keys_reissued", 0) == 0,
-            "a retry was answered with a key given back and issued to another client",
-        ),
-        (uins.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
-        (not process_exits, f"processes exited: {process_exits}"),
-        (not fence_not_engaged, f"fence did not engage: {fence_not_engaged}"),
-        (not not_resumed, f"no key after rounds {not_resumed}"),
-    ]
 
 
 def _events(path: Path) -> Iterator[dict[str, Any]]:

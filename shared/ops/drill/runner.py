@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 
@@ -30,6 +30,7 @@ from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.links import PROCESSES, Links
 from shared.ops.drill.load import RecordingLoad, SnowflakeLoad
 from shared.ops.drill.postgres import PostgresPair
+from shared.ops.drill.report import Report
 from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import free_port
@@ -74,49 +75,33 @@ class Controls:
 
 
 @dataclass(frozen=True)
-class DrillReport:
-    """The whole drill: what its JSON file holds (``as_json``) and its verdict
-    (``failures``: empty when every check held; the CLI fails on any)."""
+class DrillReport(Report):
+    """The Sentinel drill: what every drill reports (``Report``), and the PostgreSQL
+    fence's and the machine-ID leases' own figures and checks."""
 
-    faults: list[dict[str, Any]]  # one row per round (Round.row)
+    kind: ClassVar[str] = "failover"
+
     by_fault: dict[str, dict[str, Any]]
-    keys_dispensed: int
-    unique_keys: int
-    duplicates: int
-    requests: int
-    errors: dict[str, int]
-    faults_not_injected: int
-    ledger: dict[str, Any]  # history.check_ledger's figures
     ledger_missing: int
     ledger_used_missing: int
     ledger_duplicate_alarms: int
     # What a fault destroyed by definition (the default durability's records in Redis
     # data lost), per fault: each record charged by its time (history.LossSpan).
     ledger_lost_to_fault: dict[str, int]
-    lifecycle: dict[str, Any]  # lifecycle.check's figures (the UIN lifecycle)
     keys_in_two_hands: int
     status_changes_lost: int
     ledger_wrong_client: int
     fail_closed_s: float
     fail_closed_by_process: dict[str, float]
     lease_renewals_unreplicated: int
-    # Rounds whose Redis fault left no new primary owning the fence, or after which no
-    # key was handed out: either fails the drill.
-    fence_not_engaged: list[int]
-    not_resumed: list[int]
     lease_faults_not_observed: list[int]
-    fault_kinds: list[str]
     leases: leases.LeaseReport
-    process_exits: list[str]
     postgres_fence: bool  # the controls: False shows the hazard the fence closes
     lease_wait: bool
 
-    def failures(self) -> list[str]:
-        """What must hold after every drill, each broken check named."""
+    def own_checks(self) -> list[tuple[bool, str]]:
         held = self.leases
-        common = history.common_checks(self)
-        checks = [
-            *common,
+        return [
             (held.snowflake_duplicates == 0, "snowflake IDs issued twice"),
             (held.lease_overlaps == 0, f"{held.lease_overlaps} leases overlapped"),
             (
@@ -128,19 +113,12 @@ class DrillReport:
                 f"lease holders exited unexpectedly: {held.lease_holder_exits}",
             ),
         ]
-        return [failure for holds, failure in checks if not holds]
 
-    def as_json(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, Any]:
         fields = asdict(self)
-        lease_fields = fields.pop("leases")
+        lease_fields = fields.pop("leases")  # inline
         fields.pop("ledger_duplicate_alarms")  # it is ledger["duplicate_alarms"]
-        return {
-            "drill": "failover",
-            "rounds": len(self.faults),
-            **fields,
-            **lease_fields,
-            "verdict": self.failures(),
-        }
+        return {**fields, **lease_fields}
 
 
 @dataclass
