@@ -12,11 +12,15 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.cli.main import OPS_COMMANDS, positive_int, subcommand, write_json
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.catalog import BENCHES
+
+if TYPE_CHECKING:
+    from shared.ops.drill.report import Report
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,44 +60,48 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     write_json(results, args.json)
 
 
-def run_drill(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.ops.drill import fault_kinds
-    from shared.ops.drill.runner import format_table, run
+# The drill's flags that belong to one topology, and their default (anything else set
+# with the other topology is refused, naming the flag).
+DRILL_TOPOLOGY_FLAGS = {
+    "slot_per": ("cluster", "--slot-per", "namespace"),
+    "no_postgres_fence": ("sentinel", "--no-postgres-fence", False),
+    "no_lease_wait": ("sentinel", "--no-lease-wait", False),
+}
 
+
+def run_drill(settings: Settings, args: argparse.Namespace) -> None:
+    """``drill --redis sentinel|cluster``: one command, the topology a parameter; the
+    report (Report) is written, shown and judged the same way for both."""
+    from shared.ops.drill import fault_kinds
+
+    for attr, (topology, flag, default) in DRILL_TOPOLOGY_FLAGS.items():
+        if args.redis != topology and getattr(args, attr) != default:
+            raise ConfigError(f"{flag}: with --redis {topology} only")
     only = [f.strip() for f in args.faults.split(",")] if args.faults else None
     fault_kinds.chosen(args.redis, only)  # before any server starts
     work = Path(args.work_dir).resolve() if args.work_dir else None
     if args.redis == "cluster":
-        run_cluster_drill(settings, args, only, work)
-        return
-    if args.slot_per != "namespace":
-        raise ConfigError("--slot-per: with --redis cluster only")
-    report = asyncio.run(
-        run(
-            settings,
-            args.rounds,
-            only,
-            work,
-            postgres_fence=not args.no_postgres_fence,
-            lease_wait=not args.no_lease_wait,
+        from shared.ops.drill import cluster
+
+        shard_report = asyncio.run(cluster.run(settings, args.rounds, only, work, args.slot_per))
+        report: Report = shard_report
+        table = cluster.format_table(shard_report)
+    else:
+        from shared.ops.drill import runner
+
+        sentinel_report = asyncio.run(
+            runner.run(
+                settings,
+                args.rounds,
+                only,
+                work,
+                postgres_fence=not args.no_postgres_fence,
+                lease_wait=not args.no_lease_wait,
+            )
         )
-    )
+        report, table = sentinel_report, runner.format_table(sentinel_report)
     write_json(report.as_json(), args.json)
-    print(format_table(report))
-    if failures := report.failures():
-        raise KeydispenserError("the drill failed: " + "; ".join(failures))
-
-
-def run_cluster_drill(
-    settings: Settings, args: argparse.Namespace, only: list[str] | None, work: Path | None
-) -> None:
-    from shared.ops.drill import cluster
-
-    if args.no_postgres_fence or args.no_lease_wait:
-        raise ConfigError("--no-postgres-fence and --no-lease-wait: with --redis sentinel only")
-    report = asyncio.run(cluster.run(settings, args.rounds, only, work, args.slot_per))
-    write_json(report.as_json(), args.json)
-    print(cluster.format_table(report))
+    print(table)
     if failures := report.failures():
         raise KeydispenserError("the drill failed: " + "; ".join(failures))
 

@@ -418,8 +418,19 @@ def test_errors_name_the_next_step(settings: Settings, tmp_path: Path) -> None:
         asyncio.run(drop_database(admin_dsn, empty))
 
 
-def test_a_drill_fault_of_the_other_topology_is_refused_before_anything_starts() -> None:
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--faults", "shard_restart_empty"), "shard_restart_empty is a fault of the cluster"),
+        (("--redis", "cluster", "--faults", "pause"), "pause is a fault of the sentinel"),
+        (("--slot-per", "type"), "--slot-per: with --redis cluster only"),
+        (("--redis", "cluster", "--no-lease-wait"), "--no-lease-wait: with --redis sentinel"),
+    ],
+)
+def test_a_drill_flag_of_the_other_topology_is_refused_before_anything_starts(
+    args: tuple[str, ...], said: str
+) -> None:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "KD_PERMUTATION_KEY": "x" * 16}
-    done = run_cli("drill", "--faults", "shard_restart_empty", env=env, timeout_s=60)
+    done = run_cli("drill", *args, env=env, timeout_s=60)
     assert done.returncode != 0
-    assert "shard_restart_empty is a fault of the cluster drill" in done.stderr
+    assert said in done.stderr
