@@ -40,3 +40,11 @@ def test_a_fault_of_the_other_drill_is_refused_naming_its_flag() -> None:
     with pytest.raises(ConfigError, match="unknown fault 'unplug'"):
         fault_kinds.chosen("cluster", ["unplug"])
     assert fault_kinds.chosen("cluster", ["cluster_failover"]) == ["cluster_failover"]
+
+
+def test_a_fault_implemented_or_declared_on_one_side_only_stops_the_drill_at_start() -> None:
+    fault_kinds.check_implemented("cluster", fault_kinds.of("cluster"))
+    with pytest.raises(RuntimeError, match=r"implemented only \['unplug'\]"):
+        fault_kinds.check_implemented("cluster", [*fault_kinds.of("cluster"), "unplug"])
+    with pytest.raises(RuntimeError, match=r"declared only \['pause'\]"):
+        fault_kinds.check_implemented("sentinel", set(fault_kinds.of("sentinel")) - {"pause"})

@@ -318,17 +318,18 @@ class ClusterDrill:
 
     def measure_disruptions(self) -> None:
         measure_disruptions(self.rounds, self.load)
+        if not self.bystanders:
+            return
         for done in self.rounds:
-            if self.bystanders:
-                # The other shards' types, from the fault until the struck shard serves
-                # again (and a second more): refused requests, and the longest wait.
-                end = done.ended + 1.0
-                done.figures["bystander_refusals"] = sum(
-                    _refusals(load, done.began, end) for load in self.bystanders
-                )
-                done.figures["bystander_longest_gap_ms"] = max(
-                    _longest_gap_ms(load, done.began, end) for load in self.bystanders
-                )
+            # The other shards' types, from the fault until the struck shard serves again
+            # (and a second more): refused requests, and the longest wait.
+            end = done.ended + 1.0
+            done.figures["bystander_refusals"] = sum(
+                _refusals(load, done.began, end) for load in self.bystanders
+            )
+            done.figures["bystander_longest_gap_ms"] = max(
+                _longest_gap_ms(load, done.began, end) for load in self.bystanders
+            )
 
 
 def _refusals(load: RecordingLoad, start: float, until: float) -> int:
@@ -426,6 +427,7 @@ async def _drill(
         loads = [load, *others]
         tag = "{" + NAMESPACE + (f".{DRILL_TYPE}" if slot_per == "type" else "") + "}"
         drill = ClusterDrill(cluster, fleet, load, tag, others)
+        fault_kinds.check_implemented("cluster", drill.faults())
         until = time.monotonic() + rounds * 45 + 60
         running = [asyncio.ensure_future(each.run(until)) for each in loads]
         running.append(asyncio.ensure_future(uins.run(until)))

@@ -7,6 +7,7 @@ command line read these; the order is the default order of rounds.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,3 +76,14 @@ def chosen(topology: Topology, only: list[str] | None) -> list[str]:
                 f"(--redis {kind.topology}); this is the {topology} drill"
             )
     return only
+
+
+def check_implemented(topology: Topology, implemented: Iterable[str]) -> None:
+    """A drill's own table of fault functions names exactly the faults declared here for
+    its topology (a fault added on one side only is a mistake, found at start)."""
+    found, declared = set(implemented), set(of(topology))
+    if found != declared:
+        raise RuntimeError(
+            f"the {topology} drill's faults differ from fault_kinds.FAULTS: "
+            f"implemented only {sorted(found - declared)}, declared only {sorted(declared - found)}"
+        )
