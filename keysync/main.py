@@ -385,7 +385,7 @@ async def serve(settings: Settings) -> None:
     hot = groups.each(HotStore)
     wakes = groups.each(lambda _, ns: WakeChannel(groups.fresh(ns), ns))
     streams = groups.each(lambda _, ns: LedgerStream(groups.fresh(ns), ns))
-    ledger = LedgerRouter(streams, groups)
+    ledger = LedgerRouter.over(streams, groups)
     sync = SyncRecords.open(groups) if settings.postgres_fence else None
     try:
         async with cold.connection() as conn:

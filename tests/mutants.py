@@ -125,11 +125,11 @@ MUTANTS: Final = (
         SHARD_TESTS,
     ),
     Mutant(
-        "a_ledger_type_reads_every_shards_backlog",
+        "a_routed_operation_reaches_the_first_group",
         "shared/stores/groups.py",
-        "        return await self.of(name).backlog(name)",
-        "        return sum(await self._all(lambda stream: stream.backlog()))",
-        SHARD_TESTS,
+        "        return await getattr(self.of(name), op)(name, *args, **kwargs)",
+        "        return await getattr(next(iter(self.ports.values())), op)(name, *args, **kwargs)",
+        (*SHARD_TESTS, "tests/unit/test_routers.py"),
     ),
     Mutant(
         "a_shard_fence_accepts_any_owner_token_with_types_spread",

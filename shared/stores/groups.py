@@ -17,12 +17,13 @@ per group (``keysync.main``), or per type against its group's record (``SyncReco
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
-from shared.domain.tiers import Popped
+from shared.domain.ports import HotPool, LedgerWrites, Nudges
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
@@ -70,12 +71,45 @@ class Groups:
         self._endpoints.clear()
 
 
+def routed_operations(port: type) -> tuple[str, ...]:
+    """The operations of ``port`` (a Protocol) that name a type first: those a router
+    forwards to the group that holds it."""
+    found = []
+    for op, member in vars(port).items():
+        if op.startswith("_") or not inspect.iscoroutinefunction(member):
+            continue
+        params = list(inspect.signature(member).parameters)
+        if params[1:2] == ["name"]:
+            found.append(op)
+    return tuple(found)
+
+
+def _forward(op: str) -> Callable[..., Awaitable[Any]]:
+    async def forward(self: _ByType[Any], name: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self.of(name), op)(name, *args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = op
+    return forward
+
+
 class _ByType(Generic[P]):
-    """Ports of one kind, one per group, chosen by type name."""
+    """Ports of one kind, one per group, chosen by type name.
+
+    A router names the port it serves as a base (``HotPool``): every operation of it
+    that names a type first (``routed_operations``) is forwarded to that type's group,
+    with the port's own signature; the router writes only what spans every group."""
 
     def __init__(self, ports: dict[str, P], groups: Groups) -> None:
         self.ports = ports
         self._groups = groups
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        served = [base for base in cls.__bases__ if getattr(base, "_is_protocol", False)]
+        for port in served:
+            for op in routed_operations(port):
+                if op not in cls.__dict__:
+                    setattr(cls, op, _forward(op))
 
     def of(self, name: str) -> P:
         """The port of the group that holds type ``name``."""
@@ -85,8 +119,8 @@ class _ByType(Generic[P]):
         return [await call(port) for port in self.ports.values()]
 
 
-class HotRouter(_ByType[HotStore]):
-    """The dispenser's hot tier over every group (``HotPool``)."""
+class HotRouter(_ByType[HotStore], HotPool):
+    """The dispenser's hot tier over every group."""
 
     def __init__(self, ports: dict[str, HotStore], groups: Groups) -> None:
         super().__init__(ports, groups)
@@ -95,34 +129,6 @@ class HotRouter(_ByType[HotStore]):
     @classmethod
     def open(cls, groups: Groups) -> HotRouter:
         return cls(groups.each(HotStore), groups)
-
-    async def pop(
-        self,
-        name: str,
-        count: int,
-        clients: Sequence[str] = (),
-        ledger: bool = False,
-        *,
-        on_line: bool = False,
-    ) -> Popped:
-        return await self.of(name).pop(name, count, clients, ledger, on_line=on_line)
-
-    async def pop_once(
-        self,
-        name: str,
-        count: int,
-        idempotency_key: str,
-        ttl_s: int,
-        client: str = "",
-        ledger: bool = False,
-    ) -> Popped:
-        return await self.of(name).pop_once(name, count, idempotency_key, ttl_s, client, ledger)
-
-    async def depth(self, name: str) -> int:
-        return await self.of(name).depth(name)
-
-    async def exhausted(self, name: str) -> bool:
-        return await self.of(name).exhausted(name)
 
     async def refuse_eviction(self) -> None:
         """ConfigError when a group's server may evict keys (a cluster's shards each
@@ -155,48 +161,25 @@ class HotRouter(_ByType[HotStore]):
         await self._all(lambda hot: hot.close())
 
 
-class WakeRouter(_ByType[WakeChannel]):
-    """Nudges for keysync, each on its type's group's wake list (``Nudges``)."""
+class WakeRouter(_ByType[WakeChannel], Nudges):
+    """Nudges for keysync, each on its type's group's wake list."""
 
-    async def nudge(self, name: str) -> None:
-        await self.of(name).nudge(name)
+    @classmethod
+    def open(cls, groups: Groups) -> WakeRouter:
+        return cls(groups.each(WakeChannel), groups)
 
 
-class LedgerRouter(_ByType[LedgerStream]):
-    """The ledger streams of every group (``LedgerWrites``): a type's entries are all
-    in its group's stream, in order."""
+class LedgerRouter(_ByType[LedgerStream], LedgerWrites):
+    """The ledger streams of every group: a type's entries are all in its group's
+    stream, in order."""
 
-    async def backlog(self, name: str) -> int:
-        """The length of the stream that holds type ``name``'s entries."""
-        return await self.of(name).backlog(name)
+    @classmethod
+    def over(cls, streams: dict[str, LedgerStream], groups: Groups) -> LedgerRouter:
+        return cls(streams, groups)
 
     async def total_backlog(self) -> int:
         """Every stream's length, together (keysync's ``kd_ledger_backlog``)."""
         return sum(await self._all(lambda stream: stream.backlog()))
-
-    async def record_used(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
-    ) -> str:
-        return await self.of(name).record_used(name, keys, client, admin)
-
-    async def record_released(
-        self,
-        name: str,
-        keys: Sequence[str],
-        client: str,
-        admin: bool = False,
-        forget: Sequence[tuple[str, str]] = (),
-    ) -> str:
-        return await self.of(name).record_released(name, keys, client, admin, forget)
-
-    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
-        return await self.of(name).confirm(name, durability, replicas, timeout_ms)
-
-    async def newest_entry(self, name: str) -> str | None:
-        return await self.of(name).newest_entry(name)
-
-    async def applied(self, name: str, entry: str) -> bool:
-        return await self.of(name).applied(name, entry)
 
 
 def dispenser_ports(groups: Groups) -> tuple[HotRouter, WakeRouter, LedgerRouter]:
@@ -204,8 +187,8 @@ def dispenser_ports(groups: Groups) -> tuple[HotRouter, WakeRouter, LedgerRouter
     group's endpoint (its connections)."""
     return (
         HotRouter.open(groups),
-        WakeRouter(groups.each(WakeChannel), groups),
-        LedgerRouter(groups.each(LedgerStream), groups),
+        WakeRouter.open(groups),
+        LedgerRouter.over(groups.each(LedgerStream), groups),
     )
 
 
