@@ -15,16 +15,29 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.domain.leases import NO_WAIT, LeaseWait, check_pool
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import (
-    RedisPort,
-    lease_acquire_keys,
-    lease_holders_keys,
-    lease_release_keys,
-    lease_renew_keys,
-)
+from shared.stores.redis.scripts import RedisPort, Script, fence_slots
+
+
+def lease_keys(ns: str, pool: str) -> list[str]:
+    """Every lease script's keys: the fence's slots, then the pool's leases, its last
+    timestamps, the longest TTL granted."""
+    return [
+        *fence_slots(ns),
+        redis_keys.machine_leases_key(ns, pool),
+        redis_keys.machine_last_key(ns, pool),
+        redis_keys.lease_ttl_key(ns),
+    ]
+
+
+# The lease scripts, each behind the fence, with the helpers of lua/lease.lua.
+LEASE_ACQUIRE = Script("lease_acquire", lease_keys, fenced=True, helpers=("lease",))
+LEASE_RENEW = Script("lease_renew", lease_keys, fenced=True, helpers=("lease",))
+LEASE_RELEASE = Script("lease_release", lease_keys, fenced=True, helpers=("lease",))
+LEASE_HOLDERS = Script("lease_holders", lease_keys, fenced=True, helpers=("lease",))
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,9 @@ class MachineLeases(RedisPort):
         super().__init__(endpoint, namespace)
         self.wait = wait
 
-    async def _run_counted(self, script: str, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
+    async def _run_counted(
+        self, script: Script, keys: list[str], args: list[Any]
+    ) -> tuple[Any, bool]:
         """The script's reply, and whether it counts (enough replicas have it)."""
         if self.wait.replicas == 0:
             return await self._run(script, keys, args), True
@@ -90,7 +105,7 @@ class MachineLeases(RedisPort):
         args = [lo, hi, start % (hi - lo + 1), owner, ttl_ms, ceiling_ms]
         async with self._guard("lease_acquire"):
             reply, counts = await self._run_counted(
-                "lease_acquire", lease_acquire_keys(self.namespace, pool), args
+                LEASE_ACQUIRE, lease_keys(self.namespace, pool), args
             )
         status, machine_id, floor, fence, wait = reply
         granted = Acquired(str(status), int(machine_id), int(floor), str(fence), int(wait))
@@ -113,7 +128,7 @@ class MachineLeases(RedisPort):
         args: list[Any] = [machine_id, owner, fence, ttl_ms, ceiling_ms]
         async with self._guard("lease_renew"):
             (status,), counts = await self._run_counted(
-                "lease_renew", lease_renew_keys(self.namespace, pool), args
+                LEASE_RENEW, lease_keys(self.namespace, pool), args
             )
         return str(status) if counts or status != "renewed" else "unreplicated"
 
@@ -125,16 +140,14 @@ class MachineLeases(RedisPort):
         becomes max(floor at grant, issued_ms); without, the recorded ceiling stays."""
         args = [machine_id, owner, "" if issued_ms is None else issued_ms]
         async with self._guard("lease_release"):
-            released = await self._run(
-                "lease_release", lease_release_keys(self.namespace, pool), args
-            )
+            released = await self._run(LEASE_RELEASE, lease_keys(self.namespace, pool), args)
         return bool(released)
 
     async def holders(self, pool: str) -> Holders:
         check_pool(pool, 0, 0)
         async with self._guard("lease_holders"):
             now, settle_until, live, last = await self._run(
-                "lease_holders", lease_holders_keys(self.namespace, pool), []
+                LEASE_HOLDERS, lease_keys(self.namespace, pool), []
             )
         last_ms = {int(k): int(v) for k, v in _pairs(last)}
         holders = [_holder(int(k), json.loads(v), int(now), last_ms) for k, v in _pairs(live)]

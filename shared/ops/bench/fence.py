@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.bench import Options
-from shared.stores.redis.scripts import fenced_script, load_script, pop_keys
+from shared.stores.hot.hot_store import pop_keys
+from shared.stores.redis.scripts import fenced_script, load_script
 
 # The ID type whose hot list this bench pops from (one it fills itself).
 FENCE_TYPE = "kd_bench_fence"

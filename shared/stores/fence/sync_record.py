@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 from shared.domain.config import Settings
 from shared.domain.tiers import Stamp
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import RedisPort, record_keys
+from shared.stores.redis.scripts import RedisPort, Script, fence_slots
 
 LEASED = "leased:"
+
+# The record's scripts, each behind the fence; the fence's four slots are all their keys.
+READ_RECORD = Script("read_record", fence_slots, fenced=True)
+RECORD_LEASE = Script("record_lease", fence_slots, fenced=True)
+BIND_RECORD = Script("bind_record", fence_slots, fenced=True)
+VOUCH_RECORD = Script("vouch_record", fence_slots, fenced=True)
+RESET_RECORD = Script("reset_record", fence_slots, fenced=True)
+CONFIRM_RECORD = Script("confirm_record", fence_slots, fenced=True)
+HALT_RECORD = Script("halt_record", fence_slots, fenced=True)
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class SyncRecord(RedisPort):
 
     async def read(self) -> Record:
         async with self._guard("read_record"):
-            raw = await self._run("read_record", record_keys(self.namespace), [])
+            raw = await self._run(READ_RECORD, fence_slots(self.namespace), [])
         pairs = [str(item) for item in raw[1:]]
         return Record.parse(dict(zip(pairs[::2], pairs[1::2], strict=True)))
 
@@ -90,8 +99,8 @@ class SyncRecord(RedisPort):
         (``record_stamp`` in lua/sync_record.lua; the range is wasted)."""
         async with self._guard("record_lease"):
             status, _ = await self._run(
-                "record_lease",
-                record_keys(self.namespace),
+                RECORD_LEASE,
+                fence_slots(self.namespace),
                 [LEASED + name, range_end, *stamp.args()],
             )
         return str(status)
@@ -104,7 +113,7 @@ class SyncRecord(RedisPort):
     async def bind(self, database: str) -> str:
         """Bind the namespace to ``database`` on first use; the database it is bound to."""
         async with self._guard("bind_record"):
-            bound, _ = await self._run("bind_record", record_keys(self.namespace), [database])
+            bound, _ = await self._run(BIND_RECORD, fence_slots(self.namespace), [database])
         return str(bound)
 
     async def vouch(self, stamp: Stamp, leased: dict[str, int]) -> str:
@@ -113,7 +122,7 @@ class SyncRecord(RedisPort):
         'foreign', 'superseded' or 'halted' (lua/vouch_record.lua)."""
         async with self._guard("vouch_record"):
             status, _ = await self._run(
-                "vouch_record", record_keys(self.namespace), [*stamp.args(), *_pairs(leased)]
+                VOUCH_RECORD, fence_slots(self.namespace), [*stamp.args(), *_pairs(leased)]
             )
         return str(status)
 
@@ -131,15 +140,15 @@ class SyncRecord(RedisPort):
         --take-over: database and timeline are the operator's word)."""
         args = [*stamp.args(), mode, stamp.fences if pending else 0, *_pairs(floors)]
         async with self._guard("reset_record"):
-            status, _ = await self._run("reset_record", record_keys(self.namespace), args)
+            status, _ = await self._run(RESET_RECORD, fence_slots(self.namespace), args)
         return str(status)
 
     async def confirm(self, claim_fences: int) -> None:
         """The fence whose claim expected ``claim_fences`` committed: clear the mark
         (only that claim's; lua/confirm_record.lua)."""
         async with self._guard("confirm_record"):
-            await self._run("confirm_record", record_keys(self.namespace), [claim_fences])
+            await self._run(CONFIRM_RECORD, fence_slots(self.namespace), [claim_fences])
 
     async def halt(self, reason: str) -> None:
         async with self._guard("halt_record"):
-            await self._run("halt_record", record_keys(self.namespace), [reason])
+            await self._run(HALT_RECORD, fence_slots(self.namespace), [reason])

@@ -17,18 +17,41 @@ from shared.domain.errors import ConfigError, IdempotencyMismatch, StoreUnavaila
 from shared.domain.tiers import NO_STAMP, Depth, Popped, Pushed, Refill, Stamp
 from shared.stores.fence.sync_record import LEASED
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import (
-    RedisPort,
-    depth_keys,
-    pop_idempotent_keys,
-    pop_keys,
-    push_keys,
-)
+from shared.stores.redis.scripts import RedisPort, Script, fence_slots
 
 log = logging.getLogger(__name__)
 BATCH_MARKER_TTL_S = 3_600  # how long a pushed batch's marker lives at least
 # The only maxmemory-policy under which Redis never drops a key keydispenser relies on.
 SAFE_MEMORY_POLICY = "noeviction"
+
+
+def pop_keys(ns: str, name: str) -> list[str]:
+    return [
+        *fence_slots(ns),
+        redis_keys.hot_list_key(ns, name),
+        redis_keys.exhausted_key(ns, name),
+        redis_keys.ledger_stream_key(ns),
+        redis_keys.refill_key(ns, name),
+    ]
+
+
+def pop_idempotent_keys(ns: str, name: str, client: str, idempotency_key: str) -> list[str]:
+    return [*pop_keys(ns, name), redis_keys.idempotency_key(ns, client, idempotency_key)]
+
+
+def push_keys(ns: str, name: str, batch_id: str) -> list[str]:
+    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name), redis_keys.batch_key(ns, batch_id)]
+
+
+def depth_keys(ns: str, name: str) -> list[str]:
+    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name)]
+
+
+# The scripts of the hot lists, each behind the fence.
+POP = Script("pop", pop_keys, fenced=True)
+POP_IDEMPOTENT = Script("pop_idempotent", pop_idempotent_keys, fenced=True)
+PUSH = Script("push", push_keys, fenced=True)
+DEPTH = Script("depth", depth_keys, fenced=True)
 
 
 def _refill(raw: Sequence[Any]) -> Refill | None:
@@ -117,7 +140,7 @@ class HotStore(RedisPort):
         ]
         async with self._guard("push"):
             length, discarded, token, status = await self._run(
-                "push", push_keys(self.namespace, name, batch_id), args
+                PUSH, PUSH.keys(self.namespace, name, batch_id), args
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
 
@@ -147,12 +170,12 @@ class HotStore(RedisPort):
         args = [count, name if ledger else "", *(clients or (ANONYMOUS,))]
         keys = self._pop_keys.get(name)
         if keys is None:
-            keys = self._pop_keys[name] = pop_keys(self.namespace, name)
+            keys = self._pop_keys[name] = POP.keys(self.namespace, name)
         async with self._guard("pop"):
             if on_line:
-                reply = await self._run_on_line(name, "pop", keys, args)
+                reply = await self._run_on_line(name, POP, keys, args)
             else:
-                reply = await self._run("pop", keys, args)
+                reply = await self._run(POP, keys, args)
         taken, remaining, exhausted, discarded, refill = reply
         return Popped(
             list(taken),
@@ -178,13 +201,13 @@ class HotStore(RedisPort):
         stored in it both hold the client's name. Raises IdempotencyMismatch when the
         key was used for another type or count.
         """
-        keys = pop_idempotent_keys(self.namespace, name, client, idempotency_key)
+        keys = POP_IDEMPOTENT.keys(self.namespace, name, client, idempotency_key)
         request = request_fingerprint(client, name, count)
         owned_only = "1" if ledger else "0"
         args = [count, name if ledger else "", client, ttl_s, request, idempotency_key, owned_only]
         async with self._guard("pop"):
             status, taken, remaining, exhausted, discarded, refill = await self._run(
-                "pop_idempotent", keys, args
+                POP_IDEMPOTENT, keys, args
             )
         if status == "mismatch":
             raise IdempotencyMismatch(idempotency_key)
@@ -199,9 +222,7 @@ class HotStore(RedisPort):
 
     async def observe(self, name: str) -> Depth:
         async with self._guard("depth"):
-            length, discarded, token = await self._run(
-                "depth", depth_keys(self.namespace, name), []
-            )
+            length, discarded, token = await self._run(DEPTH, DEPTH.keys(self.namespace, name), [])
         return Depth(int(length), str(token), self._discarded(int(discarded), "depth"))
 
     async def depth(self, name: str) -> int:

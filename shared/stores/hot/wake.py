@@ -5,7 +5,10 @@ from __future__ import annotations
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import RedisPort, nudge_keys
+from shared.stores.redis.scripts import RedisPort, Script
+
+# keysync's wake list: its own key, no fence (a nudge only hastens a refill).
+NUDGE = Script("nudge", lambda ns: [redis_keys.keysync_wake_key(ns)], fenced=False)
 
 WAKE_LIST_MAX = 64  # a nudge only needs to be seen once; the list never grows past this
 
@@ -18,7 +21,7 @@ class WakeChannel(RedisPort):
     async def nudge(self, name: str) -> None:
         """Wake a keysync for the type ``name`` now rather than at its next poll."""
         async with self._guard("nudge"):
-            await self._run("nudge", nudge_keys(self.namespace), [name, WAKE_LIST_MAX])
+            await self._run(NUDGE, NUDGE.keys(self.namespace), [name, WAKE_LIST_MAX])
 
     async def wait(self, timeout_s: float) -> str | None:
         """Block until a nudge arrives (its type's name) or the timeout passes (None)."""

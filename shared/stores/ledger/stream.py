@@ -11,7 +11,22 @@ from redis.exceptions import ResponseError
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import RedisPort, forget_consumer_keys, ledger_ack_keys
+from shared.stores.redis.scripts import RedisPort, Script
+
+# The stream's own scripts: its keys only, no fence.
+LEDGER_ACK = Script(
+    "ledger_ack",
+    lambda ns: [redis_keys.ledger_stream_key(ns), redis_keys.ledger_retained_key(ns)],
+    fenced=False,
+)
+FORGET_CONSUMER = Script(
+    "forget_consumer",
+    lambda ns, consumer: [
+        redis_keys.ledger_stream_key(ns),
+        redis_keys.ledger_consumer_key(ns, consumer),
+    ],
+    fenced=False,
+)
 
 LEDGER_GROUP = "kd-ledger"  # the consumer group keysync drains the ledger stream with
 LedgerEntry = tuple[str, dict[str, str]]
@@ -181,8 +196,8 @@ class LedgerStream(RedisPort):
             ):
                 continue
             if int(other["pending"]) == 0:
-                keys = forget_consumer_keys(self.namespace, name)
-                await self._run("forget_consumer", keys, [LEDGER_GROUP, name])
+                keys = FORGET_CONSUMER.keys(self.namespace, name)
+                await self._run(FORGET_CONSUMER, keys, [LEDGER_GROUP, name])
                 continue
             pending = await client.xpending_range(
                 stream, LEDGER_GROUP, "-", "+", count, consumername=name
@@ -208,9 +223,9 @@ class LedgerStream(RedisPort):
         each is kept ``retain_ms`` in the retained stream (``lua/ledger_ack.lua``)."""
         if not entry_ids:
             return
-        keys = ledger_ack_keys(self.namespace)
+        keys = LEDGER_ACK.keys(self.namespace)
         async with self._guard("ledger_ack"):
-            await self._run("ledger_ack", keys, [LEDGER_GROUP, retain_ms, *entry_ids])
+            await self._run(LEDGER_ACK, keys, [LEDGER_GROUP, retain_ms, *entry_ids])
 
     async def retained(self, after: str, count: int) -> list[tuple[str, LedgerEntry]]:
         """Up to ``count`` retained entries after the retained stream's ID ``after``

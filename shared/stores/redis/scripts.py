@@ -1,13 +1,14 @@
-"""The Lua scripts and how they are called: one function per script builds its key list.
+"""The Lua scripts and how they are called.
 
-Every script is declared once, in ``SCRIPTS``: its key list, and what runs before it.
-A script that reads or writes hot lists, the sync clock's record or leases is fenced:
-``fence.lua`` (with the ledger's and the record's helpers) is prepended, and the
-fence's four slots (``fence_slots``) come first in its key list; the lease scripts also
-get the helpers in ``lease.lua``. Each ``.lua`` file names its own KEYS/ARGV slots as
-locals at the top; the functions here fill them in that order.
+Each script is declared once, as a ``Script`` beside the adapter method that calls it
+(``hot_store.POP``, ``sync_record.READ_RECORD``, ...): its key list, and what runs
+before it. A script that reads or writes hot lists, the sync clock's record or leases
+is fenced: ``fence.lua`` (with the ledger's and the record's helpers) is prepended, and
+the fence's four slots (``fence_slots``) come first in its key list; the lease scripts
+also get the helpers in ``lease.lua``. Each ``.lua`` file names its own KEYS/ARGV
+slots as locals at the top; its declaration's key function fills them in that order.
 
-Scripts never build key names: every name comes from ``redis_keys`` through these
+Scripts never build key names: every name comes from ``redis_keys`` through those
 functions, which take the namespace as their first argument (``RedisPort.namespace``),
 so a script touches only its own namespace's keys.
 """
@@ -66,124 +67,23 @@ def fence_slots(ns: str) -> list[str]:
     ]
 
 
-def depth_keys(ns: str, name: str) -> list[str]:
-    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name)]
-
-
-def push_keys(ns: str, name: str, batch_id: str) -> list[str]:
-    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name), redis_keys.batch_key(ns, batch_id)]
-
-
-def record_keys(ns: str) -> list[str]:
-    """read_record, record_lease, reset_record, vouch_record, bind_record, halt_record:
-    the fence's slots only."""
-    return fence_slots(ns)
-
-
-def pop_keys(ns: str, name: str) -> list[str]:
-    return [
-        *fence_slots(ns),
-        redis_keys.hot_list_key(ns, name),
-        redis_keys.exhausted_key(ns, name),
-        redis_keys.ledger_stream_key(ns),
-        redis_keys.refill_key(ns, name),
-    ]
-
-
-def pop_idempotent_keys(ns: str, name: str, client: str, idempotency_key: str) -> list[str]:
-    return [*pop_keys(ns, name), redis_keys.idempotency_key(ns, client, idempotency_key)]
-
-
-def _lease_slots(ns: str, pool: str) -> list[str]:
-    """KEYS[5..7] of the lease scripts: the pool's leases, its last timestamps, the
-    longest TTL granted."""
-    return [
-        *fence_slots(ns),
-        redis_keys.machine_leases_key(ns, pool),
-        redis_keys.machine_last_key(ns, pool),
-        redis_keys.lease_ttl_key(ns),
-    ]
-
-
-def lease_acquire_keys(ns: str, pool: str) -> list[str]:
-    return _lease_slots(ns, pool)
-
-
-def lease_renew_keys(ns: str, pool: str) -> list[str]:
-    return _lease_slots(ns, pool)
-
-
-def lease_release_keys(ns: str, pool: str) -> list[str]:
-    return _lease_slots(ns, pool)
-
-
-def lease_holders_keys(ns: str, pool: str) -> list[str]:
-    return _lease_slots(ns, pool)
-
-
-def forget_consumer_keys(ns: str, consumer: str) -> list[str]:
-    return [redis_keys.ledger_stream_key(ns), redis_keys.ledger_consumer_key(ns, consumer)]
-
-
-def ledger_ack_keys(ns: str) -> list[str]:
-    return [redis_keys.ledger_stream_key(ns), redis_keys.ledger_retained_key(ns)]
-
-
-def nudge_keys(ns: str) -> list[str]:
-    return [redis_keys.keysync_wake_key(ns)]
-
-
 @dataclass(frozen=True)
 class Script:
-    """A Lua script, named by its file: how its key list is built from the namespace (and
-    the call's own names), whether the fence's prologue runs first, and the helpers
-    prepended after it."""
+    """A Lua script, declared once beside the adapter that calls it: its name (its file in
+    the mechanism's ``lua/`` folder), how its key list is built from the namespace (and
+    the call's own names), whether the fence's prologue runs first (every declaration
+    says so: none is fenced, or not, by default), and the helpers prepended after it.
+    """
 
+    name: str
     keys: Callable[..., list[str]]
-    fenced: bool = True
+    fenced: bool
     helpers: tuple[str, ...] = ()
 
-    def body(self, name: str) -> str:
+    def body(self) -> str:
         if not self.fenced:
-            return load_script(name)
-        return fenced_script(name, self.helpers)
-
-
-# Every script a store runs. A new one is its .lua file, its entry here (a key list
-# function above when its slots are new), and the adapter's method that calls it.
-SCRIPTS: dict[str, Script] = {
-    # the hot lists (shared.stores.hot)
-    "pop": Script(pop_keys),
-    "pop_idempotent": Script(pop_idempotent_keys),
-    "push": Script(push_keys),
-    "depth": Script(depth_keys),
-    "nudge": Script(nudge_keys, fenced=False),  # keysync's wake list
-    # the PostgreSQL fence's record (shared.stores.fence)
-    **{
-        name: Script(record_keys)
-        for name in (
-            "read_record",
-            "record_lease",
-            "reset_record",
-            "vouch_record",
-            "bind_record",
-            "confirm_record",
-            "halt_record",
-        )
-    },
-    # the ledger stream (shared.stores.ledger): its own keys, no fence
-    "ledger_ack": Script(ledger_ack_keys, fenced=False),
-    "forget_consumer": Script(forget_consumer_keys, fenced=False),
-    # machine-ID leases (shared.leases)
-    "lease_acquire": Script(lease_acquire_keys, helpers=("lease",)),
-    "lease_renew": Script(lease_renew_keys, helpers=("lease",)),
-    "lease_release": Script(lease_release_keys, helpers=("lease",)),
-    "lease_holders": Script(lease_holders_keys, helpers=("lease",)),
-}
-
-
-def _body(script: str) -> str:
-    return SCRIPTS[script].body(script)
+            return load_script(self.name)
+        return fenced_script(self.name, self.helpers)
 
 
 class RedisPort:
@@ -222,14 +122,14 @@ class RedisPort:
                 self._endpoint.invalidate()
             raise StoreUnavailable("redis", f"{operation} failed: {describe(exc)}") from exc
 
-    async def _run(self, script: str, keys: list[str], args: Sequence[Any]) -> Any:
+    async def _run(self, script: Script, keys: list[str], args: Sequence[Any]) -> Any:
         client = await self._endpoint.client()
         registered = self._registered(script, client)
         # EVALSHA, loading the script once on NOSCRIPT (a new primary has none).
         return await registered(keys=keys, args=list(args), client=client)
 
     async def _run_acked(
-        self, script: str, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
+        self, script: Script, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
     ) -> tuple[Any, int]:
         """``_run``, then WAIT on the same connection: the script's reply and how many
         replicas acknowledged its writes within ``timeout_ms`` (``replicas`` wanted)."""
@@ -242,7 +142,7 @@ class RedisPort:
         return reply, int(acked)
 
     async def _run_on_line(
-        self, line: str, script: str, keys: list[str], args: Sequence[Any]
+        self, line: str, script: Script, keys: list[str], args: Sequence[Any]
     ) -> Any:
         """``_run`` on a connection of this port's own (``ScriptLine``), one per ``line``
         name: for the script called per batch of requests, where the pooled call's
@@ -257,14 +157,14 @@ class RedisPort:
         if each is not None:
             await each.close()
 
-    def _registered(self, script: str, client: aioredis.Redis) -> AsyncScript:
-        registered = self._scripts.get(script)
+    def _registered(self, script: Script, client: aioredis.Redis) -> AsyncScript:
+        registered = self._scripts.get(script.name)
         if registered is None:
-            registered = self._scripts[script] = client.register_script(_body(script))
+            registered = self._scripts[script.name] = client.register_script(script.body())
         return registered
 
-    def _line_script(self, script: str) -> LineScript:
-        found = self._line_scripts.get(script)
+    def _line_script(self, script: Script) -> LineScript:
+        found = self._line_scripts.get(script.name)
         if found is None:
-            found = self._line_scripts[script] = LineScript(_body(script))
+            found = self._line_scripts[script.name] = LineScript(script.body())
         return found
