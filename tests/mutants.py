@@ -653,7 +653,7 @@ MUTANTS: Final = (
     Mutant(
         "ledger_use_applied_before_its_issue_is_lost",
         "shared/stores/ledger/table.py",
-        "        await _keep_early_marks(conn, name, marks, missing)\n",
+        "    await _keep_early_marks(conn, name, marks, missing)\n",
         "",
         ("tests/integration/test_ledger.py",),
     ),
@@ -691,6 +691,13 @@ MUTANTS: Final = (
         "self.routes = {s: served[n] for s, n in self.segments.items() if n in served}",
         "self.routes = {s: served[n] for s, n in self.segments.items() if s == n}",
         ("tests/unit/test_single.py",),
+    ),
+    Mutant(
+        "a_use_in_one_batch_undoes_an_earlier_release",
+        "shared/stores/ledger/table.py",
+        "Counter(key for each in marks.values() for key in each.keys)",
+        "Counter(set(key for each in marks.values() for key in each.keys))",
+        (LEDGER_RECORD_TESTS, "tests/unit/test_ledger_order.py"),
     ),
     Mutant(
         "the_in_memory_hot_tier_appends_a_batch_twice",

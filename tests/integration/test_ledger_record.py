@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 
 from keysync.main import Keysync
 from shared.cli.databases import run_migrate
@@ -344,3 +345,32 @@ async def test_each_key_is_recorded_under_its_own_client(servers: Servers, datab
     assert await applied(settings, [coalesced, batch]) == {}
     rows = await fetch(settings, "SELECT key, client FROM {ledger}")
     assert {r["key"]: r["client"] for r in rows} == {one: "c1", two: "c2", three: "c3"}
+
+
+@pytest.mark.parametrize("first", ["release", "used"])
+async def test_the_first_mark_of_a_key_wins_whatever_the_batch_bounds(
+    servers: Servers, database: str, first: str
+) -> None:
+    """A use and a release of one key (two requests at once, or a replay after a fence
+    applying in other bounds than the first drain did): the one first in the stream wins,
+    whether the two entries are applied in batches of their own or in one. Were uses
+    applied before releases within a batch, a release answered first would be undone by
+    a replay that found both entries in one batch."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    then = "used" if first == "release" else "release"
+    apart, together = high_key(settings, 0), high_key(settings, 1)
+    await applied(
+        settings, [entry(1_000, "issue", apart, "c1"), entry(1_000, "issue", together, "c1")]
+    )
+    await applied(settings, [entry(2_000, first, apart, "c1")], [entry(2_001, then, apart, "c1")])
+    await applied(
+        settings, [entry(2_000, first, together, "c1"), entry(2_001, then, together, "c1")]
+    )
+    states = []
+    for key in (apart, together):
+        rows = await fetch(settings, "SELECT used_by FROM {ledger} WHERE key = $1", key)
+        given_back = await fetch(settings, "SELECT 1 FROM kd_released_issues WHERE key = $1", key)
+        states.append(([r["used_by"] for r in rows], len(given_back)))
+    expected = ([], 1) if first == "release" else (["c1"], 0)
+    assert states == [expected, expected]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -182,27 +182,69 @@ async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
             twice = sql.for_type(ledger_sql.SELECT_ISSUED_TWICE, name)
             found = await conn.fetch(twice, *rows.arrays(), name)
             duplicates.setdefault(name, []).extend(r["key"] for r in found)
-    for name, marks in batch.used.items():
-        updated = {
-            r["key"]
-            for r in await conn.fetch(
-                sql.for_type(ledger_sql.UPDATE_LEDGER_USED, name),
-                marks.keys,
-                marks.times,
-                marks.clients,
-                marks.admin,
-            )
-        }
-        used += len(updated)
-        missing, foreign = await _not_marked(conn, name, marks, updated)
-        await _keep_early_marks(conn, name, marks, missing)
-        unknown += len(missing)
-        refused += len(foreign)
     released = 0
-    for name, marks in batch.released.items():
-        released += await _release(conn, name, marks, reissue=name in batch.reissue)
+    for name in {**batch.used, **batch.released}:
+        for op, marks in in_stream_order(batch.used.get(name), batch.released.get(name)):
+            if op == "release":
+                released += await _release(conn, name, marks, reissue=name in batch.reissue)
+                continue
+            counts = await _mark_used(conn, name, marks)
+            used, unknown, refused = used + counts[0], unknown + counts[1], refused + counts[2]
     dups = {k: v for k, v in duplicates.items() if v}
     return Applied(issued, used, dups, unknown, refused, released)
+
+
+def _entry_order(entry: str) -> tuple[int, int]:
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _picked(marks: Used, rows: list[int]) -> Used:
+    return Used(
+        [marks.keys[i] for i in rows],
+        [marks.times[i] for i in rows],
+        [marks.clients[i] for i in rows],
+        [marks.admin[i] for i in rows],
+        [marks.entries[i] for i in rows],
+    )
+
+
+def in_stream_order(used: Used | None, released: Used | None) -> list[tuple[str, Used]]:
+    """One type's marks of a batch as the statements that apply them: the first mark of
+    a key wins, whatever the batch's bounds. A key marked once goes in the bulk
+    statements (uses, then releases); a key marked more than once in the batch (a use
+    and a release, or two of either) gets one statement per mark, in stream order, as
+    batches of their own would have applied them (a replay after a fence applies in
+    other bounds than the first drain did)."""
+    marks = {"used": used or Used(), "release": released or Used()}
+    seen: Counter[str] = Counter(key for each in marks.values() for key in each.keys)
+    bulk: list[tuple[str, Used]] = []
+    one_by_one: list[tuple[tuple[int, int], int, str, Used]] = []
+    for op, each in marks.items():
+        alone = [i for i, key in enumerate(each.keys) if seen[key] == 1]
+        if alone:
+            bulk.append((op, each if len(alone) == len(each.keys) else _picked(each, alone)))
+        for i, key in enumerate(each.keys):
+            if seen[key] > 1:
+                one_by_one.append((_entry_order(each.entries[i]), i, op, _picked(each, [i])))
+    return bulk + [(op, mark) for *_, op, mark in sorted(one_by_one, key=lambda m: m[:2])]
+
+
+async def _mark_used(conn: asyncpg.Connection, name: str, marks: Used) -> tuple[int, int, int]:
+    """Apply use marks: (applied, waiting for their issue, refused)."""
+    updated = {
+        r["key"]
+        for r in await conn.fetch(
+            sql.for_type(ledger_sql.UPDATE_LEDGER_USED, name),
+            marks.keys,
+            marks.times,
+            marks.clients,
+            marks.admin,
+        )
+    }
+    missing, foreign = await _not_marked(conn, name, marks, updated)
+    await _keep_early_marks(conn, name, marks, missing)
+    return len(updated), len(missing), len(foreign)
 
 
 async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:
