@@ -700,6 +700,13 @@ MUTANTS: Final = (
         (LEDGER_RECORD_TESTS, "tests/unit/test_ledger_order.py"),
     ),
     Mutant(
+        "the_in_memory_ledger_lets_any_client_mark_a_key",
+        "shared/stores/memory.py",
+        "        return self.open and (admin or self.issue.client == client)",
+        "        return self.open",
+        ("tests/integration/test_port_conformance.py",),
+    ),
+    Mutant(
         "the_in_memory_hot_tier_appends_a_batch_twice",
         "shared/stores/memory.py",
         "        if batch_id in self.batches:",

@@ -1,11 +1,12 @@
 """In-memory adapters of the ports (``shared.domain.ports``), for unit tests of the
 processes' logic: the dispenser's service and coalescer, keygen's loop, keysync's
 refill. ``tests/integration/test_port_conformance.py`` runs the same cases against
-each of them and the real adapter it stands for.
+each of them and the real adapter it stands for (all but ``MemoryNudges``: its port
+only writes).
 
 They keep the contracts a unit test relies on (a key popped once is gone, a range
 leased once is never leased again, an idempotency record replays its keys to its own
-client) and none of the faults the real stores guard against: no fence, no failover,
+client, the ledger applies uses and releases by the drain's rules) and none of the faults the real stores guard against: no fence, no failover,
 no transaction. Whatever a test proves with them is about the logic above the port;
 what the stores themselves guarantee is proven against real servers.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.domain.apikeys import ANONYMOUS
@@ -34,6 +36,16 @@ from shared.domain.tiers import (
 MEMORY_TOKEN = "memory:1"  # the identity MemoryHot answers with (a server's run_id:replid)
 
 
+@dataclass(frozen=True)
+class Issue:
+    """A key popped for a ledger type: the entry the pop writes in the ledger stream."""
+
+    name: str
+    key: str
+    client: str
+    idempotency_key: str | None = None
+
+
 @dataclass
 class MemoryHot:
     """The hot lists, as dispensers see them (``HotPool``) and as keysync does
@@ -42,8 +54,8 @@ class MemoryHot:
 
     lists: dict[str, deque[str]] = field(default_factory=dict)
     exhausted_types: set[str] = field(default_factory=set)
-    # Issues recorded for ledger types: (type, key, client), in pop order.
-    issued: list[tuple[str, str, str]] = field(default_factory=list)
+    # Issues written for ledger types, in pop order (the pop scripts' ledger entries).
+    issued: list[Issue] = field(default_factory=list)
     pops: list[tuple[str, int]] = field(default_factory=list)  # (type, count) per pop
     token: str = MEMORY_TOKEN
     now_ms: int = 1_000_000
@@ -101,13 +113,19 @@ class MemoryHot:
         *,
         on_line: bool = False,
     ) -> Popped:
+        return self._pop(name, count, clients, ledger)
+
+    def _pop(
+        self, name: str, count: int, clients: Sequence[str], ledger: bool, under: str | None = None
+    ) -> Popped:
         self.pops.append((name, count))
         hot = self.lists.setdefault(name, deque())
         taken = [hot.popleft() for _ in range(min(count, len(hot)))]
         if ledger:
             names = list(clients or (ANONYMOUS,))
             for index, key in enumerate(taken):
-                self.issued.append((name, key, names[index] if len(names) > 1 else names[0]))
+                client = names[index] if len(names) > 1 else names[0]
+                self.issued.append(Issue(name, key, client, under))
         if not taken:
             return Popped([], 0, name in self.exhausted_types)
         return Popped(taken, len(hot), exhausted=False)
@@ -128,10 +146,14 @@ class MemoryHot:
             if made_for != fingerprint:
                 raise IdempotencyMismatch(idempotency_key)
             return Popped(popped.keys, popped.remaining, popped.exhausted, replayed=True)
-        popped = await self.pop(name, count, (client,), ledger)
+        popped = self._pop(name, count, (client,), ledger, idempotency_key)
         if popped.keys:
             self._records[(client, idempotency_key)] = (fingerprint, popped)
         return popped
+
+    def forget(self, client: str, idempotency_key: str) -> None:
+        """Drop an idempotency record (a release given back what it answered)."""
+        self._records.pop((client, idempotency_key), None)
 
     async def depth(self, name: str) -> int:
         return len(self.lists.get(name, ()))
@@ -154,15 +176,51 @@ class MemoryNudges:
 
 
 @dataclass
-class MemoryLedger:
-    """The ledger stream and its lookups (``LedgerWrites``, ``LedgerLookup``)."""
+class _Row:
+    """A key's issue row in the ledger table."""
 
-    used: list[tuple[str, str, str, bool]] = field(default_factory=list)
-    released: list[tuple[str, str, str, bool]] = field(default_factory=list)
-    forgotten: list[tuple[str, str]] = field(default_factory=list)  # idempotency records
+    issue: Issue
+    issued_at: str
+    used_at: str | None = None
+    used_by: str | None = None
+    released_at: str | None = None
+    released_by: str | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.used_at is None and self.released_at is None
+
+    def may_mark(self, client: str, admin: bool) -> bool:
+        return self.open and (admin or self.issue.client == client)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class MemoryLedger:
+    """The ledger (``LedgerWrites``, ``LedgerLookup``): the issues ``hot`` wrote, the uses
+    and releases recorded here, applied at once, by the real drain's rules: only the
+    client a key was issued to (or one with ledger permission) marks or releases it, the
+    first mark wins, a release gives back the key's idempotency records (``forget``), and
+    a type in ``reissue`` moves a released key's issue to its history (the cold tier gets
+    it back later)."""
+
+    hot: MemoryHot = field(default_factory=lambda: MemoryHot())
+    reissue: set[str] = field(default_factory=set)
     confirms: list[str] = field(default_factory=list)  # types whose pops were confirmed
     durable: bool = True  # what ``confirm`` answers
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
+    rows: dict[tuple[str, str], _Row] = field(default_factory=dict)  # (type, key)
+    given_back: dict[tuple[str, str], _Row] = field(default_factory=dict)  # reissue history
+    _applied: int = 0  # how many of ``hot.issued`` are in ``rows``
+
+    def _drain(self) -> None:
+        for issue in self.hot.issued[self._applied :]:
+            self.rows[(issue.name, issue.key)] = _Row(issue, _now())
+            self.given_back.pop((issue.name, issue.key), None)
+        self._applied = len(self.hot.issued)
 
     async def backlog(self, name: str = "") -> int:
         return self.held
@@ -170,8 +228,12 @@ class MemoryLedger:
     async def record_used(
         self, name: str, keys: Sequence[str], client: str, admin: bool = False
     ) -> str:
-        self.used.extend((name, key, client, admin) for key in keys)
-        return f"0-{len(self.used)}"
+        self._drain()
+        for key in keys:
+            row = self.rows.get((name, key))
+            if row is not None and row.may_mark(client, admin):
+                row.used_at, row.used_by = _now(), client
+        return f"{len(self.hot.issued)}-0"
 
     async def record_released(
         self,
@@ -181,9 +243,17 @@ class MemoryLedger:
         admin: bool = False,
         forget: Sequence[tuple[str, str]] = (),
     ) -> str:
-        self.released.extend((name, key, client, admin) for key in keys)
-        self.forgotten.extend(forget)
-        return f"1-{len(self.released)}"
+        self._drain()
+        for owner, idempotency_key in forget:
+            self.hot.forget(owner, idempotency_key)
+        for key in keys:
+            row = self.rows.get((name, key))
+            if row is None or not row.may_mark(client, admin):
+                continue
+            row.released_at, row.released_by = _now(), client
+            if name in self.reissue:
+                self.given_back[(name, key)] = self.rows.pop((name, key))
+        return f"{len(self.hot.issued)}-1"
 
     async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
         self.confirms.append(name)
@@ -196,10 +266,38 @@ class MemoryLedger:
         return True
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
-        return {"id_type": name, "key": key, "issued": False, "used": False}
+        self._drain()
+        row = self.rows.get((name, key))
+        if row is None:
+            return {"id_type": name, "key": key, "issued": False, "used": False}
+        return {
+            "id_type": name,
+            "key": key,
+            "issued": True,
+            "issued_at": row.issued_at,
+            "client": row.issue.client,
+            "idempotency_key": row.issue.idempotency_key,
+            "used": row.used_at is not None,
+            "used_at": row.used_at,
+            "used_by": row.used_by,
+            "released": row.released_at is not None,
+            "released_at": row.released_at,
+            "released_by": row.released_by,
+        }
 
     async def status(self, name: str, key: str) -> KeyStatus:
-        return KeyStatus("unknown")
+        self._drain()
+        row = self.rows.get((name, key))
+        if row is None:
+            past = self.given_back.get((name, key))
+            if past is None:
+                return KeyStatus("unknown")
+            return KeyStatus("released", past.issue.client, reissued=True)
+        if row.used_at is not None:
+            return KeyStatus("assigned", row.issue.client)
+        if row.released_at is not None:
+            return KeyStatus("released", row.issue.client)
+        return KeyStatus("issued", row.issue.client, idempotency_key=row.issue.idempotency_key)
 
     async def close(self) -> None:
         return None

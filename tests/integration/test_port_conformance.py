@@ -4,7 +4,9 @@ The unit tests of the processes' logic run on ``shared.stores.memory``; what the
 holds of the real processes only if the fakes keep the ports' contracts as the real
 stores do. The same cases run here against both: the hot tier as dispensers and
 keysync see it (``MemoryHot`` and ``HotStore`` on Redis), the cold tier as keygen and
-keysync see it (``MemoryCold`` and ``ColdStore`` with ``GuardedCold`` on PostgreSQL).
+keysync see it (``MemoryCold`` and ``ColdStore`` with ``GuardedCold`` on PostgreSQL),
+and the ledger as dispensers write and read it (``MemoryLedger``, and on the servers
+the stream, keysync's drain into PostgreSQL and the lookups).
 The faults the real stores guard against (a new primary, a fork) are not part of the
 contract a fake keeps: their own tests prove them on real servers.
 """
@@ -13,24 +15,35 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pytest
 import redis.asyncio as aioredis
 
+from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import IdempotencyMismatch, KeydispenserError
 from shared.domain.idtypes import IdType, build_id_types
-from shared.domain.ports import ColdInventory, HotLists, HotPool, KeyInventory, RangeLeases
-from shared.domain.tiers import Pushed
+from shared.domain.ports import (
+    ColdInventory,
+    HotLists,
+    HotPool,
+    KeyInventory,
+    LedgerLookup,
+    LedgerWrites,
+    RangeLeases,
+)
+from shared.domain.tiers import KeyStatus, Pushed
 from shared.stores.fence.postgres_fence import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
-from shared.stores.memory import MemoryCold, MemoryHot
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import LedgerDrain, LedgerReader
+from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings
+from tests.conftest import Servers, make_settings, small_types
 
 KINDS = ["memory", "real"]
 
@@ -199,3 +212,151 @@ async def test_a_take_begun_while_another_is_open_never_shares_a_key(
     await second.commit()
     assert set(first.keys).isdisjoint(second.keys)
     assert len(first.keys) + len(second.keys) == 30
+
+
+# --- the ledger ----------------------------------------------------------------------
+
+HIGH_COUNTER = 900_000_000  # far above any range a test's keygen leases
+
+
+@dataclass
+class LedgerTier:
+    """The ledger as the dispenser sees it: pops that issue (``hot``), the writes and the
+    lookups; ``settle`` waits until what was written is applied (keysync's drain on
+    PostgreSQL, nothing in memory)."""
+
+    hot: HotTier
+    writes: LedgerWrites
+    lookup: LedgerLookup
+    settle: Callable[[], Awaitable[None]]
+    keys: dict[str, list[str]]  # well-formed keys of each type, to push
+
+
+@pytest.fixture(params=KINDS)
+async def ledger_tier(
+    request: pytest.FixtureRequest, servers: Servers, database: str, hot: HotStore
+) -> AsyncIterator[LedgerTier]:
+    """``shortlink`` keeps a ledger; ``farmer`` keeps one and takes released keys back."""
+    types = small_types()
+    types["shortlink"]["ledger"] = True
+    types["farmer"] |= {"ledger": True, "reissue_released": True, "reissue_after_s": 3_600}
+    settings = make_settings(servers, database, id_types=types)
+    built = build_id_types(settings)
+    farmer_keys = built["farmer"].generate(HIGH_COUNTER, HIGH_COUNTER + 60)[0]
+    keys = {"shortlink": [f"L{i:06d}" for i in range(20)], "farmer": farmer_keys[:20]}
+    if request.param == "memory":
+        memory = MemoryHot()
+        ledger = MemoryLedger(memory, reissue={"farmer"})
+
+        async def nothing() -> None:
+            return None
+
+        yield LedgerTier(memory, ledger, ledger, nothing, keys)
+        return
+    await run_migrate(settings)
+    stream = LedgerStream(hot.endpoint, hot.namespace)
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    drain = LedgerDrain(stream, cold, built, "conformance", 1_000)
+    reader = LedgerReader(settings.postgres_dsn)
+
+    async def drained() -> None:
+        while await drain.drain_once(block_ms=10) is not None:
+            pass
+
+    await drained()  # creates the consumer group
+    try:
+        yield LedgerTier(hot, stream, reader, drained, keys)
+    finally:
+        await reader.close()
+        await cold.close()
+
+
+async def issued(tier: LedgerTier, name: str, client: str, count: int = 1) -> list[str]:
+    await tier.hot.push(name, tier.keys[name], uuid.uuid4().hex)
+    popped = await tier.hot.pop(name, count, (client,), True)
+    await tier.settle()
+    return popped.keys
+
+
+async def test_a_key_never_issued_is_unknown(ledger_tier: LedgerTier) -> None:
+    assert await ledger_tier.lookup.status("shortlink", "L999999") == KeyStatus("unknown")
+    found = await ledger_tier.lookup.lookup("shortlink", "L999999")
+    assert (found["issued"], found["used"]) == (False, False)
+
+
+async def test_an_issue_is_recorded_to_its_client_under_its_idempotency_key(
+    ledger_tier: LedgerTier,
+) -> None:
+    (plain,) = await issued(ledger_tier, "shortlink", "registry")
+    once = await ledger_tier.hot.pop_once("shortlink", 1, "once-1", 60, "registry", True)
+    await ledger_tier.settle()
+    assert await ledger_tier.lookup.status("shortlink", plain) == KeyStatus("issued", "registry")
+    (key,) = once.keys
+    status = await ledger_tier.lookup.status("shortlink", key)
+    assert status == KeyStatus("issued", "registry", idempotency_key="once-1")
+    found = await ledger_tier.lookup.lookup("shortlink", key)
+    assert set(found) == set(LOOKUP_FIELDS)
+    assert (found["issued"], found["client"], found["used"], found["released"]) == (
+        True,
+        "registry",
+        False,
+        False,
+    )
+
+
+LOOKUP_FIELDS = (
+    *("id_type", "key", "issued", "issued_at", "client", "idempotency_key"),
+    *("used", "used_at", "used_by", "released", "released_at", "released_by"),
+)
+
+
+async def test_only_its_client_or_a_ledger_admin_marks_a_key_used_and_the_first_mark_wins(
+    ledger_tier: LedgerTier,
+) -> None:
+    mine, theirs = await issued(ledger_tier, "shortlink", "registry", 2)
+    writes = ledger_tier.writes
+    await writes.record_used("shortlink", [mine], "another")
+    entry = await writes.record_used("shortlink", [theirs], "auditor", admin=True)
+    await ledger_tier.settle()
+    assert await writes.applied("shortlink", entry)
+    assert await ledger_tier.lookup.status("shortlink", mine) == KeyStatus("issued", "registry")
+    found = await ledger_tier.lookup.lookup("shortlink", theirs)
+    assert (found["used"], found["used_by"]) == (True, "auditor")
+    await writes.record_used("shortlink", [mine], "registry")
+    await writes.record_used("shortlink", [mine], "auditor", admin=True)  # too late
+    await ledger_tier.settle()
+    found = await ledger_tier.lookup.lookup("shortlink", mine)
+    assert (found["used"], found["used_by"], found["released"]) == (True, "registry", False)
+    assert await ledger_tier.lookup.status("shortlink", mine) == KeyStatus("assigned", "registry")
+
+
+async def test_a_released_key_is_never_marked_used_after_and_its_idempotency_record_is_gone(
+    ledger_tier: LedgerTier,
+) -> None:
+    await ledger_tier.hot.push("shortlink", ledger_tier.keys["shortlink"], uuid.uuid4().hex)
+    once = await ledger_tier.hot.pop_once("shortlink", 1, "once-2", 60, "registry", True)
+    await ledger_tier.settle()
+    (key,) = once.keys
+    writes = ledger_tier.writes
+    await writes.record_released("shortlink", [key], "another")  # not theirs: nothing
+    await ledger_tier.settle()
+    assert await ledger_tier.lookup.status("shortlink", key) != KeyStatus("released", "registry")
+    await writes.record_released("shortlink", [key], "registry", forget=[("registry", "once-2")])
+    await writes.record_used("shortlink", [key], "registry")
+    await ledger_tier.settle()
+    found = await ledger_tier.lookup.lookup("shortlink", key)
+    assert (found["released"], found["released_by"], found["used"]) == (True, "registry", False)
+    assert await ledger_tier.lookup.status("shortlink", key) == KeyStatus("released", "registry")
+    again = await ledger_tier.hot.pop_once("shortlink", 1, "once-2", 60, "registry", True)
+    assert not again.replayed and again.keys != [key]
+
+
+async def test_a_released_key_of_a_type_that_reissues_leaves_the_ledger_for_its_history(
+    ledger_tier: LedgerTier,
+) -> None:
+    (key,) = await issued(ledger_tier, "farmer", "registry")
+    await ledger_tier.writes.record_released("farmer", [key], "registry")
+    await ledger_tier.settle()
+    status = await ledger_tier.lookup.status("farmer", key)
+    assert status == KeyStatus("released", "registry", reissued=True)
+    assert (await ledger_tier.lookup.lookup("farmer", key))["issued"] is False

@@ -41,7 +41,8 @@ def dispenser(**dispenser_settings: Any) -> tuple[Dispenser, MemoryHot]:
     settings = load_settings(
         EMPTY_CONFIG, permutation_key=TEST_SECRET, id_types=types, dispenser=dispenser_settings
     )
-    hot, ledger = MemoryHot(), MemoryLedger()
+    hot = MemoryHot()
+    ledger = MemoryLedger(hot)
     stores = Stores(hot, MemoryNudges(), ledger, ledger)
     return Dispenser(settings, stores, DispenserMetrics(CollectorRegistry())), hot
 
@@ -174,7 +175,7 @@ async def test_a_ledger_type_records_each_key_to_its_client_and_keeps_no_stock()
     for _ in range(3):
         status, _, _ = await ask(service, "shortlink", **{"x-api-key": key})
         assert status == 200
-    assert [client for _, _, client in hot.issued] == ["registry"] * 3
+    assert [issue.client for issue in hot.issued] == ["registry"] * 3
     assert await hot.depth("shortlink") == 4_997  # popped one by one: no stock
 
 
