@@ -97,7 +97,9 @@ class _ByType(Generic[P]):
 
     A router names the port it serves as a base (``HotPool``): every operation of it
     that names a type first (``routed_operations``) is forwarded to that type's group,
-    with the port's own signature; the router writes only what spans every group."""
+    with the port's own signature; the router writes only what spans every group. A
+    router is built by its class method (``open``, ``over``): mypy holds the port's
+    operations abstract on the class, since they are added when the class is made."""
 
     def __init__(self, ports: dict[str, P], groups: Groups) -> None:
         self.ports = ports
@@ -105,6 +107,7 @@ class _ByType(Generic[P]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # typing marks each Protocol class so (and not the classes that implement one)
         served = [base for base in cls.__bases__ if getattr(base, "_is_protocol", False)]
         for port in served:
             for op in routed_operations(port):
