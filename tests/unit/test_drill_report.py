@@ -72,6 +72,7 @@ def test_each_broken_check_is_named() -> None:
             "ledger_wrong_client": 5,
         },
         not_resumed=[1],
+        faults_not_injected=1,
         process_exits=["keysync"],
         leases=dataclasses.replace(LEASES, lease_overlaps=1, snowflake_duplicates=5),
     )
@@ -83,10 +84,11 @@ def test_each_broken_check_is_named() -> None:
         "5 under another client",
         "processes exited: ['keysync']",
         "no key after rounds [1]",
+        "1 faults not injected",
         "snowflake IDs issued twice",
         "1 leases overlapped",
     ]
-    assert format_table(broken).count("FAILED: ") == 9
+    assert format_table(broken).count("FAILED: ") == 10
 
 
 def test_the_cluster_drill_makes_the_same_checks() -> None:

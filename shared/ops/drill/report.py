@@ -69,6 +69,8 @@ class Report:
             (not process_exits, f"processes exited: {process_exits}"),
             (not fence_not_engaged, f"fence did not engage: {fence_not_engaged}"),
             (not not_resumed, f"no key after rounds {not_resumed}"),
+            # A fault that could not be injected proved nothing of its round.
+            (self.faults_not_injected == 0, f"{self.faults_not_injected} faults not injected"),
         ]
 
     def own_checks(self) -> list[tuple[bool, str]]:
