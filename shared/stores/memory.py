@@ -6,9 +6,10 @@ only writes).
 
 They keep the contracts a unit test relies on (a key popped once is gone, a range
 leased once is never leased again, an idempotency record replays its keys to its own
-client, the ledger applies uses and releases by the drain's rules) and none of the faults the real stores guard against: no fence, no failover,
-no transaction. Whatever a test proves with them is about the logic above the port;
-what the stores themselves guarantee is proven against real servers.
+client, the ledger applies uses and releases by the drain's rules) and none of the
+faults the real stores guard against: no fence, no failover, no transaction. Whatever
+a test proves with them is about the logic above the port; what the stores themselves
+guarantee is proven against real servers.
 """
 
 from __future__ import annotations
