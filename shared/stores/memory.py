@@ -206,9 +206,11 @@ class MemoryLedger:
     client a key was issued to (or one with ledger permission) marks or releases it, the
     first mark wins, a release gives back the key's idempotency records (``forget``), and
     a type in ``reissue`` moves a released key's issue to its history (the cold tier gets
-    it back later)."""
+    it back later). Not kept: a mark of a key not issued yet is dropped (the drain keeps
+    it until the issue comes; here a pop is recorded before any mark can follow it), and
+    a key issued twice is not alarmed."""
 
-    hot: MemoryHot = field(default_factory=lambda: MemoryHot())
+    hot: MemoryHot  # the hot tier whose pops it records (the one the test pops from)
     reissue: set[str] = field(default_factory=set)
     confirms: list[str] = field(default_factory=list)  # types whose pops were confirmed
     durable: bool = True  # what ``confirm`` answers

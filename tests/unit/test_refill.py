@@ -31,8 +31,9 @@ def dispenser() -> Dispenser:
         id_types=small_types(),  # sync_batch 500, hot.high 1000
         dispenser={"retry_after_s": 2, "retry_after_max_s": 30},
     )
-    ledger = MemoryLedger()
-    stores = Stores(MemoryHot(), MemoryNudges(), ledger, ledger)
+    hot = MemoryHot()
+    ledger = MemoryLedger(hot)
+    stores = Stores(hot, MemoryNudges(), ledger, ledger)
     return Dispenser(settings, stores, DispenserMetrics(CollectorRegistry()))
 
 

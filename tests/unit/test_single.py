@@ -55,7 +55,8 @@ async def ask(service: Dispenser, segment: str = "farmer", **headers: str) -> An
 def test_the_in_memory_adapters_are_the_ports() -> None:
     """Checked by mypy: each adapter satisfies its port without a cast, every port of
     shared.domain.ports has one (the dispenser's, keygen's and keysync's)."""
-    ledger, hot, cold = MemoryLedger(), MemoryHot(), MemoryCold()
+    hot, cold = MemoryHot(), MemoryCold()
+    ledger = MemoryLedger(hot)
     ports: tuple[
         HotPool, Nudges, LedgerWrites, LedgerLookup, RangeLeases, KeyInventory, ColdInventory,
         HotLists,

@@ -164,7 +164,10 @@ LEDGER_LOCK = 0x6B64_6C67
 
 async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
     """Write one batch in the caller's transaction: issues first (with any marks that
-    came before them), then uses (a mark of a key not issued yet waits for it)."""
+    came before them), then uses and releases (a mark of a key not issued yet waits for
+    it); marks of one key in the batch in stream order (``in_stream_order``). Across
+    batches the first mark applied wins: with one keysync that is stream order, with
+    two it is the order their batches commit in."""
     alone = bool(batch.used or batch.released)
     await conn.execute(
         ledger_sql.LOCK_LEDGER if alone else ledger_sql.LOCK_LEDGER_SHARED, LEDGER_LOCK
@@ -215,7 +218,9 @@ def in_stream_order(used: Used | None, released: Used | None) -> list[tuple[str,
     statements (uses, then releases); a key marked more than once in the batch (a use
     and a release, or two of either) gets one statement per mark, in stream order, as
     batches of their own would have applied them (a replay after a fence applies in
-    other bounds than the first drain did)."""
+    other bounds than the first drain did). Across batches the first applied wins: with
+    two keysyncs that is their commit order, which a replay in the retained stream's
+    (acknowledgement) order need not repeat."""
     marks = {"used": used or Used(), "release": released or Used()}
     seen: Counter[str] = Counter(key for each in marks.values() for key in each.keys)
     bulk: list[tuple[str, Used]] = []
