@@ -707,6 +707,13 @@ MUTANTS: Final = (
         ("tests/integration/test_port_conformance.py",),
     ),
     Mutant(
+        "a_drill_passes_with_a_fault_it_could_not_inject",
+        "shared/ops/drill/report.py",
+        "            (self.faults_not_injected == 0, f",
+        "            (True, f",
+        ("tests/unit/test_drill_report.py",),
+    ),
+    Mutant(
         "the_in_memory_hot_tier_appends_a_batch_twice",
         "shared/stores/memory.py",
         "        if batch_id in self.batches:",
