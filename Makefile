@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: up test mutants lint typecheck check clean distclean image constraints dist
+.PHONY: up test model mutants lint typecheck check clean distclean image constraints dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ up: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/pytest -n 2 --dist loadfile -m "not drill"
 	$(BIN)/pytest -m drill
+
+# The ledger's protocol, model-checked with SPIN (part of `make test` too).
+model: $(TEST_STAMP)
+	$(BIN)/pytest -n 2 tests/model
 
 # Break each guarantee's line in a scratch copy; fails when the tests miss one.
 mutants: $(TEST_STAMP)

@@ -48,11 +48,12 @@ from shared.domain.ports import HotPool, LedgerWrites, Nudges
 from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
 from shared.domain.tiers import Popped
 from shared.leases.holder import LeaseMetrics
-from shared.stores.groups import Groups, dispenser_ports
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.groups import Groups, SyncRecords, dispenser_ports
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
+from shared.stores.ledger.reader import LedgerReader, not_issued
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerReader, not_issued
 from shared.stores.redis.endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
@@ -487,9 +488,11 @@ def create_app(
             wake: Nudges = WakeChannel(hot.endpoint, hot.namespace)
             stream: LedgerWrites = LedgerStream(hot.endpoint, hot.namespace)
             place = _on_store(hot)
+            records = SyncRecords.single(SyncRecord(hot.endpoint, hot.namespace))
         else:  # every key group (one, unless a cluster holds each type in its own slot)
             router, wake, stream = dispenser_ports(groups)
             store, place = router, groups.place
+            records = SyncRecords(groups.each(SyncRecord), groups.types)
         source = leases or redis_leases(place, lease_metrics, lease_wait(settings))
         snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
         arm_clock_hook(minting_clock)
@@ -498,7 +501,11 @@ def create_app(
             # The wake lists and the ledger streams share the hot stores' connections.
             wake=wake,
             ledger_stream=stream,
-            ledger=LedgerReader(settings.postgres_dsn),
+            # Ledger reads are judged against each group's fence record (the guard off,
+            # a drill's control: not judged).
+            ledger=LedgerReader(
+                settings.postgres_dsn, records if settings.postgres_fence else None
+            ),
         )
         app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)
         await dispenser.gate.start()  # the identity providers' keys, when OIDC is on

@@ -8,8 +8,8 @@ configured ID types (``dispenser.mosip``).
   the type sets ``reissue_released``, when it goes back to the cold tier once). Only an
   ISSUED UIN changes status; asking again for the status it has is answered as the
   first time. The ledger is written by keysync: a PUT waits (``ledger_wait_s``) until
-  the UIN's issue is in it, appends the change to the ledger stream, and waits until
-  keysync applied it; the ledger then says what happened.
+  the UIN's issue is in it, appends the change to the ledger stream, and answers with
+  the outcome keysync decided for it, once, when it applied it.
 - ``GET /v1/idgenerator/vid``: one VID; ``videxpiry`` is checked as MOSIP checks it,
   and not kept (keydispenser never expires nor releases a VID).
 
@@ -24,8 +24,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from dispenser import envelope
 from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
@@ -46,6 +47,7 @@ from dispenser.codes import (
 )
 from dispenser.envelope import JSON, Answer
 from dispenser.service import Dispenser
+from shared.domain import outcomes
 from shared.domain.errors import (
     InvalidInput,
     KeydispenserError,
@@ -57,6 +59,7 @@ from shared.domain.errors import (
 from shared.domain.tiers import KeyStatus
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 UIN_PATH: Final = "/v1/idgenerator/uin"
 VID_PATH: Final = "/v1/idgenerator/vid"
@@ -67,6 +70,15 @@ ISSUED, ASSIGNED, UNASSIGNED, UNUSED = "ISSUED", "ASSIGNED", "UNASSIGNED", "UNUS
 VID_EXPIRY_PARAM: Final = "videxpiry"
 VID_EXPIRY_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 WANTED: Final = {ASSIGNED: "assigned", UNASSIGNED: "released"}  # MOSIP's -> the ledger's
+# The ledger's outcome of a change -> the status MOSIP reports (a released UIN that may be
+# issued again is UNUSED, MOSIP's pool status; one that never will be is UNASSIGNED);
+# the other outcomes (NOT_ISSUED, NOT_FOUND) are refusals.
+REPORTED: Final = {
+    outcomes.ASSIGNED: ASSIGNED,
+    outcomes.UNASSIGNED: UNASSIGNED,
+    outcomes.UNUSED: UNUSED,
+}
+NOT_FOUND: Final = outcomes.NOT_FOUND
 LEDGER_POLL_S: Final = 0.02  # how often a PUT looks whether keysync has caught up
 
 
@@ -252,41 +264,69 @@ def _uin_and_status(request: dict[str, Any]) -> tuple[str, Any]:
 async def _change(
     dispenser: Dispenser, name: str, uin: str, status: Any, client: str, admin: bool
 ) -> str:
-    """Apply ``status`` to ``uin`` through the ledger; the status MOSIP reports after it."""
+    """Apply ``status`` to ``uin`` through the ledger; the status MOSIP reports after it.
+
+    keysync decides the change once, in the ledger transaction that applies it, and
+    publishes the outcome; this answers with that outcome (docs/reliability.md, "The
+    ledger's one history"), never with a reading of the ledger made apart from it."""
     id_type = dispenser.ledger_type(name)
     if not id_type.validate(uin):
         raise Refused(UIN_NOT_FOUND)
+    wanted = WANTED.get(status) if isinstance(status, str) else None
     deadline = time.monotonic() + _wait_s(dispenser)
     newest = await dispenser.ledger_stream.newest_entry(name)
     await _caught_up(dispenser, name, newest, deadline)
-    found = _visible(await dispenser.ledger.status(name, uin), client, admin)
-    wanted = (
-        {ASSIGNED: "assigned", UNASSIGNED: "released"}.get(status)
-        if isinstance(status, str)
-        else None
-    )
-    if found.state == "unknown":
-        raise Refused(UIN_NOT_FOUND)
-    if found.state != "issued":
-        if wanted is not None and found.state == wanted:
-            return _reported(found)  # asked again: answered as the first time
-        raise Refused(UIN_NOT_ISSUED)
     if wanted is None:
-        raise Refused(UIN_STATUS_NOT_FOUND)
+        raise Refused(await _no_such_status(dispenser, name, uin, client, admin))
     await dispenser.ledger_open(id_type)
     if wanted == "assigned":
-        entry = await dispenser.ledger_stream.record_used(name, [uin], client, admin)
+        entry = await dispenser.ledger_stream.record_used(name, [uin], client, admin, reply=True)
     else:
         # The Idempotency-Key it was issued under is forgotten with the release: a
         # retry of that request never gets back a key given back.
-        held = found.idempotency_key
+        found = _visible(await dispenser.ledger.status(name, uin), client, admin)
+        held = found.idempotency_key if found.state == "issued" else None
         forget = [(found.client, held)] if held and found.client else []
-        entry = await dispenser.ledger_stream.record_released(name, [uin], client, admin, forget)
-    await _caught_up(dispenser, name, entry, deadline)
-    after = _visible(await dispenser.ledger.status(name, uin), client, admin)
-    if after.state != wanted:
-        raise Refused(UIN_NOT_ISSUED)  # another change came first
-    return _reported(after)
+        entry = await dispenser.ledger_stream.record_released(
+            name, [uin], client, admin, forget, reply=True
+        )
+    outcome = await _outcome(dispenser, name, entry, deadline)
+    if outcome in REPORTED:
+        return REPORTED[outcome]
+    raise Refused(UIN_NOT_FOUND if outcome == NOT_FOUND else UIN_NOT_ISSUED)
+
+
+async def _no_such_status(
+    dispenser: Dispenser, name: str, uin: str, client: str, admin: bool
+) -> tuple[str, str]:
+    """MOSIP's refusal of a status it does not know, by what the UIN is now: not found,
+    not ISSUED, or the status itself."""
+    found = _visible(await dispenser.ledger.status(name, uin), client, admin)
+    if found.state == "unknown":
+        return UIN_NOT_FOUND
+    if found.state != "issued":
+        return UIN_NOT_ISSUED
+    return UIN_STATUS_NOT_FOUND
+
+
+async def _outcome(dispenser: Dispenser, name: str, entry: str, deadline: float) -> str:
+    """The outcome keysync decided for the change ``entry``, once published."""
+    return await _polled(lambda: dispenser.ledger_stream.outcome(name, entry), entry, deadline)
+
+
+async def _polled(probe: Callable[[], Awaitable[T | None]], entry: str, deadline: float) -> T:
+    """What ``probe`` answers once it answers (not None), looking every LEDGER_POLL_S
+    until ``deadline``: then the ledger is behind keysync (503-like, Retry-After)."""
+    while (found := await probe()) is None:
+        if time.monotonic() >= deadline:
+            log.warning("mosip_ledger_behind", extra={"entry": entry})
+            raise Refused(
+                (UIN_INTERNAL[0], "the ledger is behind (is keysync running?); retry later"),
+                200,
+                {"Retry-After": "1"},
+            )
+        await asyncio.sleep(LEDGER_POLL_S)
+    return found
 
 
 def _visible(found: KeyStatus, client: str, admin: bool) -> KeyStatus:
@@ -295,14 +335,6 @@ def _visible(found: KeyStatus, client: str, admin: bool) -> KeyStatus:
     if found.state != "unknown" and found.client != client and not admin:
         return KeyStatus("unknown")
     return found
-
-
-def _reported(found: KeyStatus) -> str:
-    """MOSIP's name of the status: a released UIN that may be issued again is UNUSED
-    (MOSIP's pool status), one that never will be is UNASSIGNED."""
-    if found.state == "assigned":
-        return ASSIGNED
-    return UNUSED if found.reissued else UNASSIGNED
 
 
 def _wait_s(dispenser: Dispenser) -> float:
@@ -315,12 +347,8 @@ async def _caught_up(dispenser: Dispenser, name: str, entry: str | None, deadlin
     that holds type ``name``'s entries)."""
     if entry is None:
         return
-    while not await dispenser.ledger_stream.applied(name, entry):
-        if time.monotonic() >= deadline:
-            log.warning("mosip_ledger_behind", extra={"entry": entry})
-            raise Refused(
-                (UIN_INTERNAL[0], "the ledger is behind (is keysync running?); retry later"),
-                200,
-                {"Retry-After": "1"},
-            )
-        await asyncio.sleep(LEDGER_POLL_S)
+
+    async def applied() -> bool | None:
+        return True if await dispenser.ledger_stream.applied(name, entry) else None
+
+    await _polled(applied, entry, deadline)

@@ -31,7 +31,7 @@ from shared.runtime import (
     stop_on_signals,
 )
 from shared.stores.fence.binding import bind
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import SyncRecords
 from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore

@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
+from keysync.ledger import LedgerDrain
 from keysync.metrics import KeysyncMetrics
 from shared.domain.config import IdTypeConfig, Settings
-from shared.domain.errors import StoreUnavailable
+from shared.domain.errors import LedgerHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import ColdInventory, HotLists, OpenBatch
 from shared.domain.tiers import NO_STAMP, Stamp
@@ -35,12 +36,11 @@ from shared.runtime import (
     stop_on_signals,
 )
 from shared.stores.fence.binding import bind
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.groups import Groups, LedgerRouter, SyncRecords
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerDrain
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.schema import check
 
@@ -311,6 +311,7 @@ async def drain_ledger(
     outage = Outage("ledger", first_delay_s=0.1, max_delay_s=2.0)
     next_prune = time.monotonic()
     while not stop.is_set():
+        restored = drain.restored
         try:
             applied = await drain.drain_once(block_ms=500)
             if time.monotonic() >= next_prune:
@@ -320,6 +321,12 @@ async def drain_ledger(
             outage.succeeded()
         except StoreUnavailable as exc:
             await sleep_or_stop(stop, outage.failed(exc))
+            continue
+        except LedgerHalted as exc:
+            # Failed closed: nothing is applied until an operator accepts the loss
+            # (`keydispenser ledger-resume --accept-loss`); refills go on.
+            metrics.ledger_halted.set(1)
+            await sleep_or_stop(stop, outage.failed(StoreUnavailable("postgres", str(exc))))
             continue
         except FENCE_REFUSALS as exc:
             # The batch stays pending (applied again, harmlessly) until the fence has
@@ -332,12 +339,13 @@ async def drain_ledger(
             log.exception("ledger_drain_failed")
             await sleep_or_stop(stop, LEDGER_FAILURE_DELAY_S)
             continue
+        metrics.ledger_halted.set(1 if drain.halted else 0)
+        metrics.ledger_restored.inc(drain.restored - restored)
         if applied is not None:
             metrics.ledger_issued.inc(applied.issued)
             metrics.ledger_used.inc(applied.used)
             metrics.ledger_used_unknown.inc(applied.used_unknown)
             metrics.ledger_used_refused.inc(applied.used_refused)
-            metrics.ledger_replayed.inc(applied.replayed)
             for name, keys in applied.duplicates.items():
                 metrics.ledger_duplicates.labels(name).inc(len(keys))
         with contextlib.suppress(StoreUnavailable):
@@ -417,8 +425,11 @@ async def serve(settings: Settings) -> None:
                 settings.keysync.ledger_claim_idle_s,
                 guard=guarded,
                 retain_s=settings.keysync.ledger_retain_s,
+                sync=sync.records.get(namespace) if sync is not None else None,
             )
             if drain.enabled:
+                with contextlib.suppress(StoreUnavailable):
+                    await streams[namespace].forget_retired()
                 ttl = settings.keysync.ledger_early_mark_ttl_s
                 every = settings.keysync.ledger_requeue_every_s
                 tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl, every))

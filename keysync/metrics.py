@@ -35,9 +35,14 @@ class KeysyncMetrics:
             "Keys marked used by a client they were not issued to (not applied)",
             registry=registry,
         )
-        self.ledger_replayed = Counter(
-            "kd_ledger_replayed",
-            "Retained ledger entries applied again after a PostgreSQL fence",
+        self.ledger_restored = Counter(
+            "kd_ledger_restored_links",
+            "Ledger transactions a PostgreSQL promotion lost, written again from the ledger log",
+            registry=registry,
+        )
+        self.ledger_halted = Gauge(
+            "kd_ledger_halted",
+            "1 while the ledger is halted (a promotion lost what the ledger log cannot restore)",
             registry=registry,
         )
         self.ledger_duplicates = Counter(

@@ -23,6 +23,7 @@ from prometheus_client import (
 
 from shared.domain.errors import (
     FenceHalted,
+    LedgerHalted,
     NamespaceBound,
     PostgresBehind,
     PostgresSuperseded,
@@ -38,6 +39,7 @@ FENCE_REFUSALS: tuple[type[BaseException], ...] = (
     PostgresSuperseded,
     FenceHalted,
     RangeFenced,
+    LedgerHalted,
     # At run time (Redis lost the binding, another environment bound it first): refused
     # until an operator points it right or takes over; at start-up it ends the process.
     NamespaceBound,

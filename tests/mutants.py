@@ -71,7 +71,7 @@ MUTANTS: Final = (
     Mutant(
         "a_new_timeline_taken_up_by_one_groups_write",
         "shared/stores/fence/sql.py",
-        "        WHEN $4::int = 2 AND c.timeline <> here.tl THEN false\n",
+        "        WHEN ($4::int & 2) = 2 AND c.timeline <> here.tl THEN false\n",
         "",
         (SPLIT_BRAIN_TESTS,),
     ),
@@ -99,13 +99,13 @@ MUTANTS: Final = (
     Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/fence/postgres_fence.py",
-        "    for sync, record in read.items():\n        claimed = await sync.reset(",
-        "    for sync, record in list(read.items())[:1]:\n        claimed = await sync.reset(",
+        "    for sync, record in read.items():\n        target = restores.get(",
+        "    for sync, record in list(read.items())[:1]:\n        target = restores.get(",
         GROUP_TESTS,
     ),
     Mutant(
         "a_fence_runs_while_another_group_must_be_vouched_for",
-        "shared/stores/fence/postgres_fence.py",
+        "shared/stores/fence/verdict.py",
         '        if fence != "operator" and any(record.needs_vouch for record in records):',
         "        if False:",
         GROUP_TESTS,
@@ -233,8 +233,8 @@ MUTANTS: Final = (
     Mutant(
         "released_key_reissued_without_the_opt_in",
         "shared/stores/ledger/table.py",
-        "reissue=name in batch.reissue",
-        "reissue=True",
+        "_release(conn, name, marks, name in batch.reissue, done)",
+        "_release(conn, name, marks, True, done)",
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(
@@ -269,24 +269,24 @@ MUTANTS: Final = (
         ("tests/integration/test_mosip.py",),
     ),
     Mutant(
-        "applied_ledger_entries_not_retained",
-        "shared/stores/ledger/stream.py",
-        "[LEDGER_GROUP, retain_ms, *entry_ids]",
-        "[LEDGER_GROUP, 0, *entry_ids]",
+        "a_ledger_link_not_logged_before_its_commit",
+        "keysync/ledger.py",
+        "            await self._stream.add_link(link, prev, applied.ops)\n",
+        "",
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
-        "retained_ledger_entries_not_applied_again_after_a_fence",
-        "shared/stores/ledger/table.py",
-        "if stamp is not None and (self._replayed is None or stamp.fences > self._replayed):",
-        "if False:",
+        "a_restore_writes_nothing",
+        "keysync/ledger.py",
+        "            await apply_ops(conn, ops)\n",
+        "",
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
         "ledger_batches_not_guarded",
-        "shared/stores/fence/postgres_fence.py",
-        "            if self._sync is None:\n                return result, None",
-        "            if True:\n                return result, None",
+        "keysync/ledger.py",
+        "        self._guard = guard if guard is not None and guard.guarded else None",
+        "        self._guard = None",
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
@@ -541,7 +541,7 @@ MUTANTS: Final = (
     Mutant(
         "postgres_guard_given_a_permissive_record",
         "shared/stores/fence/sync_record.py",
-        "return [self.timeline, self.clock, self.fork, mode]",
+        "return [self.timeline, self.clock, self.fork, flags]",
         "return [-1, 0, 0, 0]",
         POSTGRES_FENCE_TESTS,
     ),
@@ -610,9 +610,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "an_old_primary_fences_the_record_back",
-        "shared/stores/fence/postgres_fence.py",
-        '    return "superseded"\n\n\n@dataclass(frozen=True)\nclass FenceReport:',
-        '    return "behind"\n\n\n@dataclass(frozen=True)\nclass FenceReport:',
+        "shared/stores/fence/verdict.py",
+        '    return "superseded"\n\n\ndef combined(',
+        '    return "behind"\n\n\ndef combined(',
         ("tests/unit/test_postgres_fence_verdict.py",),
     ),
     Mutant(
@@ -653,15 +653,16 @@ MUTANTS: Final = (
     Mutant(
         "ledger_use_applied_before_its_issue_is_lost",
         "shared/stores/ledger/table.py",
-        "    await _keep_early_marks(conn, name, marks, missing)\n",
-        "",
+        "    if waiting.keys:\n        await conn.execute(\n"
+        "            ledger_sql.INSERT_EARLY_MARKS,",
+        "    if False:\n        await conn.execute(\n            ledger_sql.INSERT_EARLY_MARKS,",
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(
         "ledger_issue_ignores_the_uses_that_came_first",
         "shared/stores/ledger/table.py",
-        "            early = await _apply_early_marks(conn, name, set(rows.all_keys()))",
-        "            early = (0, 0)",
+        "        await _apply_early_marks(conn, name, set(rows.all_keys()) - set(skipped), done)",
+        "        pass",
         ("tests/integration/test_ledger.py",),
     ),
     Mutant(
@@ -772,7 +773,7 @@ MUTANTS: Final = (
     Mutant(
         "a_fence_claims_a_record_redis_lost_meanwhile",
         "shared/stores/fence/lua/reset_record.lua",
-        "if mode == 'automatic' and (rec[3] == '1' or rec[4] == '1') then",
+        "if automatic and (rec[3] == '1' or rec[4] == '1' or (rec[5] or '') ~= seen_head) then",
         "if false then",
         ("tests/integration/test_push_stamp.py",),
     ),

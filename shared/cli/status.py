@@ -10,8 +10,9 @@ from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.binding import bind
-from shared.stores.fence.postgres_fence import ClockRow, combined, settle, verdict
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record
+from shared.stores.fence.verdict import ClockRow, combined, verdict
 from shared.stores.groups import Groups, HotRouter, SyncRecords
 from shared.stores.postgres.cold_store import ColdStore
 

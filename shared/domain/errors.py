@@ -124,6 +124,20 @@ class FenceHalted(KeydispenserError):
         self.reason = reason
 
 
+class LedgerHalted(KeydispenserError):
+    """The ledger failed closed: a PostgreSQL promotion lost ledger transactions that the
+    ledger log can no longer restore whole (a link trimmed, or lost with Redis state).
+    Nothing is applied to the ledger, and it answers nothing, until an operator accepts
+    what was lost (`keydispenser ledger-resume --accept-loss`); keys are still served."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the ledger is halted: {reason}; an operator must run "
+            "`keydispenser ledger-resume --accept-loss` (docs/operations.md)"
+        )
+        self.reason = reason
+
+
 class LedgerBacklogFull(KeydispenserError):
     """The ledger stream holds more entries than ``dispenser.ledger_max_backlog``: keys
     of ledger types are not handed out until keysync drains it (503, Retry-After)."""

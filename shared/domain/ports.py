@@ -63,12 +63,18 @@ class Nudges(Protocol):
 
 class LedgerWrites(Protocol):
     """The ledger stream as a dispenser writes it (marks of use, releases) and reads it:
-    its length, and whether keysync has applied it up to an entry."""
+    its length, whether keysync has applied it up to an entry, and the outcome keysync
+    decided for a status change a client waits for (``reply``)."""
 
     async def backlog(self, name: str) -> int: ...
 
     async def record_used(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        reply: bool = False,
     ) -> str: ...
 
     async def record_released(
@@ -78,7 +84,10 @@ class LedgerWrites(Protocol):
         client: str,
         admin: bool = False,
         forget: Sequence[tuple[str, str]] = (),
+        reply: bool = False,
     ) -> str: ...
+
+    async def outcome(self, name: str, entry: str) -> str | None: ...
 
     async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool: ...
 

@@ -73,14 +73,27 @@ def ledger_stream_key(namespace: str) -> str:
     return f"{namespace}:ledger"
 
 
+def ledger_log_key(namespace: str) -> str:
+    """Stream of what each ledger transaction wrote (one entry a link: its id, the link
+    before it, its writes), added before the transaction commits and kept
+    ``ledger_retain_s``: a restore after a PostgreSQL promotion writes the lost links
+    again from it (docs/reliability.md, "The ledger's one history")."""
+    return f"{namespace}:ledger:log"
+
+
+def ledger_outcome_key(namespace: str, entry: str) -> str:
+    """The outcome of the status change recorded as ``entry`` (a client waits for it),
+    set once, by the acknowledgement of the ledger transaction that decided it."""
+    return f"{namespace}:ledger:outcome:{entry}"
+
+
+# Left by earlier versions (the retained copies of applied entries, and how far they
+# were applied again); keysync deletes them at start-up.
 def ledger_retained_key(namespace: str) -> str:
-    """Stream of applied ledger entries, each kept for ``ledger_retain_s`` with its own
-    entry ID (field ``id``): applied again after a PostgreSQL fence."""
     return f"{namespace}:ledger:retained"
 
 
 def ledger_replayed_key(namespace: str) -> str:
-    """The PostgreSQL fence count up to which retained entries were applied again."""
     return f"{namespace}:ledger:replayed"
 
 

@@ -4,6 +4,7 @@ lease and a guarded statement give back. Plain data, shared by the ports
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,28 +72,47 @@ class SequenceState:
 @dataclass(frozen=True)
 class Stamp:
     """The sync clock after a guarded statement: the history it belongs to (database,
-    timeline, fork), its value, and the fences that history has seen."""
+    timeline, fork), its value, the fences that history has seen, and each ledger
+    lane's newest link at that clock (``heads``: the ledger's one history)."""
 
     timeline: int
     fork: int
     clock: int
     database: str = ""  # DATABASE_IDENTITY in sql.py: system identifier / database name
     fences: int = 0
+    heads: tuple[tuple[str, str], ...] = ()  # (lane, link id), from kd_sync_clock
 
-    def args(self) -> list[object]:
-        """What sync_record.lua's ``record_stamp`` takes (database first)."""
-        return [self.database, self.timeline, self.fork, self.clock]
+    def head(self, lane: str) -> str:
+        """The newest ledger link of ``lane`` at this stamp ("": none yet)."""
+        return dict(self.heads).get(lane, "")
+
+    def args(self, lane: str = "") -> list[object]:
+        """What sync_record.lua's ``record_stamp`` takes (database first), for the record
+        of ``lane`` (the key namespace whose record it is)."""
+        return [self.database, self.timeline, self.fork, self.clock, self.head(lane)]
 
     @classmethod
     def of(cls, row: Any) -> Stamp:
-        """From a row holding timeline, fork, clock, fences and database."""
+        """From a row holding timeline, fork, clock, fences and database (and ``heads``,
+        the ledger heads as JSON, when the statement returns them)."""
+        raw = column(row, "heads")
+        heads = tuple(sorted(json.loads(raw).items())) if raw else ()
         return cls(
             int(row["timeline"]),
             int(row["fork"]),
             int(row["clock"]),
             str(row["database"]),
             int(row["fences"]),
+            heads,
         )
+
+
+def column(row: Any, name: str) -> Any:
+    """A column a row may not have (None then)."""
+    try:
+        return row[name]
+    except (KeyError, IndexError):
+        return None
 
 
 NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)

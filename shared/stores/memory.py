@@ -23,6 +23,7 @@ from typing import Any
 from shared.domain.apikeys import ANONYMOUS
 from shared.domain.errors import IdempotencyMismatch, KeydispenserError, KeyspaceExhausted
 from shared.domain.idtypes import IdType
+from shared.domain.outcomes import outcome_of
 from shared.domain.tiers import (
     NO_STAMP,
     Depth,
@@ -217,7 +218,9 @@ class MemoryLedger:
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
     rows: dict[tuple[str, str], _Row] = field(default_factory=dict)  # (type, key)
     given_back: dict[tuple[str, str], _Row] = field(default_factory=dict)  # reissue history
+    outcomes: dict[str, str] = field(default_factory=dict)  # a status change's, by entry
     _applied: int = 0  # how many of ``hot.issued`` are in ``rows``
+    _entries: int = 0  # entries recorded (each gets an ID of its own)
 
     def _drain(self) -> None:
         for issue in self.hot.issued[self._applied :]:
@@ -229,14 +232,33 @@ class MemoryLedger:
         return self.held
 
     async def record_used(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        reply: bool = False,
     ) -> str:
         self._drain()
         for key in keys:
             row = self.rows.get((name, key))
             if row is not None and row.may_mark(client, admin):
                 row.used_at, row.used_by = _now(), client
-        return f"{len(self.hot.issued)}-0"
+        return await self._entry(name, keys, "used", client, admin, reply)
+
+    async def _entry(
+        self, name: str, keys: Sequence[str], op: str, client: str, admin: bool, reply: bool
+    ) -> str:
+        """A new entry ID; a status change's outcome decided from the key's status now."""
+        self._entries += 1
+        entry = f"{self._entries}-0"
+        if reply and len(keys) == 1:
+            found = await self.status(name, keys[0])
+            self.outcomes[entry] = outcome_of(op, client, admin, found)
+        return entry
+
+    async def outcome(self, name: str, entry: str) -> str | None:
+        return self.outcomes.get(entry)
 
     async def record_released(
         self,
@@ -245,6 +267,7 @@ class MemoryLedger:
         client: str,
         admin: bool = False,
         forget: Sequence[tuple[str, str]] = (),
+        reply: bool = False,
     ) -> str:
         self._drain()
         for owner, idempotency_key in forget:
@@ -256,7 +279,7 @@ class MemoryLedger:
             row.released_at, row.released_by = _now(), client
             if name in self.reissue:
                 self.given_back[(name, key)] = self.rows.pop((name, key))
-        return f"{len(self.hot.issued)}-1"
+        return await self._entry(name, keys, "release", client, admin, reply)
 
     async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
         self.confirms.append(name)

@@ -33,8 +33,9 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
 from shared.ops.drill.postgres import PostgresPair
 from shared.stores.fence import sql as fence_sql
-from shared.stores.fence.postgres_fence import GuardedCold, settle
-from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
+from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.groups import SyncRecords
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
@@ -234,12 +235,14 @@ class LeasesDuringTheClaim(SyncRecord):
         floors: dict[str, int],
         mode: str = "automatic",
         pending: bool = False,
+        read: Record | None = None,
+        restore_from: str = "",
     ) -> str:
         while self.before_claim:
             step = self.before_claim.pop()
             assert callable(step)
             await step()
-        return await super().reset(stamp, floors, mode, pending)
+        return await super().reset(stamp, floors, mode, pending, read, restore_from)
 
 
 async def test_a_lease_recorded_during_a_fence_moves_the_fence_past_it(

@@ -21,7 +21,7 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import NO_STAMP, Pushed, Stamp
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore

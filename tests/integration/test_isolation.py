@@ -10,13 +10,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keysync.ledger import LedgerDrain
 from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import Applied, LedgerDrain
+from shared.stores.ledger.table import Applied
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
 

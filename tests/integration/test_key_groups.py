@@ -24,8 +24,10 @@ from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
 from shared.stores.fence.binding import bind
-from shared.stores.fence.postgres_fence import GuardedCold, combined, settle
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record, SyncRecord
+from shared.stores.fence.verdict import combined
 from shared.stores.groups import SyncRecords
 from shared.stores.postgres import sql
 from shared.stores.redis.endpoint import RedisEndpoint
@@ -214,11 +216,13 @@ class ClaimFailsOnce(SyncRecord):
         floors: dict[str, int],
         mode: str = "automatic",
         pending: bool = False,
+        read: Record | None = None,
+        restore_from: str = "",
     ) -> str:
         if not self.failed:
             self.failed = True
             raise StoreUnavailable("redis", "reset_record failed: the shard is down")
-        return await super().reset(stamp, floors, mode, pending)
+        return await super().reset(stamp, floors, mode, pending, read, restore_from)
 
 
 async def test_a_claim_made_by_a_fence_that_rolled_back_is_not_taken_for_a_fence(

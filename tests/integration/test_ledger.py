@@ -10,6 +10,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keysync.ledger import LedgerDrain
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
@@ -17,7 +18,7 @@ from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger import sql as ledger_sql
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import Applied, LedgerDrain, apply, parse
+from shared.stores.ledger.table import Applied, apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
@@ -173,13 +174,13 @@ async def test_a_batch_applied_but_not_acknowledged_is_taken_again_first(
     stream = redis_keys.ledger_stream_key(NS)
     fields: dict[Any, Any] = {"op": "issue", "type": "shortlink", "clients": "a"}
     first = await redis_client.xadd(stream, fields | {"keys": "L000012"})
-    real_ack = LedgerStream.ack
+    real_ack = LedgerStream.acknowledge
 
     async def lost_ack(self: LedgerStream, *args: Any, **kwargs: Any) -> None:
-        monkeypatch.setattr(LedgerStream, "ack", real_ack)
+        monkeypatch.setattr(LedgerStream, "acknowledge", real_ack)
         raise StoreUnavailable("redis", "ledger_ack failed: Connection closed by server.")
 
-    monkeypatch.setattr(LedgerStream, "ack", lost_ack)
+    monkeypatch.setattr(LedgerStream, "acknowledge", lost_ack)
     with pytest.raises(StoreUnavailable):
         await drain.drain_once(block_ms=10)
     await redis_client.xadd(stream, fields | {"keys": "L000013"})  # a newer entry
@@ -426,7 +427,7 @@ async def test_a_stopped_consumer_holding_nothing_is_removed(
     entry: dict[Any, Any] = {"op": "issue", "type": "shortlink", "keys": "L000016"}
     await redis_client.xadd(stream, entry)
     read = await gone.read("gone-keysync", 10, 10, 30_000)  # joins the group
-    await gone.ack([entry_id for entry_id, _ in read])  # and holds nothing
+    await gone.acknowledge({}, [entry_id for entry_id, _ in read])  # and holds nothing
     names = {c["name"] for c in await redis_client.xinfo_consumers(stream, group)}
     assert "gone-keysync" in names
     await drain.drain_once(block_ms=10)

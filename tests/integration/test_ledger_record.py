@@ -14,15 +14,18 @@ import asyncio
 import asyncpg
 import pytest
 
+from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
 from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
+from shared.domain.errors import LedgerHalted
 from shared.domain.idtypes import build_id_types
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerEntry, LedgerStream
-from shared.stores.ledger.table import LedgerDrain, apply, parse
+from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from tests.conftest import Servers, make_settings, small_types
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
@@ -157,8 +160,10 @@ async def requeue_then_dispense(
     types = build_id_types(settings)
     farmer = types["farmer"]
     async with cold_at(dsn) as cold:
-        keysync = Keysync(settings, GuardedCold(cold, sync, types), hot)
-        drain = LedgerDrain(LedgerStream(hot.endpoint, hot.namespace), cold, types, "t", 10)
+        guard = GuardedCold(cold, sync, types)
+        keysync = Keysync(settings, guard, hot)
+        stream = LedgerStream(hot.endpoint, hot.namespace)
+        drain = LedgerDrain(stream, cold, types, "t", 10, guard=guard, sync=sync)
         await keysync.refill(farmer)
         await drain.requeue_released()
         await keysync.refill(farmer)
@@ -187,17 +192,18 @@ async def requeue_across_a_promotion(
     return key, before, after
 
 
-async def test_a_requeue_the_promotion_lost_is_settled_by_the_fence(
+async def test_a_requeue_the_promotion_lost_is_restored_never_done_again(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord
 ) -> None:
+    """The requeue was a ledger transaction of its own, its writes in the ledger log:
+    after the fence the restore writes it again (the release settled, requeued), so the
+    key is never requeued a second time."""
     key, before, after = await requeue_across_a_promotion(servers, database, hot, sync)
     assert key in before
-    assert key not in after  # the fence settled the release: never requeued again
+    assert key not in after
     settings = reissue_settings(servers, database)
-    rows = await fetch(
-        settings, "SELECT requeue_discarded FROM kd_released_issues WHERE key = $1", key
-    )
-    assert [r["requeue_discarded"] for r in rows] == [True]
+    rows = await fetch(settings, "SELECT requeued_at FROM kd_released_issues WHERE key = $1", key)
+    assert len(rows) == 1 and rows[0]["requeued_at"] is not None
 
 
 async def test_control_without_the_guard_a_released_key_is_handed_out_twice(
@@ -217,7 +223,7 @@ async def drained(
     settings: Settings, hot: HotStore, sync: SyncRecord | None, retain_s: float
 ) -> int:
     """One keysync's drain, on whatever server the DSN reaches now, until the stream
-    is empty; how many entries it applied again after a fence."""
+    is empty; how many ledger links it restored after a fence."""
     types = build_id_types(settings)
     async with cold_at(settings.postgres_dsn) as cold:
         drain = LedgerDrain(
@@ -228,12 +234,12 @@ async def drained(
             100,
             guard=GuardedCold(cold, sync, types),
             retain_s=retain_s,
+            sync=sync,
         )
-        replayed = 0
         first = await drain.drain_once(block_ms=10)  # creates the consumer group if need be
-        while (applied := first or await drain.drain_once(block_ms=10)) is not None:
-            replayed, first = replayed + applied.replayed, None
-    return replayed
+        while first or await drain.drain_once(block_ms=10) is not None:
+            first = None
+    return drain.restored
 
 
 async def ledger_across_a_promotion(
@@ -263,31 +269,35 @@ async def ledger_across_a_promotion(
     return handed, {r["key"]: r["client"] for r in rows}, replayed
 
 
-async def test_ledger_rows_a_promotion_lost_are_applied_again_after_the_fence(
+async def test_ledger_rows_a_promotion_lost_are_restored_after_the_fence(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord
 ) -> None:
-    handed, ledger, replayed = await ledger_across_a_promotion(
+    handed, ledger, restored = await ledger_across_a_promotion(
         servers, database, hot, sync, retain_s=300
     )
     assert len(handed) == 60
     assert ledger == handed  # every key, under the client it went to
-    assert replayed >= 2  # the entries retained (the lost one among them) applied again
+    assert restored == 1  # the one lost link, written again from the log
 
 
-async def test_control_without_retention_a_promotion_loses_ledger_rows(
+async def test_without_the_log_the_ledger_fails_closed_instead_of_losing_rows(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord
 ) -> None:
-    handed, ledger, _ = await ledger_across_a_promotion(servers, database, hot, sync, retain_s=0)
-    assert set(handed) - set(ledger) == {k for k, c in handed.items() if c == "lost"}
+    """The log kept no time (ledger_retain_s: 0, so the lost link is trimmed): the
+    restore cannot be whole, and the ledger halts rather than answer without it."""
+    with pytest.raises(LedgerHalted):
+        await ledger_across_a_promotion(servers, database, hot, sync, retain_s=0)
+    record = await sync.read()
+    assert "gone from the log" in record.ledger_halt
 
 
 async def test_control_without_the_guard_nothing_sees_the_ledger_rows_lost(
     servers: Servers, database: str, hot: HotStore
 ) -> None:
-    handed, ledger, replayed = await ledger_across_a_promotion(
+    handed, ledger, restored = await ledger_across_a_promotion(
         servers, database, hot, None, retain_s=300
     )
-    assert replayed == 0
+    assert restored == 0
     assert set(handed) - set(ledger) == {k for k, c in handed.items() if c == "lost"}
 
 
@@ -374,3 +384,24 @@ async def test_the_first_mark_of_a_key_wins_whatever_the_batch_bounds(
         states.append(([r["used_by"] for r in rows], len(given_back)))
     expected = ([], 1) if first == "release" else (["c1"], 0)
     assert states == [expected, expected]
+
+
+async def test_an_operators_fence_settles_every_release_not_requeued(
+    servers: Servers, database: str, sync: SyncRecord
+) -> None:
+    """After a halt (Redis and PostgreSQL both lost state) the ledger log may be gone
+    too, and nothing can say which requeue the lost history made: an operator's fence
+    (``fence-postgres``) never lets a release not requeued yet go back."""
+    settings = reissue_settings(servers, database)
+    await run_migrate(settings)
+    key = high_key(settings)
+    await applied(
+        settings, [entry(1_000, "issue", key, "c1")], [entry(2_000, "release", key, "c1")]
+    )
+    async with cold_at(settings.postgres_dsn) as cold:
+        report = await settle(cold, sync, skip_ranges=1)
+    assert report is not None and report.releases_settled == {"farmer": 1}
+    rows = await fetch(
+        settings, "SELECT requeue_discarded FROM kd_released_issues WHERE key = $1", key
+    )
+    assert [r["requeue_discarded"] for r in rows] == [True]

@@ -16,13 +16,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keysync.ledger import LedgerDrain
 from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerDrain, apply, parse
+from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, dispenser_over_http, make_settings, small_types

@@ -19,7 +19,7 @@ from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import Popped
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel

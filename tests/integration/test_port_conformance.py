@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import pytest
 import redis.asyncio as aioredis
 
+from keysync.ledger import LedgerDrain
 from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import IdempotencyMismatch, KeydispenserError
@@ -36,11 +37,11 @@ from shared.domain.ports import (
     RangeLeases,
 )
 from shared.domain.tiers import KeyStatus, Pushed
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerDrain, LedgerReader
 from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import Servers, make_settings, small_types

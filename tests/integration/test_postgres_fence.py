@@ -29,7 +29,8 @@ from shared.domain.errors import FenceHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.stores.fence import postgres_fence
 from shared.stores.fence import sql as fence_sql
-from shared.stores.fence.postgres_fence import GuardedCold, settle
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql

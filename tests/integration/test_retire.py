@@ -21,7 +21,7 @@ from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.ops.processes import run_cli
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql

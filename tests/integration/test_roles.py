@@ -17,17 +17,19 @@ import redis.asyncio as aioredis
 
 from keygen.generation import Generator
 from keygen.main import Keygen
+from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
 from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.cli.status import collect_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.stores.fence.postgres_fence import GuardedCold, settle
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerDrain, LedgerReader
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, Servers, make_settings, small_types

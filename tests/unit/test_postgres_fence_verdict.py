@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.stores.fence.postgres_fence import ClockRow, verdict
 from shared.stores.fence.sync_record import Record
+from shared.stores.fence.verdict import ClockRow, verdict
 
 DB = "7712819248751995008/kd"
 

@@ -34,7 +34,7 @@ from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql

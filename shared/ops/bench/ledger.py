@@ -2,8 +2,9 @@
 
 A scratch ledger type in a scratch PostgreSQL database. Two measures per number of
 keysync processes (``--processes``), each process running keysync's own drain
-(``LedgerDrain``: each batch behind the PostgreSQL fence's guard, its stamp recorded,
-the applied entries kept for ``ledger_retain_s``):
+(``keysync.ledger.LedgerDrain``: each batch a ledger transaction behind the PostgreSQL
+fence's guard, what it wrote copied to the ledger log before it commits, its stamp
+recorded once committed; the log kept ``ledger_retain_s``):
 
 - ``drain``: the stream filled beforehand with ``--seconds`` worth of issues at
   ``--rate`` keys/s; keys applied per second until the stream is empty;
@@ -31,6 +32,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from keysync.ledger import LedgerDrain
 from shared.cli.databases import drop_database, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
@@ -38,10 +40,9 @@ from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.keysync import _gather
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import LedgerDrain
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.schema import migrate
@@ -121,6 +122,7 @@ async def _drain(
         keysync.ledger_claim_idle_s,
         guard=GuardedCold(cold, sync, types),
         retain_s=keysync.ledger_retain_s,
+        sync=sync,
     )
     try:
         await drain.drain_once(block_ms=10)  # the consumer group, the record
@@ -159,13 +161,14 @@ async def measure(
 
 
 async def _retained(settings: Settings, client: aioredis.Redis) -> dict[str, Any]:
-    """What keeping applied entries (ledger_retain_s) costs in Redis memory."""
-    retained = redis_keys.ledger_retained_key(settings.redis_namespace)
-    entries = int(await client.xlen(retained))
-    used = int(await client.memory_usage(retained, samples=0) or 0)
+    """What keeping the ledger log (ledger_retain_s) costs in Redis memory."""
+    log = redis_keys.ledger_log_key(settings.redis_namespace)
+    links = int(await client.xlen(log))
+    used = int(await client.memory_usage(log, samples=0) or 0)
     return {
-        "retained_entries": entries,
-        "retained_bytes_per_entry": round(used / entries, 1) if entries else None,
+        "log_links": links,
+        "log_bytes": used,
+        "log_bytes_per_link": round(used / links, 1) if links else None,
     }
 
 

@@ -12,11 +12,15 @@ record under that lock, and does what the verdict says:
   guarded write: the record is rebuilt from it (its stamp, the highest counter its
   history leased per type);
 - ``behind``/``stamp``: this server lost commits: discard the cold inventory of every
-  type (counted, never reissued), settle every released key not yet requeued (never
-  requeued: the lost history may have requeued and issued it), move every sequence
-  past the highest counter ever leased, and claim the record for this server (a new
-  history) before committing; the claim is refused when a lease was recorded since
-  the record was read (read again);
+  type (counted, never reissued), move every sequence past the highest counter ever
+  leased, leave the ledger of each key group whose record names a ledger link this
+  server lacks to be restored (``ledger_restore``: keysync restores those links from
+  the ledger log before the ledger does anything else), and claim the record for this
+  server (a new history) before committing; the claim is refused when a lease or a
+  ledger link was recorded since the record was read (read again);
+- ``adopt``: a promoted server whose history covers the record takes up its new
+  timeline before the ledger writes on it (a guarded write of its own; refused when any
+  stamp was recorded since the record was read);
 - ``superseded``: the record follows a newer timeline: this server must not write
   (``PostgresSuperseded``: fail closed, never fence back);
 - ``foreign``: the namespace is bound to another database (``NamespaceBound``);
@@ -40,9 +44,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 
@@ -54,23 +57,17 @@ from shared.domain.errors import (
     StoreUnavailable,
 )
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import NO_STAMP, LeasedRange, SequenceState, Stamp
+from shared.domain.tiers import Stamp
 from shared.stores.fence import sql as fence_sql
-from shared.stores.fence.sync_record import UNGUARDED, Record, SyncRecord
+from shared.stores.fence.sync_record import Record, SyncRecord
+from shared.stores.fence.verdict import ClockRow, combined, verdict
 from shared.stores.groups import SyncRecords, records_of
 from shared.stores.ledger import sql as ledger_sql
 from shared.stores.postgres import sql
-from shared.stores.postgres.cold_store import (
-    DRIVER_ERRORS,
-    ColdStore,
-    OpenTake,
-    one_row,
-    translated,
-)
+from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore, one_row, translated
 from shared.stores.postgres.connect import any_server, dsn_hosts
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 # How often a fence reads the record again when its claim found a lease recorded since.
 CLAIM_ATTEMPTS = 5
 HALT_REASON = "redis and postgres both lost state; postgres forked since its last guarded write"
@@ -81,66 +78,16 @@ SPLIT_HALT_REASON = (
 
 
 @dataclass(frozen=True)
-class ClockRow:
-    """The sync clock row as locked by the fence, and the server's current timeline."""
-
-    timeline: int
-    fork: int
-    clock: int
-    here: int
-    database: str = ""
-    fences: int = 0
-
-    def history_start(self) -> int:
-        """The clock value this server's history covers on its current timeline."""
-        return self.clock if self.timeline != self.here else self.fork
-
-
-def verdict(row: ClockRow, record: Record) -> str:
-    """What ``settle`` does on this server: 'ok', 'vouch', 'behind', 'superseded',
-    'foreign' or 'halt' (module docstring).
-
-    The same rule as the SQL guard, with the record read under the row lock. A record
-    Redis lost (untrusted: what a replica had; or none) only bounds the truth from
-    below: it can prove a server behind or superseded, never prove it current.
-    """
-    if record.database and row.database and record.database != row.database:
-        return "foreign"
-    if not record.needs_vouch:
-        return _judge(row, record, lower_bound=False)
-    found = _judge(row, record, lower_bound=True) if record.timeline else "ok"
-    if found == "superseded":
-        return found
-    # Behind what Redis still knows, or proven behind by a stamp, or forked since its
-    # last guarded write: the leases Redis lost may be above anything it can name.
-    if found == "behind" or record.fence_needed or row.timeline not in (0, row.here):
-        return "halt"
-    return "vouch"
-
-
-def _judge(row: ClockRow, record: Record, *, lower_bound: bool) -> str:
-    if row.here == record.timeline:
-        if row.history_start() == record.fork:
-            return "ok" if row.clock >= record.clock else "behind"
-        # Another history on the same timeline number: a second server promoted to it,
-        # or this one from before a fence whose claim the record holds. A lower bound
-        # only says this history must have started after everything it recorded.
-        if lower_bound and row.history_start() >= record.clock:
-            return "ok"
-        return "behind"
-    if row.here > record.timeline:
-        return "ok" if row.history_start() >= record.clock else "behind"
-    return "superseded"
-
-
-@dataclass(frozen=True)
 class FenceReport:
     reason: str
     keys_discarded: dict[str, int]
     next_starts: dict[str, int]  # type -> where its next lease starts
     stamp: Stamp
-    # type -> releases settled instead of requeued (their keys never go back)
+    # type -> releases settled instead of requeued (their keys never go back): an
+    # operator's fence only (an automatic one restores the ledger exactly instead)
     releases_settled: dict[str, int] = dataclasses.field(default_factory=dict)
+    # lane -> the ledger link keysync restores this server up to
+    ledger_restores: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def total_discarded(self) -> int:
@@ -148,7 +95,7 @@ class FenceReport:
 
 
 class _Moved(Exception):
-    """The fence's claim found a lease recorded since it read the record: roll back."""
+    """The fence's claim found the record moved since it read it: roll back."""
 
 
 async def settle(
@@ -158,6 +105,7 @@ async def settle(
     *,
     skip_ranges: int | None = None,
     take_over: bool = False,
+    adopt: bool = False,
 ) -> FenceReport | None:
     """Bring the record and this server into agreement (module docstring); the
     report of the fence when one ran (None otherwise).
@@ -167,12 +115,14 @@ async def settle(
     asserts that this database is the one from now on, whatever timeline or database
     the record follows (a restore onto an older timeline, a dump moved to a new
     cluster). The fence covers every type the database holds (``id_types`` is kept for
-    callers; the database says which types there are).
+    callers; the database says which types there are). With ``adopt`` (a ledger
+    transaction refused on a new timeline) a server whose history covers every record
+    takes its timeline up.
     """
     records = records_of(sync)
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            return await _settle_once(cold, records, skip_ranges, take_over)
+            return await _settle_once(cold, records, skip_ranges, take_over, adopt)
         except _Moved:
             log.info("postgres_fence_reread", extra={"reason": "the record changed meanwhile"})
     raise PostgresBehind(f"the record kept moving during {CLAIM_ATTEMPTS} fence attempts")
@@ -184,13 +134,15 @@ FENCE_LIMIT_MS = 10_000
 
 
 async def _settle_once(
-    cold: ColdStore, records: SyncRecords, skip_ranges: int | None, take_over: bool
+    cold: ColdStore, records: SyncRecords, skip_ranges: int | None, take_over: bool, adopt: bool
 ) -> FenceReport | None:
     operator = skip_ranges is not None
     report, vouched, halt, claimed = None, None, "", None
     async with cold.connection() as conn, translated("postgres_fence"), conn.transaction():
         await conn.execute(fence_sql.LIMIT_FENCE, str(FENCE_LIMIT_MS))
-        row = _clock_row(one_row(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK), "lock_sync_clock"))
+        row = ClockRow.of(
+            one_row(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK), "lock_sync_clock")
+        )
         # Every record that judges a type the database holds (with a record per type,
         # also those of types this process is not configured with).
         held = [str(r["name"]) for r in await conn.fetch(fence_sql.SELECT_FENCED_TYPES)]
@@ -205,7 +157,7 @@ async def _settle_once(
         for sync, each in found.items():
             _refuse(each, row, read[sync])
         worst = combined(list(found.values()), list(read.values()))
-        if worst == "ok" and records.several and row.timeline not in (0, row.here):
+        if worst == "ok" and _takes_up(row, list(read.values()), records.several, adopt):
             worst = "adopt"  # a new timeline that covers every record: taken up here
         if worst == "vouch" and await _another_primary(conn, cold.dsn, cold.connect_timeout_s):
             halt = SPLIT_HALT_REASON
@@ -214,7 +166,8 @@ async def _settle_once(
         elif worst == "halt":
             halt = HALT_REASON
         elif worst == "adopt":
-            claimed = await _adopt(conn, read, row)
+            adopted = await _adopt(conn, read, row, records.several)
+            claimed = adopted if records.several else None
         elif worst != "ok":
             mode = "take_over" if take_over else ("operator" if operator else "automatic")
             pending = records.several
@@ -238,6 +191,16 @@ async def _settle_once(
     return report
 
 
+def _takes_up(row: ClockRow, records: list[Record], several: bool, asked: bool) -> bool:
+    """Whether a server whose history covers every record takes its new timeline up:
+    with several records at its first write there (the guard lets no single group's
+    statement do it), and when a ledger transaction asked (it waits for the record to
+    follow this timeline)."""
+    if several and row.timeline not in (0, row.here):
+        return True
+    return asked and any(record.timeline != row.here for record in records)
+
+
 def _verdict_of(row: ClockRow, record: Record, operator: bool) -> str:
     if operator:
         return "operator"
@@ -250,24 +213,6 @@ def _verdict_of(row: ClockRow, record: Record, operator: bool) -> str:
     found = verdict(row, record)
     return "stamp" if found == "ok" and record.fence_needed else found  # a stamp proved a
     # commit this server lacks
-
-
-def combined(verdicts: list[str], records: list[Record]) -> str:
-    """What ``settle`` does over every group's record, given each one's verdict
-    ('foreign' and 'superseded' were refused already): 'halt' if any halts; a fence
-    ('operator', 'behind', 'stamp') if any needs one, unless another record must be
-    vouched for ('halt': the leases that group lost may be above anything it can
-    name; an operator's fence claims them all regardless); else 'vouch' if any must
-    be; else 'ok'. With one record this is that record's verdict."""
-    verdicts = ["ok" if v == "confirm" else v for v in verdicts]
-    if "halt" in verdicts:
-        return "halt"
-    fence = next((v for v in ("operator", "behind", "stamp") if v in verdicts), None)
-    if fence is not None:
-        if fence != "operator" and any(record.needs_vouch for record in records):
-            return "halt"
-        return fence
-    return "vouch" if "vouch" in verdicts else "ok"
 
 
 def _refuse(found: str, row: ClockRow, record: Record) -> None:
@@ -309,21 +254,26 @@ async def _another_primary(conn: Any, dsn: str | None, timeout_s: float) -> bool
     return False
 
 
-async def _vouch_stamp(conn: Any) -> tuple[Stamp, dict[str, int]]:
-    """Under the lock: this server's stamp, and the highest counter its history leased
-    per type; recorded in Redis once the transaction committed."""
-    stamp = Stamp.of(one_row(await conn.fetchrow(fence_sql.VOUCH), "vouch"))
+async def _vouch_stamp(conn: Any) -> tuple[Stamp, dict[str, int], dict[str, str]]:
+    """Under the lock: this server's stamp, the highest counter its history leased per
+    type, and the ledger restores it holds pending per lane; recorded in Redis once the
+    transaction committed."""
+    found = one_row(await conn.fetchrow(fence_sql.VOUCH), "vouch")
     highs = {
         r["id_type"]: int(r["highest"]) for r in await conn.fetch(fence_sql.SELECT_LEASED_HIGHS)
     }
-    return stamp, highs
+    return Stamp.of(found), highs, json.loads(found["restores"] or "{}")
 
 
 async def _record_vouch(
-    sync: SyncRecord, row: ClockRow, stamp: Stamp, highs: dict[str, int]
+    sync: SyncRecord,
+    row: ClockRow,
+    stamp: Stamp,
+    highs: dict[str, int],
+    restores: dict[str, str],
 ) -> None:
     """Rebuild the record from this server (lua/vouch_record.lua)."""
-    status = await sync.vouch(stamp, highs)
+    status = await sync.vouch(stamp, highs, restores.get(sync.namespace, ""))
     if status in ("ok", "trusted"):
         log.info("postgres_vouched", extra={"status": status, "clock": stamp.clock})
         return
@@ -331,14 +281,16 @@ async def _record_vouch(
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 
 
-async def _adopt(conn: Any, read: dict[SyncRecord, Record], row: ClockRow) -> Stamp:
+async def _adopt(conn: Any, read: dict[SyncRecord, Record], row: ClockRow, several: bool) -> Stamp:
     """Take up this server's new timeline (every record is covered by its history):
     a guarded write of its own starts the new history, and every record is claimed for
-    it, pending until the commit (with a record per type, the guard lets no statement
-    do this: it would be judged against one record only)."""
+    it (with a record per type, pending until the commit: the guard lets no statement do
+    this, it would be judged against one record only). A claim is refused when any stamp
+    was recorded since the record was read: the old primary's late commit, which this
+    server may lack (read again: then it fences)."""
     stamp = Stamp.of(one_row(await conn.fetchrow(fence_sql.VOUCH), "adopt_timeline"))
     for sync, record in read.items():
-        status = await sync.reset(stamp, record.leased, "automatic", pending=True)
+        status = await sync.reset(stamp, record.leased, "adopt", pending=several, read=record)
         if status == "moved":
             raise _Moved()
         _refuse(status, row, await sync.read())
@@ -361,20 +313,10 @@ def _fields(report: FenceReport) -> dict[str, object]:
         "reason": report.reason,
         "keys_discarded": report.total_discarded,
         "releases_settled": report.releases_settled,
+        "ledger_restores": report.ledger_restores,
         "next_starts": report.next_starts,
         "clock": report.stamp.clock,
     }
-
-
-def _clock_row(row: Any) -> ClockRow:
-    return ClockRow(
-        int(row["timeline"]),
-        int(row["fork"]),
-        int(row["clock"]),
-        int(row["here"]),
-        str(row["database"]),
-        int(row["fences"]),
-    )
 
 
 async def _fence(
@@ -403,7 +345,14 @@ async def _fence(
         if held["has_cold"]:
             discarded[name] = await _discard_cold(conn, name)
         starts[name] = await _advance_sequence(conn, held, floors.get(name, 0), skip_ranges)
-    settled = await _settle_releases(conn)
+    # An operator's fence follows a halt (Redis lost the record, so the ledger log may be
+    # gone too): no release not requeued yet is ever requeued. An automatic one restores
+    # the ledger's lost links exactly, requeues among them.
+    settled = await _settle_releases(conn) if mode != "automatic" else {}
+    restores = {
+        sync.namespace: await _restore_target(conn, row, sync, rec) for sync, rec in read.items()
+    }
+    restores = {lane: link for lane, link in restores.items() if link}
     stamp_row = one_row(
         await conn.fetchrow(fence_sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
         "reset_sync_clock",
@@ -414,11 +363,27 @@ async def _fence(
         fence_sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail)
     )
     for sync, record in read.items():
-        claimed = await sync.reset(stamp, record.leased, mode, pending)
+        target = restores.get(sync.namespace, "")
+        claimed = await sync.reset(stamp, record.leased, mode, pending, record, target)
         if claimed == "moved":
             raise _Moved()
         _refuse(claimed, row, await sync.read())
-    return FenceReport(reason, discarded, starts, stamp, settled)
+    return FenceReport(reason, discarded, starts, stamp, settled, restores)
+
+
+async def _restore_target(conn: Any, row: ClockRow, sync: SyncRecord, record: Record) -> str:
+    """The ledger link this server must be restored up to for ``sync``'s lane ("" when
+    it holds the record's head): one pending already (nothing was restored since, and
+    its target covers more), else the record's head when this history lacks it.
+    Marked pending in this (the fence's) transaction."""
+    lane = sync.namespace
+    pending = row.restores.get(lane, "")
+    if pending:
+        return pending
+    if not record.head or await conn.fetchval(ledger_sql.HOLDS_LINK, record.head):
+        return ""
+    await conn.execute(ledger_sql.MARK_RESTORE, lane, record.head)
+    return record.head
 
 
 async def _settle_releases(conn: Any) -> dict[str, int]:
@@ -451,139 +416,3 @@ async def _advance_sequence(conn: Any, held: Any, floor: int, skip_ranges: int) 
         await conn.execute(sql.for_type(fence_sql.SET_SEQUENCE, str(held["name"])), value)
         return value + size
     return next_start
-
-
-FenceListener = Callable[[FenceReport], None]
-
-
-class GuardedCold:
-    """The cold-tier operations that must run behind the PostgreSQL fence.
-
-    Each reads the record first (settling when a stamp proved lost commits or Redis lost
-    the record), runs its guarded statement, and on a refusal settles and tries once
-    more. A type's statements are judged against its key group's record
-    (``SyncRecords``). With ``sync`` None the guard is switched off (a drill's control
-    case): statements get a record that always passes and nothing is recorded.
-    """
-
-    def __init__(
-        self,
-        cold: ColdStore,
-        sync: SyncRecord | SyncRecords | None,
-        id_types: dict[str, IdType],
-        on_fence: FenceListener | None = None,
-    ) -> None:
-        self.cold = cold
-        self._sync = records_of(sync) if sync is not None else None
-        self._types = id_types
-        self._on_fence = on_fence
-
-    @property
-    def guarded(self) -> bool:
-        return self._sync is not None
-
-    async def record(self, name: str) -> Record:
-        """The record type ``name``'s next statement is judged against, settled first
-        when it says so."""
-        if self._sync is None:
-            return UNGUARDED
-        sync = self._sync.of(name)
-        record = await sync.read()
-        if record.halted:
-            raise FenceHalted(record.halt_reason or "halted")
-        if record.fence_needed or record.needs_vouch or record.claim_fences:
-            await self.fence()
-            record = await sync.read()
-        return dataclasses.replace(record, strict=self._sync.several)
-
-    async def fence(self) -> FenceReport | None:
-        """Settle this server and the records (``settle``); the fence's report if one ran."""
-        if self._sync is None:
-            return None
-        report = await settle(self.cold, self._sync)
-        if report is not None and self._on_fence is not None:
-            self._on_fence(report)
-        return report
-
-    async def begin_take(self, name: str, size: int) -> OpenTake:
-        """A batch taken in a transaction left open (``OpenTake``), with its stamp
-        (NO_STAMP with the guard off: nothing is recorded)."""
-        in_order = name in self._types and self._types[name].sequential
-        try:
-            taken = await self.cold.begin_take(
-                name, size, await self.record(name), in_order=in_order
-            )
-        except PostgresBehind:
-            await self.fence()
-            taken = await self.cold.begin_take(
-                name, size, await self.record(name), in_order=in_order
-            )
-        return taken if self._sync is not None else dataclasses.replace(taken, stamp=NO_STAMP)
-
-    async def take_batch(self, name: str, size: int) -> tuple[list[str], Stamp]:
-        """``begin_take`` and commit: the keys are taken when this returns."""
-        taken = await self.begin_take(name, size)
-        await taken.commit()
-        return taken.keys, taken.stamp
-
-    async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
-        """Lease behind the guard and record the lease before any key of it is made."""
-        try:
-            leased, stamp = await self.cold.lease_range(
-                id_type, lessee, await self.record(id_type.name)
-            )
-        except PostgresBehind:
-            await self.fence()
-            leased, stamp = await self.cold.lease_range(
-                id_type, lessee, await self.record(id_type.name)
-            )
-        if self._sync is None:
-            return leased
-        status = await self._sync.of(id_type.name).record_lease(id_type.name, leased.stop, stamp)
-        if status != "ok":
-            # Wasted, never used: the next read of the record settles what it says.
-            raise PostgresBehind(f"lease of '{id_type.name}' not recorded: {status}")
-        return leased
-
-    async def write(
-        self, name: str, work: Callable[[Any], Awaitable[T]], operation: str
-    ) -> tuple[T, Stamp | None]:
-        """Run ``work(conn)`` in one transaction that ends with the guard (judged against
-        type ``name``'s record), and record its stamp once committed: a promotion that
-        loses the commit is then seen by the fence. (result, stamp); the stamp is None
-        with the guard off. PostgresBehind when the write may be lost: refused twice (a
-        fence ran between), or committed on a history the record no longer follows
-        (the caller does it again later: the work must be harmless to repeat)."""
-        try:
-            return await self._write_once(name, work, operation)
-        except PostgresBehind:
-            await self.fence()
-            return await self._write_once(name, work, operation)
-
-    async def _write_once(
-        self, name: str, work: Callable[[Any], Awaitable[T]], operation: str
-    ) -> tuple[T, Stamp | None]:
-        record = await self.record(name)
-        async with self.cold.connection() as conn, translated(operation), conn.transaction():
-            result = await work(conn)
-            if self._sync is None:
-                return result, None
-            # Last: the clock row's lock is held only while the transaction commits.
-            guard = await conn.fetchrow(fence_sql.GUARD_TAKE, *record.guard_args())
-            if guard is None:
-                raise PostgresBehind(f"{operation} of '{name}' refused by the guard")
-        stamp = Stamp.of(guard)
-        status = await self._sync.of(name).record_write(name, stamp)
-        if status != "ok":
-            raise PostgresBehind(f"{operation} of '{name}' not recorded: {status}")
-        return result, stamp
-
-    async def vouch(self) -> None:
-        """Settle now (a push found the record untrusted): rebuild it if Redis lost it."""
-        await self.fence()
-
-    async def sequence_state(self, id_type: IdType) -> SequenceState:
-        return await self.cold.sequence_state(id_type)
-
-    async def wake_keygen(self, name: str) -> None:
-        await self.cold.wake_keygen(name)

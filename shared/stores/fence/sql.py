@@ -21,45 +21,101 @@ TIMELINE: Final = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)):
 SELECT_DATABASE_IDENTITY: Final = "SELECT " + DATABASE_IDENTITY
 
 # The PostgreSQL fence's guard (docs/reliability.md, "PostgreSQL failover"), the first
-# step of every statement that leases a range or takes a batch. It advances the sync
-# clock and yields its stamp only when this server's history covers the record kept in
-# Redis; otherwise it yields no row and the statement does nothing. The record names a
-# history by (timeline, fork): on the record's own timeline a server passes only with
-# the record's fork (a second server promoted to the same timeline number, or one
-# restored from before a fence, has another) and a clock at least the record's; on a
-# newer timeline only when it forked at or after the record's clock; on an older
-# timeline never (a superseded primary that still takes writes).
-# $1: record timeline, $2: record clock, $3: record fork, $4: 1 when the record needs a
-# vouch (Redis lost it, or has none yet): nothing passes until the fence rebuilds it
-# (VOUCH below, postgres_fence.py); 2 with several key groups (a record per type): the
-# first write on a new timeline does not pass either, so that a new timeline is taken
-# up only by ``settle``, judged against every group's record (one type's write, judged
-# against its own record alone, would otherwise move the clock on past commits the
-# new server lacks of another type); 0 otherwise.
-GUARD: Final = (
-    """
-WITH here AS (SELECT """
-    + TIMELINE
-    + """ AS tl),
-stamp AS (
-    UPDATE kd_sync_clock AS c
-    SET fork = CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END,
-        timeline = here.tl,
-        clock = c.clock + 1
-    FROM here
-    WHERE c.id = 1 AND CASE
-        WHEN $4::int = 1 THEN false
-        WHEN $4::int = 2 AND c.timeline <> here.tl THEN false
+# step of every statement that leases a range or takes a batch, and the last of every
+# ledger transaction. It advances the sync clock and yields its stamp only when this
+# server's history covers the record kept in Redis; otherwise it yields no row and the
+# statement does nothing. The record names a history by (timeline, fork): on the
+# record's own timeline a server passes only with the record's fork (a second server
+# promoted to the same timeline number, or one restored from before a fence, has
+# another) and a clock at least the record's; on a newer timeline only when it forked at
+# or after the record's clock; on an older timeline never (a superseded primary that
+# still takes writes). Every stamp carries the ledger's heads (kd_sync_clock, as
+# ``heads``): a stamp recorded in Redis names the ledger as it was at that clock.
+# $1: record timeline, $2: record clock, $3: record fork, $4: flags (Record.guard_args):
+# 1 when the record needs a vouch (Redis lost it, or has none yet): nothing passes until
+# the fence rebuilds it (VOUCH below, postgres_fence.py); 2 with several key groups (a
+# record per type): the first write on a new timeline does not pass either, so that a
+# new timeline is taken up only by ``settle``, judged against every group's record (one
+# type's write, judged against its own record alone, would otherwise move the clock on
+# past commits the new server lacks of another type); 4 for a ledger transaction: it
+# passes only on the record's own timeline (a promoted server adopts its timeline
+# first: a stamp of the old primary's landing late then fences it, or is refused,
+# instead of the ledger deciding on a history that lacks what was answered).
+_GUARD_WHERE: Final = """WHERE c.id = 1 AND CASE
+        WHEN ($4::int & 1) = 1 THEN false
+        WHEN ($4::int & 2) = 2 AND c.timeline <> here.tl THEN false
+        WHEN ($4::int & 4) = 4 AND here.tl <> $1::bigint THEN false
         WHEN here.tl = $1::bigint THEN c.clock >= $2::bigint
             AND (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) = $3::bigint
         WHEN here.tl > $1::bigint THEN
             (CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END) >= $2::bigint
         ELSE false
-    END
-    RETURNING c.timeline, c.fork, c.clock, c.fences, """
+    END"""
+_STAMP_COLUMNS: Final = (
+    "c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads, "
+    + DATABASE_IDENTITY
+    + " AS database"
+)
+
+
+def _guard(sets: str = "", where: str = "", returning: str = "") -> str:
+    """The guard's CTE (``stamp``), with what a variant sets, checks and returns more."""
+    return (
+        "\nWITH here AS (SELECT "
+        + TIMELINE
+        + """ AS tl),
+stamp AS (
+    UPDATE kd_sync_clock AS c
+    SET fork = CASE WHEN c.timeline <> here.tl THEN c.clock ELSE c.fork END,
+        timeline = here.tl,
+        clock = c.clock + 1"""
+        + sets
+        + "\n    FROM here\n    "
+        + _GUARD_WHERE
+        + where
+        + "\n    RETURNING "
+        + _STAMP_COLUMNS
+        + returning
+        + "\n)"
+    )
+
+
+GUARD: Final = _guard()
+
+# The last statement of every ledger transaction: the guard (always with flag 4), and
+# the lane's chain moved on to this transaction's link. A lane with a restore pending
+# (a fence found its record ahead of this server) passes only for the restore itself,
+# which clears it.
+# $1-$4: the guard's; $5: lane (the key group's namespace), $6: this link's id,
+# $7: true for the restore. One row: the stamp, and ``prev``: the link it follows
+# (kd_sync_clock.ledger_prev is set in the same UPDATE from the row it locked: a
+# concurrent transaction's link, committed while this one waited, is seen). No row:
+# refused (roll back).
+GUARD_LEDGER: Final = (
+    _guard(
+        sets=""",
+        ledger_prev = c.ledger_heads ->> $5::text,
+        ledger_heads = jsonb_set(c.ledger_heads, ARRAY[$5::text], to_jsonb($6::text)),
+        ledger_restore = CASE WHEN $7::bool THEN c.ledger_restore - $5::text
+                              ELSE c.ledger_restore END""",
+        where="\n      AND ($7::bool OR NOT c.ledger_restore ? $5::text)",
+        returning=", c.ledger_prev AS prev",
+    )
+    + "\nSELECT timeline, fork, clock, fences, heads, database, prev FROM stamp\n"
+)
+
+# No parameters. The clock row as LOCK_SYNC_CLOCK has it, unlocked (why a ledger
+# transaction's guard refused; whether a lookup's snapshot is covered by the record).
+SELECT_LEDGER_STATE: Final = (
+    """
+SELECT c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
+       c.ledger_restore::text AS restores, """
+    + TIMELINE
+    + " AS here, "
     + DATABASE_IDENTITY
     + """ AS database
-)"""
+FROM kd_sync_clock AS c WHERE c.id = 1
+"""
 )
 
 
@@ -72,14 +128,15 @@ stamp AS (
 # record per row for nothing). A row is still deleted, and returned, at most once: that
 # is the DELETE's own guarantee.
 # $1-$4: the guard's. One row: the stamp; no row when the guard refused (roll back).
-GUARD_TAKE: Final = GUARD + "\nSELECT timeline, fork, clock, fences, database FROM stamp"
+GUARD_TAKE: Final = GUARD + "\nSELECT timeline, fork, clock, fences, heads, database FROM stamp"
 
 # The fence itself, and the vouch (one transaction each; the row lock makes concurrent
 # fencers and guarded statements wait for it).
 # No parameters. Locks the clock row; the server's timeline and database identity.
 LOCK_SYNC_CLOCK: Final = (
     """
-SELECT c.timeline, c.fork, c.clock, c.fences, """
+SELECT c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
+       c.ledger_restore::text AS restores, """
     + TIMELINE
     + " AS here, "
     + DATABASE_IDENTITY
@@ -100,7 +157,8 @@ FROM (SELECT """
     + TIMELINE
     + """ AS tl) AS here
 WHERE c.id = 1
-RETURNING c.timeline, c.fork, c.clock, c.fences, """
+RETURNING c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
+          c.ledger_restore::text AS restores, """
     + DATABASE_IDENTITY
     + """ AS database
 """
@@ -159,7 +217,7 @@ UPDATE kd_sync_clock
 SET timeline = $1, fork = GREATEST(clock, $2), clock = GREATEST(clock, $2) + 1,
     fences = fences + 1
 WHERE id = 1
-RETURNING timeline, fork, clock, fences, """
+RETURNING timeline, fork, clock, fences, ledger_heads::text AS heads, """
     + DATABASE_IDENTITY
     + """ AS database
 """

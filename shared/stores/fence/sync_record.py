@@ -24,6 +24,7 @@ VOUCH_RECORD = Script("vouch_record", fence_slots, fenced=True)
 RESET_RECORD = Script("reset_record", fence_slots, fenced=True)
 CONFIRM_RECORD = Script("confirm_record", fence_slots, fenced=True)
 HALT_RECORD = Script("halt_record", fence_slots, fenced=True)
+LEDGER_HALT = Script("ledger_halt", fence_slots, fenced=True)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class Record:
     # the mark), the claim may belong to a fence that rolled back.
     claim_fences: int = 0
     strict: bool = False  # not stored: the guard refuses a new timeline (several groups)
+    # The ledger's one history (docs/reliability.md): the newest ledger link the newest
+    # stamp named; the link a fence found this history behind and keysync restores up
+    # to ("": none pending); why the ledger failed closed ("": it did not).
+    head: str = ""
+    restore_from: str = ""
+    ledger_halt: str = ""
 
     @property
     def needs_vouch(self) -> bool:
@@ -52,10 +59,12 @@ class Record:
         judge PostgreSQL until a server that has not forked rebuilds it (VOUCH)."""
         return self.untrusted or self.timeline == 0
 
-    def guard_args(self) -> list[object]:
-        """$1..$4 of the guarded statements in sql.py."""
-        mode = 1 if self.needs_vouch else (2 if self.strict else 0)
-        return [self.timeline, self.clock, self.fork, mode]
+    def guard_args(self, *, ledger: bool = False) -> list[object]:
+        """$1..$4 of the guarded statements in sql.py (``ledger``: a ledger transaction,
+        which passes only on the record's own timeline)."""
+        flags = (1 if self.needs_vouch else 0) | (2 if self.strict else 0)
+        flags |= 4 if ledger else 0
+        return [self.timeline, self.clock, self.fork, flags]
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Record:
@@ -72,6 +81,9 @@ class Record:
             },
             database=fields.get("database", ""),
             claim_fences=int(fields.get("claim_fences", 0)),
+            head=fields.get("head", ""),
+            restore_from=fields.get("restore_from", ""),
+            ledger_halt=fields.get("ledger_halt", ""),
         )
 
 
@@ -101,7 +113,7 @@ class SyncRecord(RedisPort):
             status, _ = await self._run(
                 RECORD_LEASE,
                 fence_slots(self.namespace),
-                [LEASED + name, range_end, *stamp.args()],
+                [LEASED + name, range_end, *stamp.args(self.namespace)],
             )
         return str(status)
 
@@ -116,14 +128,14 @@ class SyncRecord(RedisPort):
             bound, _ = await self._run(BIND_RECORD, fence_slots(self.namespace), [database])
         return str(bound)
 
-    async def vouch(self, stamp: Stamp, leased: dict[str, int]) -> str:
-        """Rebuild a lost record from a server that has not forked (``stamp``) and the
-        highest counters its history leased: 'ok', 'trusted' (already rebuilt),
-        'foreign', 'superseded' or 'halted' (lua/vouch_record.lua)."""
+    async def vouch(self, stamp: Stamp, leased: dict[str, int], restore_to: str = "") -> str:
+        """Rebuild a lost record from a server that has not forked (``stamp``), the
+        highest counters its history leased and the ledger restore it holds pending
+        (``restore_to``): 'ok', 'trusted' (already rebuilt), 'foreign', 'superseded' or
+        'halted' (lua/vouch_record.lua)."""
+        args = [*stamp.args(self.namespace), restore_to, *_pairs(leased)]
         async with self._guard("vouch_record"):
-            status, _ = await self._run(
-                VOUCH_RECORD, fence_slots(self.namespace), [*stamp.args(), *_pairs(leased)]
-            )
+            status, _ = await self._run(VOUCH_RECORD, fence_slots(self.namespace), args)
         return str(status)
 
     async def reset(
@@ -132,13 +144,27 @@ class SyncRecord(RedisPort):
         floors: dict[str, int],
         mode: str = "automatic",
         pending: bool = False,
+        read: Record | None = None,
+        restore_from: str = "",
     ) -> str:
         """A fence claims the record for its server: 'ok', or 'foreign', 'superseded',
-        'moved' (a lease was recorded above ``floors`` since the fence read the record, or
-        Redis lost state meanwhile) with nothing changed (lua/reset_record.lua).
-        ``mode``: 'automatic', 'operator' (fence-postgres), 'take_over' (fence-postgres
-        --take-over: database and timeline are the operator's word)."""
-        args = [*stamp.args(), mode, stamp.fences if pending else 0, *_pairs(floors)]
+        'moved' (a lease was recorded above ``floors``, or a ledger link, since the
+        fence read the record as ``read``, or Redis lost state meanwhile) with nothing changed
+        (lua/reset_record.lua). ``mode``: 'automatic', 'adopt' (a new timeline taken
+        up, nothing fenced: refused when any stamp was recorded since ``read``),
+        'operator' (fence-postgres), 'take_over' (fence-postgres --take-over: database
+        and timeline are the operator's word). ``restore_from``: the ledger link
+        keysync must restore up to (kept when one is pending already)."""
+        seen = read or Record()
+        args = [
+            *stamp.args(self.namespace),
+            mode,
+            stamp.fences if pending else 0,
+            seen.head,
+            restore_from,
+            f"{seen.timeline}/{seen.fork}/{seen.clock}",
+            *_pairs(floors),
+        ]
         async with self._guard("reset_record"):
             status, _ = await self._run(RESET_RECORD, fence_slots(self.namespace), args)
         return str(status)
@@ -152,3 +178,9 @@ class SyncRecord(RedisPort):
     async def halt(self, reason: str) -> None:
         async with self._guard("halt_record"):
             await self._run(HALT_RECORD, fence_slots(self.namespace), [reason])
+
+    async def halt_ledger(self, reason: str) -> None:
+        """The ledger fails closed (``reason``), or with "" resumes: the halt and any
+        pending restore cleared (lua/ledger_halt.lua)."""
+        async with self._guard("ledger_halt"):
+            await self._run(LEDGER_HALT, fence_slots(self.namespace), [reason])

@@ -135,7 +135,7 @@ class HotStore(RedisPort):
             pin,
             round(marker_ttl_s * 1000),
             not_after_ms,
-            *stamp.args(),
+            *stamp.args(self.namespace),
             pack_keys(keys),
         ]
         async with self._guard("push"):

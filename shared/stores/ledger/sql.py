@@ -61,6 +61,18 @@ WHERE l.entry_id <> b.entry_id
 """
 )
 
+# $1-$5: the issue entries (_ISSUE_BATCH). Run after INSERT_LEDGER_ISSUED when it
+# inserted fewer keys than the entries hold: the keys no row holds under their entry
+# (issued twice, or released since): what a restore must not insert (FORCE_ISSUED).
+SELECT_NOT_INSERTED: Final = (
+    "WITH"
+    + _ISSUE_BATCH
+    + """
+SELECT b.key FROM batch AS b
+WHERE NOT EXISTS (SELECT 1 FROM {ledger} AS l WHERE l.key = b.key AND l.entry_id = b.entry_id)
+"""
+)
+
 # $1: id type. Whether any "used" mark waits for its issue row (APPLY_EARLY_MARKS).
 HAS_EARLY_MARKS: Final = "SELECT EXISTS (SELECT 1 FROM kd_ledger_early_marks WHERE id_type = $1)"
 
@@ -80,20 +92,20 @@ UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[]) AS u(key, used_at, client, admin)
 WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
   AND u.used_at >= l.issued_at AND (u.admin OR l.client = u.client)
-RETURNING l.key
+RETURNING l.key, l.used_at, l.used_by
 """
 
 # $1 keys, $2 release times, $3 releasing clients, $4 whether each may release any key
 # (arrays). A key neither used nor released yet, by the client it was issued to (or one
 # with ledger permission), is recorded released (never by a release older than its
-# issue row); returns the keys released now.
+# issue row); returns the keys released now, with what was recorded.
 RELEASE_LEDGER: Final = """
 UPDATE {ledger} AS l SET released_at = u.released_at, released_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[])
     AS u(key, released_at, client, admin)
 WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
   AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
-RETURNING l.key
+RETURNING l.key, l.released_at, l.released_by
 """
 
 # $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4, $6: the release entries (array). A type
@@ -121,14 +133,15 @@ SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, relea
        release_entry
 FROM released
 ON CONFLICT DO NOTHING
-RETURNING key
+RETURNING key, released_at, released_by, release_entry, recorded_at
 """
 
 # $1: id type, $2: seconds. Releases PostgreSQL recorded longer ago than that (its own
 # clock: recorded_at, never the Redis server's released_at) are settled, each once
 # (requeued_at is set in the same statement): the key goes back to the cold table only
-# when no issue of it is live in the ledger (a live one, e.g. an issue applied again
-# after a promotion, keeps it out for good: requeue_discarded). Returns the keys put back.
+# when no issue of it is live in the ledger (a live one keeps it out for good:
+# requeue_discarded). One row per release settled: its key and issue, whether it was
+# discarded, when, and whether the key went back (``back``).
 REQUEUE_RELEASED: Final = """
 WITH due AS (
     UPDATE kd_released_issues AS r
@@ -136,11 +149,16 @@ WITH due AS (
         requeue_discarded = EXISTS (SELECT 1 FROM {ledger} AS l WHERE l.key = r.key)
     WHERE r.id_type = $1 AND r.requeued_at IS NULL
       AND r.recorded_at <= now() - make_interval(secs => $2::double precision)
-    RETURNING r.key, r.requeue_discarded
+    RETURNING r.key, r.entry_id, r.requeue_discarded, r.requeued_at
+),
+back AS (
+    INSERT INTO {cold} (key) SELECT key FROM due WHERE NOT requeue_discarded
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
 )
-INSERT INTO {cold} (key) SELECT key FROM due WHERE NOT requeue_discarded
-ON CONFLICT (key) DO NOTHING
-RETURNING key
+SELECT due.key, due.entry_id, due.requeue_discarded, due.requeued_at,
+       EXISTS (SELECT 1 FROM back WHERE back.key = due.key) AS back
+FROM due
 """
 
 # No parameters. The fence settles every release not requeued yet: the history this
@@ -182,7 +200,7 @@ ON CONFLICT (id_type, key, used_by) DO NOTHING
 # $1: id type, $2: keys whose issue rows were just inserted. Applies, per key, the
 # earliest of the marks that came before them by the client the key was issued to or
 # one with ledger permission (the others are refused), and removes them all. One row:
-# marks found, marks applied.
+# marks found, marks applied, and the marks applied (keys, times, clients).
 APPLY_EARLY_MARKS: Final = """
 WITH early AS (
     DELETE FROM kd_ledger_early_marks AS e
@@ -199,9 +217,12 @@ applied AS (
     UPDATE {ledger} AS l SET used_at = chosen.used_at, used_by = chosen.used_by
     FROM chosen
     WHERE l.key = chosen.key AND l.used_at IS NULL
-    RETURNING l.key
+    RETURNING l.key, l.used_at, l.used_by
 )
-SELECT (SELECT count(*) FROM early) AS found, (SELECT count(*) FROM applied) AS applied
+SELECT (SELECT count(*) FROM early) AS found, (SELECT count(*) FROM applied) AS applied,
+       (SELECT coalesce(array_agg(key), ARRAY[]::text[]) FROM applied) AS keys,
+       (SELECT coalesce(array_agg(used_at), ARRAY[]::timestamptz[]) FROM applied) AS times,
+       (SELECT coalesce(array_agg(used_by), ARRAY[]::text[]) FROM applied) AS clients
 """
 
 # $1: seconds. Marks that waited longer for their issue row than any entry can be
@@ -230,4 +251,140 @@ SELECT_LEDGER_KEY: Final = (
 SELECT_RELEASED_ISSUE: Final = """
 SELECT issued_at, client, released_at, released_by FROM kd_released_issues
 WHERE id_type = $1 AND key = $2 ORDER BY released_at DESC LIMIT 1
+"""
+
+
+# --- the ledger's one history (docs/reliability.md) --------------------------------
+# A ledger transaction's writes, as recorded in the ledger log, are applied again by a
+# restore with the statements below: each writes what the decision wrote, deciding
+# nothing (the rows it finds are the ones the decision found: the restore starts from
+# the link the lost ones followed).
+
+# $1-$5: the issue entries (_ISSUE_BATCH), $6: keys not to insert (SELECT_NOT_INSERTED).
+FORCE_ISSUED: Final = (
+    "WITH"
+    + _ISSUE_BATCH
+    + """
+INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
+SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b
+WHERE NOT (b.key = ANY($6::text[]))
+ON CONFLICT (key) DO NOTHING
+"""
+)
+
+# $1: id type, $2: keys whose issue rows were inserted (their early marks go), $3-$5:
+# the marks applied (keys, times, clients).
+FORCE_EARLY_MARKS_APPLIED: Final = """
+WITH gone AS (
+    DELETE FROM kd_ledger_early_marks WHERE id_type = $1 AND key = ANY($2::text[])
+)
+UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.used_by
+FROM unnest($3::text[], $4::timestamptz[], $5::text[]) AS u(key, used_at, used_by)
+WHERE l.key = u.key
+"""
+
+# $1 keys, $2 use times, $3 clients (arrays): marks of use as they were applied.
+FORCE_USED: Final = """
+UPDATE {ledger} AS l SET used_at = u.used_at, used_by = u.used_by
+FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS u(key, used_at, used_by)
+WHERE l.key = u.key
+"""
+
+# $1 keys, $2 release times, $3 clients (arrays): releases recorded in place.
+FORCE_RELEASED: Final = """
+UPDATE {ledger} AS l SET released_at = u.released_at, released_by = u.released_by
+FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS u(key, released_at, released_by)
+WHERE l.key = u.key
+"""
+
+# $1: id type; $2 keys, $3 release times, $4 clients, $5 release entries, $6 when
+# PostgreSQL recorded each (arrays): issue rows moved to kd_released_issues.
+FORCE_RELEASED_TO_HISTORY: Final = """
+WITH released AS (
+    DELETE FROM {ledger} AS l
+    USING unnest($2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::timestamptz[])
+        AS u(key, released_at, client, entry, recorded_at)
+    WHERE l.key = u.key
+    RETURNING l.key, l.issued_at, l.client, l.idempotency_key, l.entry_id,
+              u.released_at, u.client AS released_by, u.entry AS release_entry, u.recorded_at
+)
+INSERT INTO kd_released_issues
+    (id_type, key, issued_at, client, idempotency_key, entry_id, released_at, released_by,
+     release_entry, recorded_at)
+SELECT $1, key, issued_at, client, idempotency_key, entry_id, released_at, released_by,
+       release_entry, recorded_at
+FROM released
+ON CONFLICT DO NOTHING
+"""
+
+# $1: id type; $2 keys, $3 their issues' entries, $4 whether discarded, $5 when
+# (arrays): releases settled by a requeue. The key is not put back in the cold table:
+# a restore follows a fence, which discarded the cold tier.
+FORCE_REQUEUED: Final = """
+UPDATE kd_released_issues AS r
+SET requeued_at = u.requeued_at, requeue_discarded = u.discarded
+FROM unnest($2::text[], $3::text[], $4::bool[], $5::timestamptz[])
+    AS u(key, entry_id, discarded, requeued_at)
+WHERE r.id_type = $1 AND r.key = u.key AND r.entry_id = u.entry_id
+"""
+
+# $1: id type, $2 entries, $3 outcomes (arrays). The outcome of each status change a
+# client waits for, decided once (a restore's wins: it is the one answered).
+INSERT_OUTCOMES: Final = """
+INSERT INTO kd_outcomes (id_type, entry_id, outcome)
+SELECT $1, * FROM unnest($2::text[], $3::text[])
+ON CONFLICT (id_type, entry_id) DO NOTHING
+"""
+FORCE_OUTCOMES: Final = """
+INSERT INTO kd_outcomes (id_type, entry_id, outcome)
+SELECT $1, * FROM unnest($2::text[], $3::text[])
+ON CONFLICT (id_type, entry_id) DO UPDATE SET outcome = EXCLUDED.outcome
+"""
+
+# $1: id type, $2: entries. The outcomes decided already (an entry applied again).
+SELECT_OUTCOMES: Final = """
+SELECT entry_id, outcome FROM kd_outcomes WHERE id_type = $1 AND entry_id = ANY($2::text[])
+"""
+
+# $1: link id, $2: lane, $3: the link it follows (null: the lane's first).
+INSERT_LINK: Final = """
+INSERT INTO kd_chain_links (id, lane, prev) VALUES ($1::uuid, $2, $3::uuid)
+ON CONFLICT (id) DO NOTHING
+"""
+
+# $1: link ids, $2: lane, $3: the links they follow (arrays): links a restore applied.
+INSERT_LINKS: Final = """
+INSERT INTO kd_chain_links (id, lane, prev)
+SELECT u.id, $2, u.prev FROM unnest($1::uuid[], $3::uuid[]) AS u(id, prev)
+ON CONFLICT (id) DO NOTHING
+"""
+
+# $1: link id. Whether this history holds it.
+HOLDS_LINK: Final = "SELECT EXISTS (SELECT 1 FROM kd_chain_links WHERE id = $1::uuid)"
+
+# $1: link ids. Those this history holds.
+SELECT_HELD_LINKS: Final = "SELECT id::text FROM kd_chain_links WHERE id = ANY($1::uuid[])"
+
+# $1: lane, $2: link. In a fence's transaction: the lane's ledger waits for a restore up
+# to the link (one pending already is kept: nothing was restored since).
+MARK_RESTORE: Final = """
+UPDATE kd_sync_clock
+SET ledger_restore = jsonb_set(ledger_restore, ARRAY[$1::text], to_jsonb($2::text))
+WHERE id = 1 AND NOT ledger_restore ? $1::text
+"""
+
+# $1: lane. Clears a lane's pending restore (an operator accepting what the log lost).
+CLEAR_RESTORE: Final = (
+    "UPDATE kd_sync_clock SET ledger_restore = ledger_restore - $1::text WHERE id = 1"
+)
+
+# $1: seconds. Links and outcomes older than that (never a lane's newest link: a fence
+# asks whether this history holds it).
+PRUNE_LINKS: Final = """
+DELETE FROM kd_chain_links
+WHERE applied_at < now() - make_interval(secs => $1::double precision)
+  AND NOT id::text IN (SELECT value FROM kd_sync_clock, jsonb_each_text(ledger_heads))
+"""
+PRUNE_OUTCOMES: Final = """
+DELETE FROM kd_outcomes WHERE decided_at < now() - make_interval(secs => $1::double precision)
 """

@@ -1,24 +1,49 @@
-"""The ledger stream in Redis: issued keys (appended by the pop scripts) and "used"
-events, drained into PostgreSQL by keysync through a consumer group."""
+"""The ledger in Redis: the stream of entries (issued keys, appended by the pop scripts;
+marks of use and releases), drained into PostgreSQL by keysync through a consumer
+group; and the ledger log, what each ledger transaction wrote, kept for a restore
+(docs/reliability.md, "The ledger's one history")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ResponseError
 
 from shared.domain import redis_keys
 from shared.domain.config import Settings
+from shared.domain.tiers import Stamp
 from shared.stores.redis.endpoint import RedisEndpoint
-from shared.stores.redis.scripts import RedisPort, Script
+from shared.stores.redis.scripts import RedisPort, Script, fence_slots
 
-# The stream's own scripts: its keys only, no fence.
-LEDGER_ACK = Script(
-    "ledger_ack",
-    lambda ns: [redis_keys.ledger_stream_key(ns), redis_keys.ledger_retained_key(ns)],
-    fenced=False,
+# A committed ledger transaction acknowledged: its stamp recorded, its outcomes
+# published, its entries acknowledged, the log trimmed. Fenced: it records a stamp.
+LEDGER_CONFIRM = Script(
+    "ledger_confirm",
+    lambda ns: [
+        *fence_slots(ns),
+        redis_keys.ledger_stream_key(ns),
+        redis_keys.ledger_log_key(ns),
+    ],
+    fenced=True,
 )
+# How long the outcome of a status change is kept for the client waiting for it (it
+# waits dispenser.mosip.ledger_wait_s at most; a retry is answered from kd_outcomes).
+OUTCOME_TTL_S = 3_600
+
+
+@dataclass(frozen=True)
+class Link:
+    """One ledger transaction as the log holds it: its id, the link it follows ("": the
+    lane's first) and what it wrote (``shared.stores.ledger.table.Applied.ops``)."""
+
+    id: str
+    prev: str
+    ops: list[dict[str, Any]]
+
+
 FORGET_CONSUMER = Script(
     "forget_consumer",
     lambda ns, consumer: [
@@ -41,14 +66,21 @@ class LedgerStream(RedisPort):
         return cls(RedisEndpoint.from_settings(settings), settings.redis_key_namespace)
 
     async def record_used(
-        self, name: str, keys: Sequence[str], client: str, admin: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        reply: bool = False,
     ) -> str:
         """Append a "used" event to the stream (applied by keysync's drain); its entry ID.
 
         The drain applies it only to keys issued to ``client``, unless ``admin`` (the
         client has ledger permission), and records ``client`` as who marked each key.
+        With ``reply`` (one key: a status change a client waits for) the drain decides
+        its outcome once and publishes it (``outcome``).
         """
-        return await self._record("used", name, keys, client, admin)
+        return await self._record("used", name, keys, client, admin, reply=reply)
 
     async def record_released(
         self,
@@ -57,6 +89,7 @@ class LedgerStream(RedisPort):
         client: str,
         admin: bool = False,
         forget: Sequence[tuple[str, str]] = (),
+        reply: bool = False,
     ) -> str:
         """Append a "release" event: keys ``client`` gives back unused (applied, as a
         mark of use is, only to keys issued to it unless ``admin``); its entry ID.
@@ -65,7 +98,16 @@ class LedgerStream(RedisPort):
         records go in the same step, so a retry of the first request never gets back a
         key given back (and perhaps issued again since): it is answered afresh."""
         records = [redis_keys.idempotency_key(self.namespace, c, k) for c, k in forget]
-        return await self._record("release", name, keys, client, admin, records)
+        return await self._record("release", name, keys, client, admin, records, reply)
+
+    async def outcome(self, name: str, entry: str) -> str | None:
+        """The outcome decided for the status change recorded as ``entry`` (None: not
+        decided yet)."""
+        async with self._guard("ledger_outcome"):
+            found = await (await self._endpoint.client()).get(
+                redis_keys.ledger_outcome_key(self.namespace, entry)
+            )
+        return None if found is None else _entry_id(found)
 
     async def _record(
         self,
@@ -75,10 +117,13 @@ class LedgerStream(RedisPort):
         client: str,
         admin: bool,
         forget: Sequence[str] = (),
+        reply: bool = False,
     ) -> str:
         fields: dict[Any, Any] = {"op": op, "type": name, "keys": " ".join(keys), "clients": client}
         if admin:
             fields["admin"] = "1"
+        if reply:
+            fields["reply"] = "1"
         stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard(f"record_{op}"):
             client_ = await self._endpoint.client()
@@ -218,43 +263,88 @@ class LedgerStream(RedisPort):
             if "BUSYGROUP" not in str(race):  # another keysync just created it
                 raise
 
-    async def ack(self, entry_ids: Sequence[str], retain_ms: int = 0) -> None:
-        """Acknowledge and delete applied entries, so the stream only holds the backlog;
-        each is kept ``retain_ms`` in the retained stream (``lua/ledger_ack.lua``)."""
-        if not entry_ids:
-            return
-        keys = LEDGER_ACK.keys(self.namespace)
+    async def add_link(self, link: str, prev: str, ops: list[dict[str, Any]]) -> None:
+        """Copy a ledger transaction's writes to the log, before it commits (its
+        guard holds the clock row's lock meanwhile): a link a restore may need is always
+        there once committed."""
+        fields: dict[Any, Any] = {
+            "id": link,
+            "prev": prev,
+            "ops": json.dumps(ops, separators=(",", ":")),
+        }
+        async with self._guard("ledger_log"):
+            await (await self._endpoint.client()).xadd(
+                redis_keys.ledger_log_key(self.namespace), fields
+            )
+
+    async def confirm_link(
+        self,
+        stamp: Stamp,
+        outcomes: dict[str, str],
+        entry_ids: Sequence[str],
+        retain_ms: int,
+        restored: str = "",
+    ) -> str:
+        """A committed ledger transaction (``stamp`` names its link): its stamp
+        recorded, its outcomes published, its entries acknowledged and deleted, the log
+        trimmed (lua/ledger_confirm.lua). 'ok', or why the stamp was refused."""
+        pairs = [item for pair in outcomes.items() for item in pair]
+        args = [
+            LEDGER_GROUP,
+            retain_ms,
+            redis_keys.ledger_outcome_key(self.namespace, ""),
+            OUTCOME_TTL_S,
+            *stamp.args(self.namespace),
+            restored,
+            len(outcomes),
+            *pairs,
+            *entry_ids,
+        ]
+        async with self._guard("ledger_confirm"):
+            status, _ = await self._run(LEDGER_CONFIRM, LEDGER_CONFIRM.keys(self.namespace), args)
+        return str(status)
+
+    async def acknowledge(self, outcomes: dict[str, str], entry_ids: Sequence[str]) -> None:
+        """With the PostgreSQL fence switched off (a drill's control): publish the
+        outcomes and acknowledge the entries, with no stamp and no log."""
+        stream = redis_keys.ledger_stream_key(self.namespace)
         async with self._guard("ledger_ack"):
-            await self._run(LEDGER_ACK, keys, [LEDGER_GROUP, retain_ms, *entry_ids])
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=True) as pipe:
+                for entry, outcome in outcomes.items():
+                    key = redis_keys.ledger_outcome_key(self.namespace, entry)
+                    pipe.set(key, outcome, nx=True, ex=OUTCOME_TTL_S)
+                if entry_ids:
+                    pipe.xack(stream, LEDGER_GROUP, *entry_ids)
+                    pipe.xdel(stream, *entry_ids)
+                await pipe.execute()
 
-    async def retained(self, after: str, count: int) -> list[tuple[str, LedgerEntry]]:
-        """Up to ``count`` retained entries after the retained stream's ID ``after``
-        ("-": from the oldest): (its ID there, the entry with its own ID and fields)."""
-        start = "-" if after == "-" else f"({after}"
-        async with self._guard("ledger_retained"):
-            found: Any = await (await self._endpoint.client()).xrange(
-                redis_keys.ledger_retained_key(self.namespace), start, "+", count=count
-            )
-        kept = []
-        for kept_id, raw in found:
-            fields = {str(k): str(v) for k, v in dict(raw or {}).items()}
-            own = fields.pop("id", "")
-            kept.append((_entry_id(kept_id), (own, fields)))
-        return kept
+    async def links_newest_first(self, chunk: int = 200) -> AsyncIterator[Link]:
+        """Every link the log holds, newest first."""
+        log = redis_keys.ledger_log_key(self.namespace)
+        end = "+"
+        while True:
+            async with self._guard("ledger_log_read"):
+                found: Any = await (await self._endpoint.client()).xrevrange(
+                    log, end, "-", count=chunk
+                )
+            for _, raw in found:
+                fields = {_entry_id(k): _entry_id(v) for k, v in dict(raw or {}).items()}
+                yield Link(
+                    fields.get("id", ""),
+                    fields.get("prev", ""),
+                    json.loads(fields.get("ops", "[]")),
+                )
+            if len(found) < chunk:
+                return
+            end = f"({_entry_id(found[-1][0])}"
 
-    async def replayed_fences(self) -> int | None:
-        """The fence count up to which retained entries were applied again (None:
-        never recorded here)."""
-        async with self._guard("ledger_replayed"):
-            found = await (await self._endpoint.client()).get(
-                redis_keys.ledger_replayed_key(self.namespace)
-            )
-        return None if found is None else int(found)
-
-    async def set_replayed(self, fences: int) -> None:
-        async with self._guard("ledger_replayed"):
-            await (await self._endpoint.client()).set(
-                redis_keys.ledger_replayed_key(self.namespace), fences
+    async def forget_retired(self) -> None:
+        """Delete what earlier versions kept (redis_keys.ledger_retired_keys)."""
+        async with self._guard("ledger_retired"):
+            await (await self._endpoint.client()).delete(
+                redis_keys.ledger_retained_key(self.namespace),
+                redis_keys.ledger_replayed_key(self.namespace),
             )
 
     async def backlog(self, name: str = "") -> int:

@@ -1,28 +1,31 @@
-"""The audit ledger: which key was issued when, to which client, and when it was used.
+"""The ledger in PostgreSQL: which key was issued when, to which client, its status.
 
 Dispensers never write PostgreSQL. The pop script appends an "issue" entry to a Redis
-stream in the same atomic step that takes the keys, and mark-used appends a "used"
-entry; keysync drains the stream into per-type ledger tables in batches, and
-acknowledges (then deletes) entries only after their transaction commits.
-A redelivered entry is recognised by its stream ID; any other key issued twice hits the
-table's primary key and raises the duplicate alarm (metric + error log).
+stream in the same atomic step that takes the keys, and a mark of use or a release
+appends its own entry; keysync applies the stream to per-type ledger tables in batches
+(``keysync/ledger.py``), one ledger transaction per batch.
 
-A "release" entry (MOSIP's UNASSIGNED) records a key given back unused; for a type
-with ``reissue_released`` its issue row moves to ``kd_released_issues``, and the key
-goes back to the cold table, once, when the release is older than the type's
-``reissue_after_s`` (``requeue_released``). A mark of use or a release applies only to
-an issue row older than itself: an entry applied again (redelivered) after its key was
-given back and issued again does nothing to the new issue.
+Each transaction decides once (``apply``) and returns what it wrote as operations
+(``Applied.ops``): they are copied to the ledger log before the transaction commits,
+and a restore after a PostgreSQL promotion writes them again as they are
+(``apply_ops``), deciding nothing. The outcome of a status change a client waits for
+(MOSIP's PUT, an entry with ``reply``) is written beside it (``kd_outcomes``) and is
+the answer whenever the entry is applied again.
 
-Applying is order-independent: two keysyncs (or one restarted, whose pending entries
-another claims) may apply a key's "used" entry before its "issue" entry. Such a mark
-waits in ``kd_ledger_early_marks`` and is applied in the transaction that inserts the
-issue row; drains take one advisory lock, so the two never miss each other.
+A redelivered issue is recognised by its stream entry ID; any other key issued twice
+hits the table's primary key and raises the duplicate alarm (metric + error log). A
+"release" entry records a key given back unused; for a type with ``reissue_released``
+its issue row moves to ``kd_released_issues``, and the key goes back to the cold table,
+once, when the release is older than the type's ``reissue_after_s`` (``requeue``). A
+mark of use or a release applies only to an issue row older than itself.
+
+Applying is order-independent: a "used" entry applied before its "issue" entry (two
+keysyncs) waits in ``kd_ledger_early_marks`` and is applied in the transaction that
+inserts the issue row; drains take one advisory lock, so the two never miss each other.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -32,14 +35,12 @@ from typing import Any
 import asyncpg
 
 from shared.domain.apikeys import ANONYMOUS
-from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import KeyStatus, Stamp
-from shared.stores.fence.postgres_fence import GuardedCold
+from shared.domain.outcomes import outcome_of
+from shared.domain.tiers import KeyStatus
 from shared.stores.ledger import sql as ledger_sql
-from shared.stores.ledger.stream import LedgerEntry, LedgerStream
+from shared.stores.ledger.stream import LedgerEntry
 from shared.stores.postgres import sql
-from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ log = logging.getLogger(__name__)
 def entry_time(entry_id: str) -> datetime:
     """A stream entry ID starts with the Redis server's clock in milliseconds."""
     return datetime.fromtimestamp(int(entry_id.split("-", 1)[0]) / 1000, UTC)
+
+
+def _ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 @dataclass
@@ -76,12 +85,24 @@ class Used:
     entries: list[str] = field(default_factory=list)  # the stream entry of each mark
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A status change a client waits for the outcome of (``reply`` in its entry)."""
+
+    entry: str
+    op: str  # "used" or "release"
+    key: str
+    client: str
+    admin: bool
+
+
 @dataclass
 class Batch:
     issued: dict[str, Issued] = field(default_factory=lambda: defaultdict(Issued))
     used: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
     released: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
     reissue: set[str] = field(default_factory=set)  # types whose released keys go back
+    replies: dict[str, list[Reply]] = field(default_factory=lambda: defaultdict(list))
     duplicates: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     skipped: int = 0
 
@@ -98,34 +119,58 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
             batch.skipped += 1
             log.warning("ledger_entry_skipped", extra={"entry": entry_id, "id_type": name})
             continue
-        when = entry_time(entry_id)
         if op in ("used", "release"):
-            used = batch.used[name] if op == "used" else batch.released[name]
-            if op == "release" and id_type.config.reissue_released:
-                batch.reissue.add(name)
-            used.keys.extend(keys)
-            used.times.extend([when] * len(keys))
-            used.clients.extend([fields.get("clients") or ANONYMOUS] * len(keys))
-            used.admin.extend([fields.get("admin") == "1"] * len(keys))
-            used.entries.extend([entry_id] * len(keys))
+            _add_mark(batch, name, op, entry_id, fields, keys, id_type)
             continue
-        clients = fields.get("clients") or ANONYMOUS
-        held = seen[name]
-        fresh = set(keys)
-        if len(fresh) != len(keys) or not held.isdisjoint(fresh):
-            keys, clients = _without_repeats(keys, clients, held, batch.duplicates[name])
-            fresh = set(keys)
-        held |= fresh
-        if not keys:
-            continue
-        issued = batch.issued[name]
-        issued.keys.append(" ".join(keys))
-        issued.times.append(when)
-        issued.clients.append(clients)
-        issued.idempotency_keys.append(fields.get("idem") or None)
-        issued.entries.append(entry_id)
-        issued.count += len(keys)
+        _add_issue(batch, name, entry_id, fields, keys, seen[name])
     return batch
+
+
+def _add_mark(
+    batch: Batch,
+    name: str,
+    op: str,
+    entry_id: str,
+    fields: dict[str, str],
+    keys: list[str],
+    id_type: IdType,
+) -> None:
+    used = batch.used[name] if op == "used" else batch.released[name]
+    if op == "release" and id_type.config.reissue_released:
+        batch.reissue.add(name)
+    client, admin = fields.get("clients") or ANONYMOUS, fields.get("admin") == "1"
+    if fields.get("reply") == "1" and len(keys) == 1:
+        batch.replies[name].append(Reply(entry_id, op, keys[0], client, admin))
+    used.keys.extend(keys)
+    used.times.extend([entry_time(entry_id)] * len(keys))
+    used.clients.extend([client] * len(keys))
+    used.admin.extend([admin] * len(keys))
+    used.entries.extend([entry_id] * len(keys))
+
+
+def _add_issue(
+    batch: Batch,
+    name: str,
+    entry_id: str,
+    fields: dict[str, str],
+    keys: list[str],
+    held: set[str],
+) -> None:
+    clients = fields.get("clients") or ANONYMOUS
+    fresh = set(keys)
+    if len(fresh) != len(keys) or not held.isdisjoint(fresh):
+        keys, clients = _without_repeats(keys, clients, held, batch.duplicates[name])
+        fresh = set(keys)
+    held |= fresh
+    if not keys:
+        return
+    issued = batch.issued[name]
+    issued.keys.append(" ".join(keys))
+    issued.times.append(entry_time(entry_id))
+    issued.clients.append(clients)
+    issued.idempotency_keys.append(fields.get("idem") or None)
+    issued.entries.append(entry_id)
+    issued.count += len(keys)
 
 
 def _without_repeats(
@@ -147,54 +192,140 @@ def _without_repeats(
     return kept, " ".join(kept_names)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Applied:
-    issued: int
-    used: int
-    duplicates: dict[str, list[str]]
-    used_unknown: int  # marks of keys not (yet) issued: they wait for their issue row
+    issued: int = 0
+    used: int = 0
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+    used_unknown: int = 0  # marks of keys not (yet) issued: they wait for their issue row
     used_refused: int = 0  # marks by a client the key was not issued to (not applied)
     released: int = 0  # keys given back (and put back in the cold tier when reissued)
-    replayed: int = 0  # retained entries applied again after a PostgreSQL fence
+    restored: int = 0  # ledger links a restore wrote again after a PostgreSQL fence
+    # What the transaction wrote, in order, as ``apply_ops`` writes it again (the log).
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    # The outcome of each status change a client waits for: entry -> OUTCOMES.
+    outcomes: dict[str, str] = field(default_factory=dict)
 
 
-# The advisory lock every ledger drain takes in its transaction ("kdlg").
+# The advisory lock every ledger transaction takes ("kdlg").
 LEDGER_LOCK = 0x6B64_6C67
 
 
 async def apply(conn: asyncpg.Connection, batch: Batch) -> Applied:
-    """Write one batch in the caller's transaction: issues first (with any marks that
+    """Decide one batch in the caller's transaction: issues first (with any marks that
     came before them), then uses and releases (a mark of a key not issued yet waits for
-    it); marks of one key in the batch in stream order (``in_stream_order``). Across
-    batches the first mark applied wins: with one keysync that is stream order, with
-    two it is the order their batches commit in."""
+    it); marks of one key in the batch in stream order (``in_stream_order``); a status
+    change decided before (its outcome is in kd_outcomes) is not applied again. Returns
+    what was written (``Applied.ops``) and each status change's outcome."""
     alone = bool(batch.used or batch.released)
     await conn.execute(
         ledger_sql.LOCK_LEDGER if alone else ledger_sql.LOCK_LEDGER_SHARED, LEDGER_LOCK
     )
-    issued = used = unknown = refused = 0
-    duplicates = {name: list(keys) for name, keys in batch.duplicates.items()}
+    done = Applied(duplicates={name: list(keys) for name, keys in batch.duplicates.items()})
+    decided = await _decided(conn, batch)
     for name, rows in batch.issued.items():
-        statement = sql.for_type(ledger_sql.INSERT_LEDGER_ISSUED, name)
-        inserted = int(await conn.fetchval(statement, *rows.arrays(), name))
-        issued += inserted
-        if await conn.fetchval(ledger_sql.HAS_EARLY_MARKS, name):
-            early = await _apply_early_marks(conn, name, set(rows.all_keys()))
-            used, refused = used + early[1], refused + early[0] - early[1]
-        if inserted < rows.count:  # redelivered, applied again, or issued twice
-            twice = sql.for_type(ledger_sql.SELECT_ISSUED_TWICE, name)
-            found = await conn.fetch(twice, *rows.arrays(), name)
-            duplicates.setdefault(name, []).extend(r["key"] for r in found)
-    released = 0
+        await _issue(conn, name, rows, done)
     for name in {**batch.used, **batch.released}:
-        for op, marks in in_stream_order(batch.used.get(name), batch.released.get(name)):
-            if op == "release":
-                released += await _release(conn, name, marks, reissue=name in batch.reissue)
-                continue
-            counts = await _mark_used(conn, name, marks)
-            used, unknown, refused = used + counts[0], unknown + counts[1], refused + counts[2]
-    dups = {k: v for k, v in duplicates.items() if v}
-    return Applied(issued, used, dups, unknown, refused, released)
+        await _marks(conn, batch, name, decided.get(name, {}), done)
+    for name, replies in batch.replies.items():
+        await _decide(conn, name, replies, decided.get(name, {}), done)
+    done.duplicates = {k: v for k, v in done.duplicates.items() if v}
+    return done
+
+
+async def _decided(conn: asyncpg.Connection, batch: Batch) -> dict[str, dict[str, str]]:
+    """The outcomes decided before of the batch's status changes, per type."""
+    found: dict[str, dict[str, str]] = {}
+    for name, replies in batch.replies.items():
+        rows = await conn.fetch(ledger_sql.SELECT_OUTCOMES, name, [r.entry for r in replies])
+        if rows:
+            found[name] = {str(r["entry_id"]): str(r["outcome"]) for r in rows}
+    return found
+
+
+async def _issue(conn: asyncpg.Connection, name: str, rows: Issued, done: Applied) -> None:
+    inserted = int(
+        await conn.fetchval(
+            sql.for_type(ledger_sql.INSERT_LEDGER_ISSUED, name), *rows.arrays(), name
+        )
+    )
+    done.issued += inserted
+    skipped: list[str] = []
+    if inserted < rows.count:  # redelivered, released since, or issued twice
+        found = await conn.fetch(sql.for_type(ledger_sql.SELECT_NOT_INSERTED, name), *rows.arrays())
+        skipped = [r["key"] for r in found]
+        twice = await conn.fetch(
+            sql.for_type(ledger_sql.SELECT_ISSUED_TWICE, name), *rows.arrays(), name
+        )
+        done.duplicates.setdefault(name, []).extend(r["key"] for r in twice)
+    done.ops.append(
+        {
+            "op": "issue",
+            "type": name,
+            "keys": rows.keys,
+            "times": [_ms(t) for t in rows.times],
+            "clients": rows.clients,
+            "idem": rows.idempotency_keys,
+            "entries": rows.entries,
+            "skip": skipped,
+        }
+    )
+    if await conn.fetchval(ledger_sql.HAS_EARLY_MARKS, name):
+        await _apply_early_marks(conn, name, set(rows.all_keys()) - set(skipped), done)
+
+
+async def _apply_early_marks(
+    conn: asyncpg.Connection, name: str, inserted: set[str], done: Applied
+) -> None:
+    """Marks that waited for these new issue rows: the first of each key's by its
+    client (or one with ledger permission) is applied, the others refused."""
+    if not inserted:
+        return
+    keys = sorted(inserted)
+    row = await conn.fetchrow(sql.for_type(ledger_sql.APPLY_EARLY_MARKS, name), name, keys)
+    assert row is not None
+    found, applied = int(row["found"]), int(row["applied"])
+    done.used += applied
+    done.used_refused += found - applied
+    if found:
+        done.ops.append(
+            {
+                "op": "early",
+                "type": name,
+                "keys": keys,
+                "applied": [
+                    list(row["keys"]),
+                    [_ms(t) for t in row["times"]],
+                    list(row["clients"]),
+                ],
+            }
+        )
+
+
+async def _marks(
+    conn: asyncpg.Connection, batch: Batch, name: str, decided: dict[str, str], done: Applied
+) -> None:
+    """One type's uses and releases, in stream order where a key is marked twice."""
+    used, released = (
+        _undecided(batch.used.get(name), decided),
+        _undecided(batch.released.get(name), decided),
+    )
+    replies = {reply.entry for reply in batch.replies.get(name, ())}
+    for op, marks in in_stream_order(used, released):
+        if not marks.keys:
+            continue
+        if op == "release":
+            done.released += await _release(conn, name, marks, name in batch.reissue, done)
+        else:
+            await _mark_used(conn, name, marks, replies, done)
+
+
+def _undecided(marks: Used | None, decided: dict[str, str]) -> Used | None:
+    """The marks whose entry was not decided before (a status change applied again
+    keeps its first outcome, and is not applied again)."""
+    if marks is None or not decided:
+        return marks
+    return _picked(marks, [i for i, entry in enumerate(marks.entries) if entry not in decided])
 
 
 def _entry_order(entry: str) -> tuple[int, int]:
@@ -217,10 +348,7 @@ def in_stream_order(used: Used | None, released: Used | None) -> list[tuple[str,
     a key wins, whatever the batch's bounds. A key marked once goes in the bulk
     statements (uses, then releases); a key marked more than once in the batch (a use
     and a release, or two of either) gets one statement per mark, in stream order, as
-    batches of their own would have applied them (a replay after a fence applies in
-    other bounds than the first drain did). Across batches the first applied wins: with
-    two keysyncs that is their commit order, which a replay in the retained stream's
-    (acknowledgement) order need not repeat."""
+    batches of their own would have applied them."""
     marks = {"used": used or Used(), "release": released or Used()}
     seen: Counter[str] = Counter(key for each in marks.values() for key in each.keys)
     bulk: list[tuple[str, Used]] = []
@@ -235,77 +363,97 @@ def in_stream_order(used: Used | None, released: Used | None) -> list[tuple[str,
     return bulk + [(op, mark) for *_, op, mark in sorted(one_by_one, key=lambda m: m[:2])]
 
 
-async def _mark_used(conn: asyncpg.Connection, name: str, marks: Used) -> tuple[int, int, int]:
-    """Apply use marks: (applied, waiting for their issue, refused)."""
-    updated = {
-        r["key"]
-        for r in await conn.fetch(
-            sql.for_type(ledger_sql.UPDATE_LEDGER_USED, name),
-            marks.keys,
-            marks.times,
-            marks.clients,
-            marks.admin,
-        )
-    }
+async def _mark_used(
+    conn: asyncpg.Connection, name: str, marks: Used, replies: set[str], done: Applied
+) -> None:
+    """Apply use marks; a mark of a key with no issue row yet waits for it, but for a
+    status change a client waits for (``replies``): it is answered now."""
+    rows = await conn.fetch(
+        sql.for_type(ledger_sql.UPDATE_LEDGER_USED, name),
+        marks.keys,
+        marks.times,
+        marks.clients,
+        marks.admin,
+    )
+    updated = {r["key"] for r in rows}
     missing, foreign = await _not_marked(conn, name, marks, updated)
-    await _keep_early_marks(conn, name, marks, missing)
-    return len(updated), len(missing), len(foreign)
+    waiting = _early_marks(marks, missing, replies)
+    if waiting.keys:
+        await conn.execute(
+            ledger_sql.INSERT_EARLY_MARKS,
+            name,
+            waiting.keys,
+            waiting.times,
+            waiting.clients,
+            waiting.admin,
+        )
+    done.used += len(updated)
+    done.used_unknown += len(missing)
+    done.used_refused += len(foreign)
+    done.ops.append(
+        {
+            "op": "used",
+            "type": name,
+            "applied": [
+                [r["key"] for r in rows],
+                [_ms(r["used_at"]) for r in rows],
+                [r["used_by"] for r in rows],
+            ],
+            "waiting": [
+                waiting.keys,
+                [_ms(t) for t in waiting.times],
+                waiting.clients,
+                waiting.admin,
+            ],
+        }
+    )
 
 
-async def _release(conn: asyncpg.Connection, name: str, marks: Used, *, reissue: bool) -> int:
+async def _release(
+    conn: asyncpg.Connection, name: str, marks: Used, reissue: bool, done: Applied
+) -> int:
     """Record keys given back (issued, neither used nor released, by their client or one
     with ledger permission); with ``reissue`` their issue rows move to
-    kd_released_issues, from which ``requeue_released`` puts them back later."""
+    kd_released_issues, from which ``requeue`` puts them back later."""
     arrays = (marks.keys, marks.times, marks.clients, marks.admin)
     if reissue:
         statement = sql.for_type(ledger_sql.RELEASE_TO_HISTORY, name)
         rows = await conn.fetch(statement, name, *arrays, marks.entries)
+        written = [
+            [r["key"] for r in rows],
+            [_ms(r["released_at"]) for r in rows],
+            [r["released_by"] for r in rows],
+            [r["release_entry"] for r in rows],
+            [_ms(r["recorded_at"]) for r in rows],
+        ]
     else:
         rows = await conn.fetch(sql.for_type(ledger_sql.RELEASE_LEDGER, name), *arrays)
-    done = {r["key"] for r in rows}
-    if done:
+        written = [
+            [r["key"] for r in rows],
+            [_ms(r["released_at"]) for r in rows],
+            [r["released_by"] for r in rows],
+        ]
+    done.ops.append({"op": "release", "type": name, "history": reissue, "rows": written})
+    released = {r["key"] for r in rows}
+    if released:
         log.info(
             "keys_released",
-            extra={"id_type": name, "count": len(done), "to_be_reissued": reissue},
+            extra={"id_type": name, "count": len(released), "to_be_reissued": reissue},
         )
-    rest = sorted(set(marks.keys) - done)
+    rest = sorted(set(marks.keys) - released)
     if rest:  # used or released already, another client's, or never issued
         log.warning("release_not_applied", extra={"id_type": name, "keys": rest[:10]})
-    return len(done)
+    return len(released)
 
 
-async def _apply_early_marks(
-    conn: asyncpg.Connection, name: str, inserted: set[str]
-) -> tuple[int, int]:
-    """(found, applied): marks that waited for these new issue rows."""
-    if not inserted:
-        return 0, 0
-    row = await conn.fetchrow(
-        sql.for_type(ledger_sql.APPLY_EARLY_MARKS, name), name, sorted(inserted)
-    )
-    assert row is not None
-    return int(row["found"]), int(row["applied"])
-
-
-async def _keep_early_marks(
-    conn: asyncpg.Connection, name: str, marks: Used, missing: set[str]
-) -> None:
-    """Marks of keys with no issue row yet: kept until it comes (each marker's first)."""
-    if not missing:
-        return
+def _early_marks(marks: Used, missing: set[str], replies: set[str]) -> Used:
+    """Marks of keys with no issue row yet, kept until it comes (each marker's first;
+    never a status change a client waits for: it was answered)."""
     first: dict[tuple[str, str], int] = {}
     for i, (key, client) in enumerate(zip(marks.keys, marks.clients, strict=True)):
-        if key in missing:
+        if key in missing and marks.entries[i] not in replies:
             first.setdefault((key, client), i)
-    rows = list(first.values())
-    await conn.execute(
-        ledger_sql.INSERT_EARLY_MARKS,
-        name,
-        [marks.keys[i] for i in rows],
-        [marks.times[i] for i in rows],
-        [marks.clients[i] for i in rows],
-        [marks.admin[i] for i in rows],
-    )
+    return _picked(marks, list(first.values()))
 
 
 async def _not_marked(
@@ -344,188 +492,167 @@ async def _not_marked(
     return missing, foreign
 
 
-def not_issued(name: str, key: str) -> dict[str, Any]:
-    """The lookup answer for a key the ledger holds no issue of."""
-    return {"id_type": name, "key": key, "issued": False, "used": False}
+# --- outcomes of status changes -----------------------------------------------------
 
 
-class LedgerReader:
-    """Lookups for the dispenser's GET route: a small pool, opened on first use."""
+async def _decide(
+    conn: asyncpg.Connection,
+    name: str,
+    replies: list[Reply],
+    decided: dict[str, str],
+    done: Applied,
+) -> None:
+    """The outcome of each status change of the batch: the one decided before, or the
+    status its key has now that the batch is applied, as the client asked it. Written
+    beside the change (kd_outcomes) in this transaction."""
+    fresh: dict[str, str] = {}
+    for reply in replies:
+        if reply.entry in decided:
+            done.outcomes[reply.entry] = decided[reply.entry]
+            continue
+        found = await key_status(conn, name, reply.key)
+        fresh[reply.entry] = outcome_of(reply.op, reply.client, reply.admin, found)
+    if fresh:
+        await conn.execute(ledger_sql.INSERT_OUTCOMES, name, list(fresh), list(fresh.values()))
+        done.ops.append(
+            {"op": "outcomes", "type": name, "outcomes": [list(fresh), list(fresh.values())]}
+        )
+        done.outcomes.update(fresh)
 
-    def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
-        self._store: ColdStore | None = None
 
-    async def lookup(self, name: str, key: str) -> dict[str, Any]:
-        store = await self._opened()
-        async with store.connection() as conn, translated("ledger_lookup"):
-            try:
-                row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
-            except asyncpg.UndefinedTableError as exc:
-                raise StoreUnavailable(
-                    "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
-                ) from exc
-        if row is None:
-            return not_issued(name, key)
-        return {
-            "id_type": name,
-            "key": key,
-            "issued": True,
-            "issued_at": _iso(row["issued_at"]),
-            "client": row["client"],
-            "idempotency_key": row["idempotency_key"],
-            "used": row["used_at"] is not None,
-            "used_at": _iso(row["used_at"]),
-            "used_by": row["used_by"],
-            "released": row["released_at"] is not None,
-            "released_at": _iso(row["released_at"]),
-            "released_by": row["released_by"],
+async def key_status(conn: asyncpg.Connection, name: str, key: str) -> KeyStatus:
+    """The key's state now: its current issue row, else its last issue that was
+    released back to the cold tier, else never issued."""
+    row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
+    if row is not None:
+        if row["used_at"] is not None:
+            return KeyStatus("assigned", row["client"])
+        if row["released_at"] is not None:
+            return KeyStatus("released", row["client"])
+        return KeyStatus("issued", row["client"], idempotency_key=row["idempotency_key"])
+    past = await conn.fetchrow(ledger_sql.SELECT_RELEASED_ISSUE, name, key)
+    if past is not None:
+        return KeyStatus("released", past["client"], reissued=True)
+    return KeyStatus("unknown")
+
+
+# --- requeue: a ledger transaction of its own ----------------------------------------
+
+
+async def requeue(conn: asyncpg.Connection, id_type: IdType, done: Applied) -> int:
+    """Put keys given back longer ago than the type's ``reissue_after_s`` back in the cold
+    table, each once (in the caller's ledger transaction); how many went back."""
+    name = id_type.name
+    await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)
+    rows = await conn.fetch(
+        sql.for_type(ledger_sql.REQUEUE_RELEASED, name), name, id_type.config.reissue_after_s
+    )
+    if not rows:
+        return 0
+    done.ops.append(
+        {
+            "op": "requeue",
+            "type": name,
+            "rows": [
+                [r["key"] for r in rows],
+                [r["entry_id"] for r in rows],
+                [bool(r["requeue_discarded"]) for r in rows],
+                [_ms(r["requeued_at"]) for r in rows],
+            ],
         }
-
-    async def status(self, name: str, key: str) -> KeyStatus:
-        """The key's state now: its current issue row, else its last issue that was
-        released back to the cold tier, else never issued."""
-        store = await self._opened()
-        async with store.connection() as conn, translated("ledger_status"):
-            row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
-            past = None
-            if row is None:
-                past = await conn.fetchrow(ledger_sql.SELECT_RELEASED_ISSUE, name, key)
-        if row is not None:
-            if row["used_at"] is not None:
-                return KeyStatus("assigned", row["client"])
-            if row["released_at"] is not None:
-                return KeyStatus("released", row["client"])
-            return KeyStatus("issued", row["client"], idempotency_key=row["idempotency_key"])
-        if past is not None:
-            return KeyStatus("released", past["client"], reissued=True)
-        return KeyStatus("unknown")
-
-    async def _opened(self) -> ColdStore:
-        if self._store is None:
-            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
-        return self._store
-
-    async def close(self) -> None:
-        if self._store is not None:
-            await self._store.close()
+    )
+    back = sum(1 for r in rows if r["back"])
+    if back:
+        log.info("released_keys_requeued", extra={"id_type": name, "count": back})
+    return back
 
 
-def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+# --- a restore: the ops written again -------------------------------------------------
 
 
-class LedgerDrain:
-    """keysync's side: stream -> PostgreSQL, one transaction per batch.
+async def apply_ops(conn: asyncpg.Connection, ops: list[dict[str, Any]]) -> None:
+    """Write again, in order, what ledger transactions wrote (``Applied.ops``, from the
+    ledger log), in the caller's transaction. Nothing is decided: each statement writes
+    the rows the decision wrote. Keys requeued are not put back in the cold table (a
+    restore follows a fence, which discarded it)."""
+    for op in ops:
+        await _OPS[op["op"]](conn, op["type"], op)
 
-    With ``guard`` each batch's transaction ends with the PostgreSQL fence's guard and
-    its stamp is recorded (``GuardedCold.write``): a promotion that lost ledger commits
-    is fenced like one that lost a take, and a superseded primary applies nothing. An
-    applied entry is kept ``retain_s`` (``LedgerStream.ack``); after a fence, every
-    entry kept is applied again (``replay``), which brings back what the promotion lost
-    and changes nothing else.
-    """
 
-    def __init__(
-        self,
-        stream: LedgerStream,
-        cold: ColdStore,
-        types: dict[str, IdType],
-        consumer: str,
-        batch_size: int,
-        claim_idle_s: float = 30.0,
-        guard: GuardedCold | None = None,
-        retain_s: float = 0.0,
-    ) -> None:
-        self._stream = stream
-        self._cold = cold
-        self._types = types
-        self._consumer = consumer
-        self._batch_size = batch_size
-        self._claim_idle_ms = int(claim_idle_s * 1000)
-        self._guard = guard
-        self._retain_ms = int(retain_s * 1000)
-        # The type whose key group's record the batches are judged against (one group
-        # per drain: its types share it).
-        self._lane = next(iter(sorted(types)), "")
-        self._replayed: int | None = None  # fence count replayed up to, as last seen
+async def _force_issue(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    arrays = (op["keys"], [_at(t) for t in op["times"]], op["clients"], op["idem"], op["entries"])
+    await conn.execute(sql.for_type(ledger_sql.FORCE_ISSUED, name), *arrays, op["skip"])
 
-    @property
-    def enabled(self) -> bool:
-        return any(t.config.ledger for t in self._types.values())
 
-    async def prune(self, max_age_s: float) -> int:
-        """Forget "used" marks that waited longer than ``max_age_s`` for their issue row
-        (keys never issued, or whose issue entry a Redis loss took); returns how many."""
-        async with self._cold.connection() as conn, translated("ledger_prune"):
-            rows = await conn.fetch(ledger_sql.PRUNE_EARLY_MARKS, max_age_s)
-        for row in rows:
-            log.warning(
-                "used_key_never_issued", extra={"id_type": row["id_type"], "count": row["marks"]}
-            )
-        return sum(int(row["marks"]) for row in rows)
+async def _force_early(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    keys, times, clients = op["applied"]
+    statement = sql.for_type(ledger_sql.FORCE_EARLY_MARKS_APPLIED, name)
+    await conn.execute(statement, name, op["keys"], keys, [_at(t) for t in times], clients)
 
-    async def requeue_released(self) -> dict[str, int]:
-        """Put keys given back longer ago than their type's ``reissue_after_s`` back in
-        the cold table (types with ``reissue_released``), each once; how many per type."""
-        requeued: dict[str, int] = {}
-        for name, id_type in self._types.items():
-            if not (id_type.config.ledger and id_type.config.reissue_released):
-                continue
-            statement = sql.for_type(ledger_sql.REQUEUE_RELEASED, name)
-            async with self._cold.connection() as conn, translated("ledger_requeue"):
-                rows = await conn.fetch(statement, name, id_type.config.reissue_after_s)
-            if rows:
-                requeued[name] = len(rows)
-                log.info("released_keys_requeued", extra={"id_type": name, "count": len(rows)})
-        return requeued
 
-    async def drain_once(self, block_ms: int) -> Applied | None:
-        """Apply one batch (waiting up to ``block_ms`` for one); None when there was none."""
-        await self._stream.beat(self._consumer)
-        # A batch that fails (not applied, or applied and not acknowledged) stays
-        # pending under this consumer: the next read takes it again first (applying
-        # again is harmless).
-        entries = await self._stream.read(
-            self._consumer, self._batch_size, block_ms, self._claim_idle_ms
+async def _force_used(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    keys, times, clients = op["applied"]
+    if keys:
+        await conn.execute(
+            sql.for_type(ledger_sql.FORCE_USED, name), keys, [_at(t) for t in times], clients
         )
-        if not entries:
-            return None
-        applied, stamp = await self._apply(parse(entries, self._types))
-        await self._stream.ack([entry_id for entry_id, _ in entries], self._retain_ms)
-        for name, keys in applied.duplicates.items():
-            log.error(
-                "duplicate_key_issued",
-                extra={"id_type": name, "keys": keys[:10], "count": len(keys)},
-            )
-        if stamp is not None and (self._replayed is None or stamp.fences > self._replayed):
-            replayed = await self.replay(stamp.fences)
-            applied = dataclasses.replace(applied, replayed=replayed)
-        return applied
+    keys, times, clients, admin = op["waiting"]
+    if keys:
+        await conn.execute(
+            ledger_sql.INSERT_EARLY_MARKS, name, keys, [_at(t) for t in times], clients, admin
+        )
 
-    async def _apply(self, batch: Batch) -> tuple[Applied, Stamp | None]:
-        if self._guard is None:
-            async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
-                return await apply(conn, batch), None
-        return await self._guard.write(self._lane, lambda conn: apply(conn, batch), "ledger")
 
-    async def replay(self, fences: int) -> int:
-        """After a PostgreSQL fence (``fences``: the count this server's history has
-        seen): apply every retained entry again, once per fence; how many were."""
-        done = await self._stream.replayed_fences()
-        if done is not None and done >= fences:
-            self._replayed = done
-            return 0
-        after, count, issued = "-", 0, 0
-        while chunk := await self._stream.retained(after, self._batch_size):
-            applied, _ = await self._apply(parse([e for _, e in chunk], self._types))
-            after, count, issued = chunk[-1][0], count + len(chunk), issued + applied.issued
-        await self._stream.set_replayed(fences)
-        self._replayed = fences
+async def _force_release(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    if not op["rows"][0]:
+        return
+    if op["history"]:
+        keys, times, clients, entries, recorded = op["rows"]
+        statement = sql.for_type(ledger_sql.FORCE_RELEASED_TO_HISTORY, name)
+        await conn.execute(
+            statement,
+            name,
+            keys,
+            [_at(t) for t in times],
+            clients,
+            entries,
+            [_at(t) for t in recorded],
+        )
+        return
+    keys, times, clients = op["rows"]
+    await conn.execute(
+        sql.for_type(ledger_sql.FORCE_RELEASED, name), keys, [_at(t) for t in times], clients
+    )
+
+
+async def _force_outcomes(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    entries, outcomes = op["outcomes"]
+    await conn.execute(ledger_sql.FORCE_OUTCOMES, name, entries, outcomes)
+
+
+async def _force_requeue(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
+    keys, entries, discarded, times = op["rows"]
+    await conn.execute(
+        ledger_sql.FORCE_REQUEUED, name, keys, entries, discarded, [_at(t) for t in times]
+    )
+
+
+_OPS = {
+    "issue": _force_issue,
+    "early": _force_early,
+    "used": _force_used,
+    "release": _force_release,
+    "outcomes": _force_outcomes,
+    "requeue": _force_requeue,
+}
+
+
+async def prune_early_marks(conn: asyncpg.Connection, max_age_s: float) -> int:
+    """Forget "used" marks that waited longer than ``max_age_s`` for their issue row
+    (keys never issued, or whose issue entry a Redis loss took); returns how many."""
+    rows = await conn.fetch(ledger_sql.PRUNE_EARLY_MARKS, max_age_s)
+    for row in rows:
         log.warning(
-            "ledger_replayed_after_fence",
-            extra={"fences": fences, "entries": count, "issues_restored": issued},
+            "used_key_never_issued", extra={"id_type": row["id_type"], "count": row["marks"]}
         )
-        return count
+    return sum(int(row["marks"]) for row in rows)

@@ -177,7 +177,7 @@ lease AS (
     RETURNING range_start, range_end
 )
 SELECT lease.range_start, lease.range_end,
-       stamp.timeline, stamp.fork, stamp.clock, stamp.fences, stamp.database
+       stamp.timeline, stamp.fork, stamp.clock, stamp.fences, stamp.heads, stamp.database
 FROM lease, stamp
 """
 )

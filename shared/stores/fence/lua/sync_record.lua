@@ -5,15 +5,18 @@
 -- this record has lost commits (the guard in sql.py refuses to run on it).
 -- Fields: database (the one this namespace is bound to), timeline, fork, clock (the
 -- history the record follows: a timeline, and the clock value that history started
--- from on it); leased:<type> (highest counter ever leased); untrusted (set by the
--- fence on a new Redis server: rebuilt by a vouch); fence_needed; halted.
+-- from on it); head (the ledger link the newest stamp named: this key group's lane);
+-- leased:<type> (highest counter ever leased); untrusted (set by the fence on a new
+-- Redis server: rebuilt by a vouch); fence_needed; halted; restore_from (the ledger
+-- link keysync must restore a fenced server up to); ledger_halt (why the ledger failed
+-- closed).
 --
 -- record_stamp returns 'ok', or why the caller must not push or use what the stamp
 -- covers: 'stale' (it proves, or may hide, lost commits, or comes from another history:
 -- an older timeline, another server on the same timeline, or from before a fence),
 -- 'untrusted' (the record must be rebuilt first: vouch, then try again), 'foreign'
 -- (another database) or 'halted'. The record never moves to an older timeline.
-local function record_stamp(database, timeline, fork, clock)
+local function record_stamp(database, timeline, fork, clock, head)
   local rec = redis.call('HMGET', SYNC_RECORD, 'timeline', 'fork', 'clock', 'untrusted',
                          'halted', 'database')
   local tl, rfork, rclock = tonumber(rec[1]) or 0, tonumber(rec[2]) or 0, tonumber(rec[3]) or 0
@@ -31,7 +34,7 @@ local function record_stamp(database, timeline, fork, clock)
       return 'stale'
     end
     if clock > rclock then
-      redis.call('HSET', SYNC_RECORD, 'clock', clock)
+      redis.call('HSET', SYNC_RECORD, 'clock', clock, 'head', head)
     end
     return 'ok'
   end
@@ -41,7 +44,8 @@ local function record_stamp(database, timeline, fork, clock)
       redis.call('HSET', SYNC_RECORD, 'fence_needed', '1')
       return 'stale'
     end
-    redis.call('HSET', SYNC_RECORD, 'timeline', timeline, 'fork', fork, 'clock', clock)
+    redis.call('HSET', SYNC_RECORD, 'timeline', timeline, 'fork', fork, 'clock', clock,
+               'head', head)
     return 'ok'
   end
   -- A straggler from an older timeline, after a newer one has written (a superseded

@@ -1,14 +1,17 @@
 -- Rebuild a record Redis lost (a new server: untrusted; or none at all) from a
 -- PostgreSQL that has not forked since its last guarded write (postgres_fence.py
 -- checks that under the clock row's lock, and this runs before that lock is let go):
--- its stamp, and every leased:<type> raised to the highest counter its history leased,
--- before anything judges PostgreSQL by the record again.
+-- its stamp (with the ledger link it names), every leased:<type> raised to the highest
+-- counter its history leased, and the ledger restore it holds pending (a fence's, whose
+-- claim Redis lost), before anything judges PostgreSQL by the record again.
 -- Returns {status, discarded}: 'ok' (rebuilt), 'trusted' (another process rebuilt it
 -- first: nothing changed), 'foreign', 'superseded' (the record follows a newer
 -- timeline), 'halted'.
 local database = ARGV[1]
 local timeline, fork, clock = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local FIRST_HIGH = 5              -- ARGV[5..]: leased:<type>, highest counter, ...
+local head = ARGV[5]
+local restore_to = ARGV[6]        -- '' when none is pending
+local FIRST_HIGH = 7              -- ARGV[7..]: leased:<type>, highest counter, ...
 
 local discarded = enforce_fence()
 local rec = redis.call('HMGET', SYNC_RECORD, 'timeline', 'untrusted', 'halted', 'database')
@@ -27,6 +30,11 @@ if tl > timeline then
 end
 raise_leased(FIRST_HIGH)
 redis.call('HSET', SYNC_RECORD, 'database', database, 'timeline', timeline, 'fork', fork,
-           'clock', clock)
+           'clock', clock, 'head', head)
 redis.call('HDEL', SYNC_RECORD, 'untrusted')
+if restore_to ~= '' then
+  redis.call('HSET', SYNC_RECORD, 'restore_from', restore_to)
+else
+  redis.call('HDEL', SYNC_RECORD, 'restore_from')
+end
 return {'ok', discarded}

@@ -16,7 +16,8 @@ local not_after = tonumber(ARGV[3])
 local database = ARGV[4]          -- the batch's stamp; timeline 0: not recorded
 local timeline = tonumber(ARGV[5])
 local fork, clock = tonumber(ARGV[6]), tonumber(ARGV[7])
-local packed = ARGV[8]            -- the keys, in order, joined by newlines (one
+local head = ARGV[8]              -- the ledger link the stamp names
+local packed = ARGV[9]            -- the keys, in order, joined by newlines (one
                                   -- argument: the client packs one string, not thousands)
 local CHUNK = 1000                -- unpack() fails near 8,000 arguments
 
@@ -33,7 +34,7 @@ if not_after > 0 and now > not_after then
   return {redis.call('LLEN', hot_list), discarded, token, 'expired'}
 end
 if timeline > 0 then
-  local status = record_stamp(database, timeline, fork, clock)
+  local status = record_stamp(database, timeline, fork, clock, head)
   if status ~= 'ok' then
     return {redis.call('LLEN', hot_list), discarded, token, status}
   end

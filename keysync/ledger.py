@@ -1,0 +1,323 @@
+"""keysync's ledger loop: the Redis stream applied to PostgreSQL, one ledger transaction
+per batch, each a link of the ledger's one history (docs/reliability.md).
+
+A ledger transaction decides its batch (``table.apply``), passes the guard last
+(``fence_sql.GUARD_LEDGER``: the lane's chain moves to this link; refused unless the
+server is on the record's history and timeline, with no restore pending), copies what
+it wrote to the ledger log in Redis before it commits, and is confirmed once committed
+(``LedgerStream.confirm_link``: its stamp recorded, the outcomes of its status changes
+published, its entries acknowledged). So:
+
+- a decision is made once: an outcome is answered from what its transaction wrote;
+  an entry applied again (a redelivery, a second keysync, an entry left pending) keeps
+  the outcome written beside it;
+- a PostgreSQL promotion that lost links is restored from the log, link by link, as
+  written (``restore``), before the ledger decides anything else, as soon as the fence
+  is seen: the loop looks at the record and the server at every turn, even with no
+  entry to apply;
+- the log is trimmed only once no restore is pending; a restore that finds a link gone
+  fails the ledger closed (``LedgerHalted``) instead of deciding again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from shared.domain.errors import LedgerHalted, PostgresBehind
+from shared.domain.idtypes import IdType
+from shared.domain.tiers import Stamp
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.postgres_fence import settle
+from shared.stores.fence.sync_record import Record, SyncRecord
+from shared.stores.fence.verdict import ClockRow, verdict
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.stream import LedgerStream, Link
+from shared.stores.ledger.table import (
+    LEDGER_LOCK,
+    Applied,
+    apply,
+    apply_ops,
+    parse,
+    prune_early_marks,
+    requeue,
+)
+from shared.stores.postgres.cold_store import ColdStore, translated
+
+log = logging.getLogger(__name__)
+Work = Callable[[asyncpg.Connection], Awaitable[Applied]]
+# How often an idle loop asks PostgreSQL whether it is still the record's history (a
+# promotion with no traffic is fenced, and restored, within this).
+WATCH_EVERY_S = 1.0
+ATTEMPTS = 4  # a ledger transaction refused this often is left for the next turn
+# Chain links and outcomes are kept this many times the log's retention (at least a day).
+LINK_AGE_FACTOR = 4
+MIN_LINK_AGE_S = 86_400.0
+
+
+class _Refused(Exception):
+    """The guard refused the ledger transaction (rolled back)."""
+
+
+class LedgerDrain:
+    """The ledger of one key group (its stream, its record, its lane of the chain).
+
+    ``guard`` None: the PostgreSQL fence is switched off (a drill's control): batches
+    are applied and acknowledged with no chain, no log and no restore.
+    """
+
+    def __init__(
+        self,
+        stream: LedgerStream,
+        cold: ColdStore,
+        types: dict[str, IdType],
+        consumer: str,
+        batch_size: int,
+        claim_idle_s: float = 30.0,
+        guard: GuardedCold | None = None,
+        retain_s: float = 300.0,
+        sync: SyncRecord | None = None,
+    ) -> None:
+        self._stream = stream
+        self._cold = cold
+        self._types = types
+        self._consumer = consumer
+        self._batch_size = batch_size
+        self._claim_idle_ms = int(claim_idle_s * 1000)
+        self._guard = guard if guard is not None and guard.guarded else None
+        self._retain_ms = int(retain_s * 1000)
+        self._sync = sync
+        # The type whose key group's record the transactions are judged against (one
+        # group per drain: its types share it).
+        self._lane_type = next(iter(sorted(types)), "")
+        self._watched = 0.0  # when PostgreSQL was last asked (monotonic)
+        self.restored = 0  # links restored, in all
+        self.halted = ""  # why the ledger is halted ("" : it is not)
+
+    @property
+    def lane(self) -> str:
+        """The key group's namespace: its lane of the ledger's chain."""
+        return self._stream.namespace
+
+    @property
+    def enabled(self) -> bool:
+        return any(t.config.ledger for t in self._types.values())
+
+    async def drain_once(self, block_ms: int) -> Applied | None:
+        """Apply one batch (waiting up to ``block_ms`` for one); None when there was none.
+        A pending restore, or a fence, comes first."""
+        await self.watch()
+        await self._stream.beat(self._consumer)
+        # A batch that fails (not applied, or applied and not acknowledged) stays
+        # pending under this consumer: the next read takes it again first.
+        entries = await self._stream.read(
+            self._consumer, self._batch_size, block_ms, self._claim_idle_ms
+        )
+        if not entries:
+            return None
+        batch = parse(entries, self._types)
+        applied = await self._transact(lambda conn: apply(conn, batch), [e for e, _ in entries])
+        for name, keys in applied.duplicates.items():
+            log.error(
+                "duplicate_key_issued",
+                extra={"id_type": name, "keys": keys[:10], "count": len(keys)},
+            )
+        return applied
+
+    async def requeue_released(self) -> dict[str, int]:
+        """Put keys given back longer ago than their type's ``reissue_after_s`` back in
+        the cold table (types with ``reissue_released``), each once, in a ledger
+        transaction per type; how many per type."""
+        requeued: dict[str, int] = {}
+        for name, id_type in self._types.items():
+            if not (id_type.config.ledger and id_type.config.reissue_released):
+                continue
+            back: list[int] = []
+
+            async def work(
+                conn: asyncpg.Connection, id_type: IdType = id_type, back: list[int] = back
+            ) -> Applied:
+                done = Applied()
+                back.append(await requeue(conn, id_type, done))
+                return done
+
+            await self._transact(work, [])
+            if back and back[-1]:
+                requeued[name] = back[-1]
+        return requeued
+
+    async def prune(self, max_age_s: float) -> int:
+        """Forget "used" marks that waited longer than ``max_age_s`` for their issue row,
+        and chain links and outcomes older than the log could restore; how many marks."""
+        age = max(LINK_AGE_FACTOR * self._retain_ms / 1000, MIN_LINK_AGE_S)
+        async with self._cold.connection() as conn, translated("ledger_prune"):
+            marks = await prune_early_marks(conn, max_age_s)
+            await conn.execute(ledger_sql.PRUNE_LINKS, age)
+            await conn.execute(ledger_sql.PRUNE_OUTCOMES, age)
+        return marks
+
+    # --- the ledger transaction -------------------------------------------------------
+
+    async def _transact(self, work: Work, entry_ids: list[str]) -> Applied:
+        """``work`` in one ledger transaction, confirmed once committed. A refusal is
+        explained and dealt with (a restore, an adoption, a fence), then tried again."""
+        if self._guard is None:
+            return await self._unguarded(work, entry_ids)
+        for _ in range(ATTEMPTS):
+            record = await self._guard.record(self._lane_type)
+            try:
+                return await self._once(record, work, entry_ids)
+            except _Refused:
+                await self._refused(record)
+        raise PostgresBehind(f"ledger transaction of lane {self.lane} refused {ATTEMPTS} times")
+
+    async def _once(
+        self, record: Record, work: Work, entry_ids: list[str], restored: str = ""
+    ) -> Applied:
+        link = str(uuid.uuid4())
+        async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
+            applied = await work(conn)
+            args = [*record.guard_args(ledger=True), self.lane, link, bool(restored)]
+            row = await conn.fetchrow(fence_sql.GUARD_LEDGER, *args)
+            if row is None:
+                raise _Refused()
+            prev = row["prev"] or ""
+            await conn.execute(ledger_sql.INSERT_LINK, link, self.lane, prev or None)
+            # Before the commit, the clock row's lock held: once committed, the link is
+            # in the log (a restore never finds it missing unless trimmed or lost).
+            await self._stream.add_link(link, prev, applied.ops)
+        await self._confirm(Stamp.of(row), applied, entry_ids, restored)
+        return applied
+
+    async def _confirm(
+        self, stamp: Stamp, applied: Applied, entry_ids: list[str], restored: str
+    ) -> None:
+        args = (stamp, applied.outcomes, entry_ids, self._retain_ms, restored)
+        status = await self._stream.confirm_link(*args)
+        if status == "untrusted" and self._guard is not None:
+            await self._guard.vouch()  # Redis lost the record: rebuilt from PostgreSQL
+            status = await self._stream.confirm_link(*args)
+        if status != "ok":
+            # Committed on a history the record no longer follows: the entries stay
+            # pending; the fence (and a restore) comes first at the next turn.
+            raise PostgresBehind(f"ledger transaction not recorded: {status}")
+
+    async def _unguarded(self, work: Work, entry_ids: list[str]) -> Applied:
+        async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
+            applied = await work(conn)
+        await self._stream.acknowledge(applied.outcomes, entry_ids)
+        return applied
+
+    async def _refused(self, record: Record) -> None:
+        """Why the guard refused, as this server says, and what comes first: a restore
+        pending, the record taken up to this server's timeline, or the fence."""
+        assert self._guard is not None
+        state = await self._state()
+        if state.restores.get(self.lane) or record.restore_from:
+            await self.restore(state.restores.get(self.lane) or record.restore_from)
+        elif verdict(state, record) == "ok" and state.here != record.timeline:
+            await settle(self._cold, self._guard.records, adopt=True)
+        else:
+            await self._guard.fence()
+
+    async def _state(self) -> ClockRow:
+        async with self._cold.connection() as conn, translated("ledger_state"):
+            return ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
+
+    # --- watching, restoring ----------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Before every batch: a halt refuses; a restore pending runs now; and at most
+        every ``WATCH_EVERY_S`` PostgreSQL is asked whether its history is still the
+        record's (a promotion with no traffic is fenced, then restored, at once)."""
+        if self._guard is None or self._sync is None:
+            return
+        record = await self._sync.read()
+        if record.ledger_halt:
+            self.halted = record.ledger_halt
+            raise LedgerHalted(record.ledger_halt)
+        self.halted = ""
+        if record.restore_from:
+            await self.restore(record.restore_from)
+            return
+        if time.monotonic() - self._watched < WATCH_EVERY_S:
+            return
+        self._watched = time.monotonic()
+        state = await self._state()
+        if state.restores.get(self.lane):
+            await self.restore(state.restores[self.lane])
+        elif verdict(state, record) not in ("ok", "vouch"):
+            await self._guard.fence()
+            record = await self._sync.read()
+            if record.restore_from:
+                await self.restore(record.restore_from)
+
+    async def restore(self, target: str) -> int:
+        """Write again every ledger link this server lacks up to ``target`` (the head the
+        fence found it behind), as the log holds them, in one ledger transaction of its
+        own (itself a link: a later promotion that loses it restores it again); the
+        lane's pending restore is cleared with it. How many links were restored.
+        LedgerHalted when a link is gone from the log."""
+        assert self._guard is not None
+        chain = await self._chain(target)
+        ops = [op for link in chain for op in link.ops]
+        ids, prevs = [link.id for link in chain], [link.prev or None for link in chain]
+
+        async def work(conn: asyncpg.Connection) -> Applied:
+            await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)
+            await apply_ops(conn, ops)
+            if ids:
+                await conn.execute(ledger_sql.INSERT_LINKS, ids, self.lane, prevs)
+            return Applied(ops=ops, restored=len(chain))
+
+        for _ in range(ATTEMPTS):
+            record = await self._guard.record(self._lane_type)
+            try:
+                await self._once(record, work, [], restored=target)
+                break
+            except _Refused:
+                await self._guard.fence()  # this server lost its place again
+        else:
+            raise PostgresBehind(f"the ledger restore of lane {self.lane} was refused")
+        self.restored += len(chain)
+        log.warning(
+            "ledger_restored_after_fence",
+            extra={"lane": self.lane, "links": len(chain), "ops": len(ops), "target": target},
+        )
+        return len(chain)
+
+    async def _chain(self, target: str) -> list[Link]:
+        """The links from the first one this server lacks up to ``target``, oldest
+        first, walked back from the log; LedgerHalted (and the ledger halted) when the
+        walk cannot reach a link this server holds."""
+        async with self._cold.connection() as conn, translated("ledger_restore"):
+            if await conn.fetchval(ledger_sql.HOLDS_LINK, target):
+                return []
+            own_head = (await self._state()).heads.get(self.lane, "")
+            found: list[Link] = []
+            want = target
+            async for link in self._stream.links_newest_first():
+                if link.id != want:
+                    continue
+                found.append(link)
+                want = link.prev
+                if not want:
+                    if not own_head:
+                        return list(reversed(found))  # the lane's first link: all of it
+                    break
+                if await conn.fetchval(ledger_sql.HOLDS_LINK, want):
+                    return list(reversed(found))
+        reason = f"ledger link {want or '(start)'} of lane {self.lane} is gone from the log"
+        await self._halt(reason)
+        raise LedgerHalted(reason)
+
+    async def _halt(self, reason: str) -> None:
+        log.critical("ledger_halted", extra={"lane": self.lane, "reason": reason})
+        self.halted = reason
+        if self._sync is not None:
+            await self._sync.halt_ledger(reason)

@@ -1,0 +1,153 @@
+"""The dispenser's reads of the ledger (``GET /v1/keys/{type}/{key}``; MOSIP's PUT with a
+status it does not know): what the ledger says of one key, and only when what it says
+will hold.
+
+A read is answered from a PostgreSQL whose history is the one the record in Redis
+follows (the fence's verdict, ``shared.stores.fence.verdict``), with no ledger restore
+pending and nothing committed there that the record does not cover yet: a read never
+shows a promoted server's history before its lost links are restored, nor a decision
+that a promotion could still take back (docs/reliability.md, "The ledger's one
+history"). Otherwise it answers 503 ``IDG-005`` (``StoreUnavailable``), after waiting a
+moment for a commit in flight to be recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from shared.domain.errors import StoreUnavailable
+from shared.domain.tiers import KeyStatus
+from shared.stores.fence import sql as fence_sql
+from shared.stores.fence.sync_record import Record
+from shared.stores.fence.verdict import ClockRow, verdict
+from shared.stores.groups import SyncRecords
+from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.table import key_status
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore, translated
+
+T = TypeVar("T")
+# How long a read waits for the record to cover what it read (a commit whose stamp is
+# being recorded: milliseconds), and how often it looks again.
+CONFIRM_WAIT_S = 1.0
+CONFIRM_POLL_S = 0.01
+
+
+def not_issued(name: str, key: str) -> dict[str, Any]:
+    """The lookup answer for a key the ledger holds no issue of."""
+    return {"id_type": name, "key": key, "issued": False, "used": False}
+
+
+class LedgerReader:
+    """Lookups for the dispenser: a small pool, opened on first use. ``records``: the
+    fence's records of every key group (None: the guard is switched off, a drill's
+    control; reads are then not judged)."""
+
+    def __init__(self, dsn: str, records: SyncRecords | None = None) -> None:
+        self._dsn = dsn
+        self._records = records
+        self._store: ColdStore | None = None
+
+    async def lookup(self, name: str, key: str) -> dict[str, Any]:
+        row = await self._judged(name, "ledger_lookup", lambda conn: _key_row(conn, name, key))
+        if row is None:
+            return not_issued(name, key)
+        return {
+            "id_type": name,
+            "key": key,
+            "issued": True,
+            "issued_at": _iso(row["issued_at"]),
+            "client": row["client"],
+            "idempotency_key": row["idempotency_key"],
+            "used": row["used_at"] is not None,
+            "used_at": _iso(row["used_at"]),
+            "used_by": row["used_by"],
+            "released": row["released_at"] is not None,
+            "released_at": _iso(row["released_at"]),
+            "released_by": row["released_by"],
+        }
+
+    async def status(self, name: str, key: str) -> KeyStatus:
+        """The key's state now: its current issue row, else its last issue that was
+        released back to the cold tier, else never issued."""
+        return await self._judged(name, "ledger_status", lambda conn: key_status(conn, name, key))
+
+    async def _judged(self, name: str, operation: str, read: Callable[[Any], Awaitable[T]]) -> T:
+        """``read`` in one snapshot with the server's clock row, answered only when the
+        record covers it (module docstring)."""
+        store = await self._opened()
+        deadline = time.monotonic() + CONFIRM_WAIT_S
+        sync = self._records.of(name) if self._records is not None else None
+        while True:
+            record = await sync.read() if sync is not None else None
+            if record is not None:
+                _refuse_halted(record.ledger_halt, record.restore_from)
+            async with (
+                store.connection() as conn,
+                translated(operation),
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                try:
+                    found = await read(conn)
+                except asyncpg.UndefinedTableError as exc:
+                    raise StoreUnavailable(
+                        "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
+                    ) from exc
+                if sync is None or record is None:
+                    return found
+                state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
+            _refuse_halted("", state.restores.get(sync.namespace, ""))
+            if verdict(state, record) != "ok" and not _never_guarded(state, record):
+                raise StoreUnavailable(
+                    "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
+                )
+            if record.clock >= state.clock or time.monotonic() >= deadline:
+                if record.clock >= state.clock:
+                    return found
+                raise StoreUnavailable(
+                    "postgres", "the ledger's last change is not recorded yet; retry"
+                )
+            await asyncio.sleep(CONFIRM_POLL_S)
+
+    async def _opened(self) -> ColdStore:
+        if self._store is None:
+            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
+        return self._store
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def _refuse_halted(halt: str, restoring: str) -> None:
+    if halt:
+        raise StoreUnavailable(
+            "postgres", f"the ledger is halted ({halt}): see `keydispenser status`"
+        )
+    if restoring:
+        raise StoreUnavailable(
+            "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
+        )
+
+
+def _never_guarded(state: ClockRow, record: Record) -> bool:
+    """Neither side has seen a guarded write yet (a database no keysync or keygen has
+    written through the fence, a record that never recorded a stamp): nothing can have
+    been lost."""
+    return state.timeline == 0 and record.clock == 0
+
+
+async def _key_row(conn: Any, name: str, key: str) -> Any:
+    return await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
