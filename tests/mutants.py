@@ -57,6 +57,7 @@ CLUSTER_TESTS = ("tests/integration/test_redis_cluster.py",)
 SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
+LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
@@ -281,6 +282,35 @@ MUTANTS: Final = (
         "            await apply_ops(conn, ops)\n",
         "",
         (LEDGER_RECORD_TESTS,),
+    ),
+    Mutant(
+        "an_outcome_decided_again",
+        "shared/stores/ledger/table.py",
+        "        if rows:\n            found[name] =",
+        "        if False:\n            found[name] =",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        "the_log_trimmed_while_a_restore_waits",
+        "shared/stores/ledger/lua/ledger_confirm.lua",
+        "if redis.call('HEXISTS', SYNC_RECORD, 'restore_from') == 0 then",
+        "if true then",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        "a_restore_waits_for_the_next_entry",
+        "keysync/ledger.py",
+        "        if self._guard is None or self._sync is None:\n            return\n"
+        "        record = await self._sync.read()",
+        "        if True:\n            return\n        record = await self._sync.read()",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        "a_lookup_reads_a_server_behind_the_record",
+        "shared/stores/ledger/reader.py",
+        '            if verdict(state, record) != "ok" and not _never_guarded(state, record):',
+        "            if False:",
+        (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
         "ledger_batches_not_guarded",

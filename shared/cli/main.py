@@ -151,6 +151,18 @@ def run_fence_postgres(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def run_ledger_resume(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.cli.status import resume_ledger
+
+    if not args.accept_loss:
+        raise KeydispenserError(
+            "ledger-resume gives up the ledger records a PostgreSQL promotion lost and the "
+            "ledger log could not restore (`keydispenser status` names the halt): add "
+            "--accept-loss to confirm"
+        )
+    print(json.dumps(asyncio.run(resume_ledger(settings)), indent=2))
+
+
 def run_retire(settings: Settings, args: argparse.Namespace) -> None:
     from shared.cli.retire import refuse_configured, retire
 
@@ -192,6 +204,15 @@ def parser() -> argparse.ArgumentParser:
     secret = subcommand(commands, "secret", run_secret, "generate a permutation key, with advice")
     secret.add_argument("--out", help="write it to this new file (mode 0600) instead")
     _add_fence_postgres(commands)
+    resume = subcommand(
+        commands,
+        "ledger-resume",
+        run_ledger_resume,
+        "after a ledger halt: accept what the ledger log could not restore, resume",
+    )
+    resume.add_argument(
+        "--accept-loss", action="store_true", help="confirm: the lost records stay lost"
+    )
     _add_retire(commands)
     _add_lease(commands)
     _add_ops(commands)
@@ -347,6 +368,7 @@ COMMAND_STORES: dict[str, frozenset[str]] = {
     "fill": frozenset({"postgres", "redis"}),
     "bench": frozenset({"postgres", "redis"}),
     "fence-postgres": frozenset({"postgres", "redis"}),
+    "ledger-resume": frozenset({"postgres", "redis"}),
     "retire": frozenset({"postgres", "redis"}),
     "lease": frozenset({"redis"}),
 }

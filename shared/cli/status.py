@@ -9,6 +9,7 @@ from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores.fence import sql as fence_sql
+from shared.stores.ledger import sql as ledger_sql
 from shared.stores.fence.binding import bind
 from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record
@@ -175,12 +176,12 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecords) -> dict[str, 
     async with cold.connection() as conn:
         clock = await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK.replace("FOR UPDATE", ""))
         event = await conn.fetchrow(fence_sql.SELECT_LAST_FENCE)
-    row = None if clock is None else ClockRow(*(clock[k] for k in ROW_FIELDS))
+    row = None if clock is None else ClockRow.of(clock)
     verdicts = {ns: None if row is None else verdict(row, r) for ns, r in records.items()}
     record = max(records.values(), key=lambda r: (r.timeline, r.clock))
     return {
         "record": _record_fields(record),
-        "server": None if row is None else asdict(row) | {"fences": clock["fences"]},
+        "server": None if row is None else _server_fields(row),
         "verdict": _overall(verdicts, records),
         "untrusted": any(r.untrusted for r in records.values()),
         "fence_needed": any(r.fence_needed for r in records.values()),
@@ -188,6 +189,15 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecords) -> dict[str, 
         "halt_reason": next((r.halt_reason for r in records.values() if r.halt_reason), None),
         "groups": {
             ns: _record_fields(r) | {"verdict": verdicts[ns], "untrusted": r.untrusted}
+            for ns, r in records.items()
+        },
+        # The ledger's one history: per key group, a restore keysync has still to do
+        # (after a fence found this server behind), and a halt an operator must end.
+        "ledger": {
+            ns: {
+                "restoring_to": r.restore_from or (row.restores.get(ns) if row else None) or None,
+                "halted": r.ledger_halt or None,
+            }
             for ns, r in records.items()
         },
         "last_fence": None
@@ -220,4 +230,46 @@ def _overall(verdicts: dict[str, str | None], records: dict[str, Record]) -> str
     return combined(found, list(records.values()))
 
 
-ROW_FIELDS = ("timeline", "fork", "clock", "here", "database")
+def _server_fields(row: ClockRow) -> dict[str, Any]:
+    return {
+        "timeline": row.timeline,
+        "fork": row.fork,
+        "clock": row.clock,
+        "here": row.here,
+        "database": row.database,
+        "fences": row.fences,
+    }
+
+
+async def resume_ledger(settings: Settings) -> dict[str, Any]:
+    """The operator accepts what a halted ledger lost (``ledger-resume --accept-loss``):
+    in each key group whose ledger is halted or has a restore pending, the restore is
+    given up (PostgreSQL and Redis), every release not requeued yet is settled (the lost
+    history may have requeued and issued it: never issued again), and the ledger
+    resumes from what this server holds. What the ledger log could not restore is lost
+    to the record, and said so here."""
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    groups = Groups(settings)
+    sync = SyncRecords.open(groups)
+    resumed: dict[str, Any] = {}
+    try:
+        for record_of in sync:
+            record = await record_of.read()
+            async with cold.connection() as conn, conn.transaction():
+                row = ClockRow.of(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK))
+                lane = record_of.namespace
+                pending = row.restores.get(lane) or record.restore_from
+                if not (pending or record.ledger_halt):
+                    continue
+                await conn.execute(ledger_sql.CLEAR_RESTORE, lane)
+                settled = await conn.fetch(ledger_sql.SETTLE_RELEASES)
+            await record_of.halt_ledger("")
+            resumed[lane] = {
+                "halt_reason": record.ledger_halt or None,
+                "given_up_restore_to": pending or None,
+                "releases_settled": {r["id_type"]: int(r["releases"]) for r in settled},
+            }
+    finally:
+        await cold.close()
+        await groups.close()
+    return {"resumed": resumed}

@@ -1,0 +1,445 @@
+"""The ledger's one history: what it answered holds across a PostgreSQL promotion that
+lost ledger transactions (docs/reliability.md, "The ledger's one history").
+
+A promotion is made real as in test_postgres_fence.py: the database is cloned (the
+"replica"), the old primary commits more, and the clone takes the database's name.
+Each of round 4's three behaviours is reproduced here and must not happen; each
+mechanism has its mutant in tests/mutants.py and, where a switch shows the hazard, its
+control (the guard off). The same on real streaming replicas, with real processes, is in
+tests/acceptance/test_ledger_failover.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from keysync.ledger import LedgerDrain
+from keysync.main import Keysync
+from shared.cli.databases import run_migrate
+from shared.cli.status import resume_ledger
+from shared.domain import outcomes, redis_keys
+from shared.domain.config import Settings
+from shared.domain.errors import LedgerHalted, StoreUnavailable
+from shared.domain.idtypes import IdType, build_id_types
+from shared.domain.tiers import Stamp
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.groups import SyncRecords
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.reader import LedgerReader
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.ledger.table import apply, parse
+from shared.stores.postgres import sql
+from shared.stores.postgres.cold_store import ColdStore
+from tests.conftest import Servers, make_settings, small_types
+from tests.integration.test_postgres_fence import clone, drop, promote
+
+HIGH_COUNTER = 900_000_000  # far above anything a keygen leases here
+
+
+def ledger_settings(
+    servers: Servers, database: str, *, reissue: bool, retain_s: float = 300
+) -> Settings:
+    types = small_types()
+    types["farmer"] |= {"ledger": True, "reissue_released": reissue, "reissue_after_s": 0.3}
+    return make_settings(servers, database, id_types=types, keysync={"ledger_retain_s": retain_s})
+
+
+@dataclass
+class Ledger:
+    """One key group's ledger as keysync and a dispenser see it, on whatever server the
+    database's DSN reaches now (a promotion renames the clone in)."""
+
+    settings: Settings
+    hot: HotStore
+    sync: SyncRecord | None
+    stream: LedgerStream
+
+    @property
+    def farmer(self) -> IdType:
+        return build_id_types(self.settings)["farmer"]
+
+    def drain(self, cold: ColdStore, consumer: str = "keysync-1") -> LedgerDrain:
+        types = build_id_types(self.settings)
+        guard = GuardedCold(cold, self.sync, types)
+        return LedgerDrain(
+            self.stream,
+            cold,
+            types,
+            consumer,
+            1,  # one entry a batch: each test says which transaction holds which
+            guard=guard,
+            retain_s=self.settings.keysync.ledger_retain_s,
+            sync=self.sync,
+        )
+
+    async def applied(self, consumer: str = "keysync-1") -> LedgerDrain:
+        """A drain on the server reached now, run until the stream is empty (the first
+        turn fences and restores whatever it must)."""
+        async with cold(self.settings) as store:
+            drain = self.drain(store, consumer)
+            while (
+                await drain.drain_once(block_ms=10) is not None
+                or await self.stream.backlog() > 0  # (the first read makes the group)
+            ):
+                pass
+            return drain
+
+    async def pop(self, client: str) -> str:
+        popped = await self.hot.pop("farmer", 1, [client], ledger=True)
+        assert len(popped.keys) == 1
+        return popped.keys[0]
+
+    async def change(self, op: str, key: str, client: str) -> str:
+        """A status change a client waits for (MOSIP's PUT): its entry."""
+        if op == "used":
+            return await self.stream.record_used("farmer", [key], client, reply=True)
+        return await self.stream.record_released("farmer", [key], client, reply=True)
+
+    async def outcome(self, entry: str) -> str | None:
+        return await self.stream.outcome("farmer", entry)
+
+    async def lookup(self, key: str) -> dict[str, Any]:
+        records = SyncRecords.single(self.sync) if self.sync is not None else None
+        reader = LedgerReader(self.settings.postgres_dsn, records)
+        try:
+            return await reader.lookup("farmer", key)
+        finally:
+            await reader.close()
+
+    async def rows(self, query: str, *args: object) -> list[Any]:
+        async with cold(self.settings) as store, store.connection() as conn:
+            return list(await conn.fetch(sql.for_type(query, "farmer"), *args))
+
+
+class cold:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._store: ColdStore | None = None
+
+    async def __aenter__(self) -> ColdStore:
+        self._store = await ColdStore.connect(self._settings.postgres_dsn, min_size=0)
+        return self._store
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._store is not None
+        await self._store.close()
+
+
+@pytest.fixture
+async def promotion(servers: Servers, database: str) -> AsyncIterator[PromotionPlan]:
+    plan = PromotionPlan(servers, database)
+    try:
+        yield plan
+    finally:
+        await drop(servers, f"{database}_old")
+        await drop(servers, plan.replica)
+
+
+@dataclass
+class PromotionPlan:
+    servers: Servers
+    database: str
+
+    @property
+    def replica(self) -> str:
+        return f"{self.database}_replica"
+
+    async def replica_copies_now(self) -> None:
+        """The replica has replayed everything committed so far, and nothing after."""
+        await clone(self.servers, self.database, self.replica)
+
+    async def promote(self) -> None:
+        await promote(self.servers, self.database, self.replica)
+
+
+async def ledger_of(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord | None,
+    *,
+    reissue: bool,
+    retain_s: float = 300,
+) -> Ledger:
+    settings = ledger_settings(servers, database, reissue=reissue, retain_s=retain_s)
+    await run_migrate(settings)
+    farmer = build_id_types(settings)["farmer"]
+    await hot.push("farmer", farmer.generate(HIGH_COUNTER, HIGH_COUNTER + 100)[0][:1], "b1")
+    return Ledger(settings, hot, sync, LedgerStream(hot.endpoint, hot.namespace))
+
+
+async def refill(ledger: Ledger) -> None:
+    """keysync's refill on the server reached now (the fence runs here when it must)."""
+    types = build_id_types(ledger.settings)
+    async with cold(ledger.settings) as store:
+        guard = GuardedCold(store, ledger.sync, types)
+        await Keysync(ledger.settings, guard, ledger.hot).refill(types["farmer"])
+
+
+async def requeue(ledger: Ledger) -> dict[str, int]:
+    async with cold(ledger.settings) as store:
+        return await ledger.drain(store).requeue_released()
+
+
+# --- 1. A replay revives a release ------------------------------------------------
+
+
+async def reissued_across_a_promotion(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord | None,
+    promotion: PromotionPlan,
+) -> tuple[Ledger, str]:
+    """A is issued K; the replica copies; A releases K, K is requeued, issued to B, and
+    B's PUT ASSIGNED is answered; then the replica is promoted (all that lost)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=True)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await promotion.replica_copies_now()
+    released = await ledger.change("release", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(released) == outcomes.UNUSED
+    await asyncio.sleep(0.4)  # reissue_after_s
+    assert await requeue(ledger) == {"farmer": 1}
+    await refill(ledger)
+    assert await ledger.pop("client-b") == key
+    await ledger.applied()
+    assigned = await ledger.change("used", key, "client-b")
+    await ledger.applied()
+    assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+    await promotion.promote()
+    return ledger, key
+
+
+async def test_a_restore_never_revives_a_release(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """Round 4 applied A's release again after the fence had settled releases, dropped
+    B's issue as "issued twice" and requeued the key while B held it. The restore
+    writes what the lost transactions wrote: B's issue, used; A's release, requeued."""
+    ledger, key = await reissued_across_a_promotion(servers, database, hot, sync, promotion)
+    drain = await ledger.applied()
+    assert drain.restored >= 4  # the release, the requeue, B's issue, B's PUT
+    live = await ledger.rows("SELECT client, used_by FROM {ledger} WHERE key = $1", key)
+    assert [(r["client"], r["used_by"]) for r in live] == [("client-b", "client-b")]
+    past = await ledger.rows(
+        "SELECT client, requeued_at FROM kd_released_issues WHERE key = $1", key
+    )
+    assert [r["client"] for r in past] == ["client-a"] and past[0]["requeued_at"] is not None
+    assert await requeue(ledger) == {}  # never requeued again
+    await refill(ledger)
+    assert key not in (await hot.pop("farmer", 100)).keys
+    again = await ledger.change("used", key, "client-b")  # B asks again
+    await ledger.applied()
+    assert await ledger.outcome(again) == outcomes.ASSIGNED
+    looked = await ledger.lookup(key)
+    assert looked["client"] == "client-b" and looked["used"] is True
+
+
+async def test_control_without_the_guard_the_ledger_names_the_wrong_client(
+    servers: Servers, database: str, hot: HotStore, promotion: PromotionPlan
+) -> None:
+    """The hazard: a promotion that lost those transactions, seen by nothing, leaves
+    the key under A, who gave it back, while B holds it."""
+    ledger, key = await reissued_across_a_promotion(servers, database, hot, None, promotion)
+    await ledger.applied()
+    live = await ledger.rows("SELECT client FROM {ledger} WHERE key = $1", key)
+    assert [r["client"] for r in live] == ["client-a"]
+
+
+# --- 2. A quiet spell after a promotion ---------------------------------------------
+
+
+async def test_a_quiet_spell_after_a_promotion_keeps_what_was_answered(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """Round 4 restored only after the next batch, whose acknowledgement first trimmed
+    what the restore needed: after a quiet spell longer than the retention the UIN was
+    gone and A's PUT refused. Now the fence marks the restore pending, nothing trims the
+    log meanwhile, and keysync restores at its next turn, with or without entries."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, retain_s=0.5)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    assigned = await ledger.change("used", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+    await promotion.promote()
+    await refill(ledger)  # keygen or keysync reaches the promoted server: fenced at once
+    record = await sync.read()
+    assert record.restore_from  # the head the promoted server lacks
+    with pytest.raises(StoreUnavailable, match="restored"):
+        await ledger.lookup(key)  # never answered from the server before its restore
+    await asyncio.sleep(1.0)  # a quiet spell, twice the log's retention
+    async with cold(ledger.settings) as store:
+        drain = ledger.drain(store)
+        assert await drain.drain_once(block_ms=10) is None  # no entry: restored anyway
+    assert drain.restored == 2
+    looked = await ledger.lookup(key)
+    assert looked["client"] == "client-a" and looked["used"] is True
+    again = await ledger.change("used", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(again) == outcomes.ASSIGNED
+
+
+async def test_nothing_trims_the_log_while_a_restore_waits(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
+) -> None:
+    """A confirmation trims the log to its retention, but never while the record says
+    a restore is pending (the restore still needs what the log holds)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, retain_s=0.2)
+    await ledger.pop("client-a")
+    await ledger.applied()
+    log = redis_keys.ledger_log_key(hot.namespace)
+    kept = await redis_client.xlen(log)
+    assert kept >= 1
+    record_key = redis_keys.sync_record_key(hot.namespace)
+    await redis_client.hset(record_key, "restore_from", "a-link-to-restore")
+    await asyncio.sleep(0.4)  # older than the retention now
+    stamp = await _stamp_of(sync)
+    assert await ledger.stream.confirm_link(stamp, {}, [], 200) == "ok"
+    assert await redis_client.xlen(log) == kept
+    await redis_client.hdel(record_key, "restore_from")
+    assert await ledger.stream.confirm_link(stamp, {}, [], 200) == "ok"
+    assert await redis_client.xlen(log) < kept
+
+
+async def _stamp_of(sync: SyncRecord) -> Stamp:
+    """A stamp of the record as it is (recording it moves nothing)."""
+    record = await sync.read()
+    heads = ((sync.namespace, record.head),)
+    return Stamp(record.timeline, record.fork, record.clock, record.database, 0, heads)
+
+
+# --- 3. Two keysyncs: a replay reverses a decision -----------------------------------
+
+
+async def pair_across_a_promotion(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord | None,
+    promotion: PromotionPlan,
+) -> tuple[Ledger, str, str, str]:
+    """A's PUT ASSIGNED and PUT UNASSIGNED of one UIN, sent together, each in another
+    keysync's batch; the later entry's batch commits first. Then a promotion loses both.
+    (ledger, key, the assign's entry, the release's entry)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await promotion.replica_copies_now()
+    assign = await ledger.change("used", key, "client-a")
+    release = await ledger.change("release", key, "client-a")
+    async with cold(ledger.settings) as one, cold(ledger.settings) as two:
+        second = ledger.drain(two, "keysync-2")
+        await ledger.stream.beat("keysync-3")  # alive: nobody takes what it holds
+        held = await ledger.stream.read("keysync-3", 1, 10, 60_000)  # holds the assign
+        assert [entry for entry, _ in held] == [assign]
+        assert (await second.drain_once(block_ms=10)) is not None  # the release, first
+        third = ledger.drain(one, "keysync-3")
+        assert (await third.drain_once(block_ms=10)) is not None  # its own: the assign
+    assert await ledger.outcome(release) == outcomes.UNASSIGNED
+    assert await ledger.outcome(assign) == outcomes.NOT_ISSUED
+    await promotion.promote()
+    return ledger, key, assign, release
+
+
+async def test_two_keysyncs_a_restore_never_reverses_a_decision(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """Round 4's replay decided both again, in stream order: the assign first, the
+    opposite of what was answered. The restore writes them in commit order, as written."""
+    ledger, key, _, _ = await pair_across_a_promotion(servers, database, hot, sync, promotion)
+    await ledger.applied()
+    looked = await ledger.lookup(key)
+    assert looked["released"] is True and looked["used"] is False
+    again = await ledger.change("release", key, "client-a")  # the answered one, again
+    refused = await ledger.change("used", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(again) == outcomes.UNASSIGNED
+    assert await ledger.outcome(refused) == outcomes.NOT_ISSUED
+
+
+async def test_control_without_the_guard_a_repeated_put_gets_the_opposite(
+    servers: Servers, database: str, hot: HotStore, promotion: PromotionPlan
+) -> None:
+    ledger, key, _, _ = await pair_across_a_promotion(servers, database, hot, None, promotion)
+    assigned = await ledger.change("used", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(assigned) == outcomes.ASSIGNED  # the release was answered
+
+
+# --- decisions, lookups, halts ------------------------------------------------------
+
+
+async def test_an_entry_applied_again_keeps_its_first_outcome(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A release decided (UNUSED) is applied again after its key went back and was
+    issued to the same client anew (an entry left pending by a keysync that died after
+    its commit): decided again it would be refused; its outcome stays the first."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=True)
+    key = await ledger.pop("client-a")
+    release = await ledger.change("release", key, "client-a")
+    await ledger.applied()
+    await asyncio.sleep(0.4)  # reissue_after_s
+    assert await requeue(ledger) == {"farmer": 1}
+    await refill(ledger)
+    assert await ledger.pop("client-a") == key  # issued anew, to A
+    await ledger.applied()
+    fields = {"op": "release", "type": "farmer", "keys": key, "clients": "client-a", "reply": "1"}
+    batch = parse([(release, fields)], build_id_types(ledger.settings))
+    async with cold(ledger.settings) as store, store.connection() as conn, conn.transaction():
+        again = await apply(conn, batch)
+    assert again.outcomes == {release: outcomes.UNUSED}
+    live = await ledger.rows("SELECT released_at FROM {ledger} WHERE key = $1", key)
+    assert [r["released_at"] for r in live] == [None]  # the new issue is untouched
+
+
+async def test_a_lookup_waits_for_the_restore_and_never_reads_a_server_behind(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    assert (await ledger.lookup(key))["issued"] is True
+    await promotion.promote()
+    with pytest.raises(StoreUnavailable):
+        await ledger.lookup(key)  # promoted, not fenced yet: its history is behind
+    await ledger.applied()  # keysync's turn: fence, restore
+    assert (await ledger.lookup(key))["client"] == "client-a"
+
+
+async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resumes(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+) -> None:
+    """The log lost the link a restore needs (Redis restarted from an older snapshot, or
+    the promotion lagged longer than the retention): the ledger halts rather than
+    decide without it; keys are still served, and an operator accepts the loss."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await redis_client.delete(redis_keys.ledger_log_key(hot.namespace))
+    await promotion.promote()
+    with pytest.raises(LedgerHalted):
+        await ledger.applied()
+    assert "gone from the log" in (await sync.read()).ledger_halt
+    with pytest.raises(StoreUnavailable, match="halted"):
+        await ledger.lookup(key)
+    resumed = await resume_ledger(ledger.settings)  # `ledger-resume --accept-loss`
+    assert set(resumed["resumed"]) == {hot.namespace}
+    await ledger.applied()
+    assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
