@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores.fence import sql as fence_sql
-from shared.stores.ledger import sql as ledger_sql
 from shared.stores.fence.binding import bind
 from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record
 from shared.stores.fence.verdict import ClockRow, combined, verdict
 from shared.stores.groups import Groups, HotRouter, SyncRecords
+from shared.stores.ledger import sql as ledger_sql
 from shared.stores.postgres.cold_store import ColdStore
 
 _STATUS_CAP = 10_000_000
