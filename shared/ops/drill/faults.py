@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import redis
@@ -42,11 +42,18 @@ PAUSE_TARGETS = ("keysync", "keygen", "dispenser", "redis_primary", "postgres_pr
 # the Sentinels and replicas) lose it.
 PARTITION_SIDES = (
     ("dispenser-0", "keysync", "lease-0"),
-    ("dispenser-1", "keygen", "lease-1"),
+    ("dispenser-1", "keygen", "keysync-2", "lease-1"),
 )
-# postgres_split_brain: which process stays on the old primary, in turn; the other
-# goes to the promoted one.
-SPLIT_SIDES = (("keysync", "keygen"), ("keygen", "keysync"))
+# postgres_split_brain: which processes stay on the old primary, in turn; the others go
+# to the promoted one (each side has a keysync, so each applies the ledger).
+SPLIT_SIDES = (
+    (("keysync",), ("keygen", "keysync-2")),
+    (("keygen", "keysync-2"), ("keysync",)),
+)
+# After each PostgreSQL promotion, no ledger entry at all (the loads of ledger types
+# wait) for longer than the keysyncs keep the ledger log (runner.DRILL_KEYSYNC): what
+# the promotion lost is restored at once, not when the next entry arrives.
+QUIET_AFTER_PROMOTION_S = 12.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,14 @@ class Outcome:
 Fault = Callable[[], Awaitable[Outcome]]
 
 
+class Pausable(Protocol):
+    """A load that can hold its requests for a while (and go on afterwards)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
 @dataclass
 class Drill:
     topology: Topology
@@ -77,6 +92,9 @@ class Drill:
     snapshot: Path
     lease_faults: LeaseFaults
     turns: dict[str, int] = field(default_factory=dict)  # faults that rotate their target
+    # The loads of ledger types (paused for the quiet spells after PostgreSQL promotions).
+    ledger_loads: list[Pausable] = field(default_factory=list)
+    quiet_after_promotion: bool = True
 
     def _turn(self, fault: str) -> int:
         self.turns[fault] = self.turns.get(fault, 0) + 1
@@ -281,7 +299,11 @@ class Drill:
         in_lag = self.load.dispensed - dispensed
         await self.postgres.fail_over()
         await self.postgres.wait_for_replica()
-        return Outcome({"keys_in_lag_window": in_lag}, postgres_discarded_before=fenced_before)
+        quiet = await self.quiet_ledger()
+        return Outcome(
+            {"keys_in_lag_window": in_lag, "quiet_s": quiet},
+            postgres_discarded_before=fenced_before,
+        )
 
     async def postgres_split_brain(self) -> Outcome:
         """The replica falls behind, then is promoted while the old primary stays up and
@@ -294,18 +316,35 @@ class Drill:
         await asyncio.sleep(LAG_WINDOW_S)
         old, new = self.postgres.pair()
         await self.postgres.promote_replica()
-        self.links.cut_postgres(stays, new.port)  # it reaches only the old primary
-        self.links.cut_postgres(moves, old.port, "reset")  # it reconnects to the new one
+        for name in stays:
+            self.links.cut_postgres(name, new.port)  # it reaches only the old primary
+        for name in moves:
+            self.links.cut_postgres(name, old.port, "reset")  # it reconnects to the new one
         try:
             await asyncio.sleep(SPLIT_S)
         finally:
             await self.postgres.heal()  # the old primary is stopped and rebuilt
             self.links.heal()
         await self.postgres.wait_for_replica()
+        quiet = await self.quiet_ledger()
         return Outcome(
-            {"stayed_on_old": stays, "moved_to_new": moves},
+            {"stayed_on_old": list(stays), "moved_to_new": list(moves), "quiet_s": quiet},
             postgres_discarded_before=fenced_before,
         )
+
+    async def quiet_ledger(self) -> float:
+        """No ledger traffic for QUIET_AFTER_PROMOTION_S (the loads of ledger types
+        wait); how long it was (0: the drill runs without quiet spells)."""
+        if not self.quiet_after_promotion:
+            return 0.0
+        for load in self.ledger_loads:
+            load.pause()
+        try:
+            await asyncio.sleep(QUIET_AFTER_PROMOTION_S)
+        finally:
+            for load in self.ledger_loads:
+                load.resume()
+        return QUIET_AFTER_PROMOTION_S
 
     async def postgres_discarded(self) -> int:
         """Cold keys PostgreSQL fences discarded so far (0 while unreachable)."""

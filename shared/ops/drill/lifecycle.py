@@ -66,6 +66,15 @@ REPLICA_LOSS_FAULTS = frozenset(
     {"redis_restart_empty", "redis_restart_old_snapshot", "shard_restart_empty"}
 )
 RETRY_EVERY = 4  # one request in this many repeats an earlier Idempotency-Key
+PAIR_EVERY = 5  # one UIN taken in this many gets PUT ASSIGNED and UNASSIGNED at once
+REPEAT_EVERY = 7  # one request in this many asks again an acknowledged PUT ASSIGNED
+# What PUT answers when it applied each status (the status MOSIP reports after it);
+# KER-UIG-004: refused, the UIN is not ISSUED any more (the other change came first).
+DONE = {"ASSIGNED": {"ASSIGNED"}, "UNASSIGNED": {"UNASSIGNED", "UNUSED"}}
+NOT_ISSUED = "KER-UIG-004"
+# Every answer that says what the ledger decided (a status, or a refusal: not found,
+# not a status, not ISSUED); KER-UIG-005 (internal: the ledger behind) decides nothing.
+DECIDED = frozenset({"ASSIGNED", "UNASSIGNED", "UNUSED", "KER-UIG-001", "KER-UIG-003", NOT_ISSUED})
 REISSUE_WAIT_S = 30.0  # the quiet end's longest wait for a UIN issued again
 MOSIP_PUT = {"id": "mosip.kernel.uinservice", "version": "1.0", "metadata": {}}
 
@@ -99,6 +108,28 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Pair:
+    """PUT ASSIGNED and PUT UNASSIGNED of one UIN sent at once: the ledger decides which
+    came first, once; whatever it answered must hold (the other refused)."""
+
+    key: str
+    client: str
+    assigned: str  # each answer: the status reported, an error code, or "" (no answer)
+    unassigned: str
+    sent: float
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """An acknowledged PUT ASSIGNED asked again later: answered as the first time."""
+
+    key: str
+    client: str
+    answer: str  # the status reported, or an error code ("": no answer)
+    first_sent: float  # when the first (acknowledged) one was sent
+
+
+@dataclass(frozen=True)
 class Retry:
     client: str
     idempotency_key: str
@@ -117,14 +148,28 @@ class LifecycleLoad:
     receipts: list[Receipt] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     retries: list[Retry] = field(default_factory=list)
+    pairs: list[Pair] = field(default_factory=list)
+    repeats: list[Repeat] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     requests: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _reissued: asyncio.Event = field(default_factory=asyncio.Event)
     _keys_seen: set[str] = field(default_factory=set)
+    _open: asyncio.Event = field(default_factory=asyncio.Event)
+    _paused: bool = False
 
     def stop(self) -> None:
         self._stop.set()
+        self._open.set()
+
+    def pause(self) -> None:
+        """Hold every request until ``resume`` (a quiet spell of the ledger)."""
+        self._paused = True
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._paused = False
+        self._open.set()
 
     def _received(self, receipt: Receipt) -> None:
         if receipt.key in self._keys_seen:
@@ -150,10 +195,14 @@ class LifecycleLoad:
         headers = {"X-API-Key": self.keys[name]}
         # (Idempotency-Key, key, when answered) of this client's POSTs
         asked: list[tuple[str, str, float]] = []
+        assigned: list[Change] = []  # this client's acknowledged PUT ASSIGNED, latest
         i = 0
+        if not self._paused:
+            self._open.set()
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.requests >= self.max_requests:
                 return
+            await self._open.wait()
             self.requests += 1
             i += 1
             base = self.urls[i % len(self.urls)]
@@ -162,12 +211,50 @@ class LifecycleLoad:
                     session, base, name, headers, asked, len(asked) - 1 - i % len(asked)
                 )
                 continue
+            if assigned and i % REPEAT_EVERY == 0:
+                await self._repeat(session, base, name, headers, assigned[i % len(assigned)])
+                continue
             key = await self._take(session, base, name, headers, i, asked)
             if key is None:
                 await asyncio.sleep(0.05)
                 continue
+            if i % PAIR_EVERY == 0:
+                await self._pair(session, base, name, headers, key)
+                continue
             status = "ASSIGNED" if i % 3 else "UNASSIGNED"
-            await self._change(session, base, name, headers, key, status)
+            change = await self._change(session, base, name, headers, key, status)
+            if change.acknowledged and status == "ASSIGNED":
+                assigned.append(change)
+                del assigned[:-20]
+
+    async def _pair(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        name: str,
+        headers: dict[str, str],
+        key: str,
+    ) -> None:
+        """PUT ASSIGNED and PUT UNASSIGNED of ``key`` at once (each recorded as a change)."""
+        sent = time.monotonic()
+        assigned, unassigned = await asyncio.gather(
+            self._put(session, base, headers, key, "ASSIGNED"),
+            self._put(session, base, headers, key, "UNASSIGNED"),
+        )
+        for status, answer in (("ASSIGNED", assigned), ("UNASSIGNED", unassigned)):
+            self.changes.append(Change(key, name, status, sent, answer in DONE[status]))
+        self.pairs.append(Pair(key, name, assigned, unassigned, sent))
+
+    async def _repeat(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        name: str,
+        headers: dict[str, str],
+        first: Change,
+    ) -> None:
+        answer = await self._put(session, base, headers, first.key, "ASSIGNED")
+        self.repeats.append(Repeat(first.key, name, answer, first.sent))
 
     async def _take(
         self,
@@ -234,16 +321,34 @@ class LifecycleLoad:
         headers: dict[str, str],
         key: str,
         status: str,
-    ) -> None:
+    ) -> Change:
         sent = time.monotonic()
+        answer = await self._put(session, base, headers, key, status)
+        change = Change(key, name, status, sent, answer in DONE[status])
+        self.changes.append(change)
+        return change
+
+    async def _put(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        headers: dict[str, str],
+        key: str,
+        status: str,
+    ) -> str:
+        """MOSIP's PUT of ``status``: the status answered, MOSIP's error code, or "" when
+        no answer came (a timeout, a transport error)."""
         request = MOSIP_PUT | {
             "requesttime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
             "request": {"uin": key, "status": status},
         }
-        body = await self._call(session, "PUT", f"{base}/v1/idgenerator/uin", headers, request)
+        errors: list[str] = []
+        url = f"{base}/v1/idgenerator/uin"
+        body = await self._call(session, "PUT", url, headers, request, codes=errors)
         answer = (body or {}).get("response") or {}
-        done = body is not None and not body.get("errors") and answer.get("uin") == key
-        self.changes.append(Change(key, name, status, sent, done))
+        if body is not None and answer.get("uin") == key:
+            return str(answer.get("status"))
+        return errors[0] if errors else ""
 
     async def _call(
         self,
@@ -253,9 +358,11 @@ class LifecycleLoad:
         headers: dict[str, str],
         json: dict[str, Any] | None = None,
         replayed: list[bool] | None = None,
+        codes: list[str] | None = None,
     ) -> dict[str, Any] | None:
-        """The answer's body when it is 200 with no error; else None (counted). With
-        ``replayed``, whether the answer was a replay is appended to it."""
+        """The answer's body when it is 200 with no error; else None (counted, and with
+        ``codes`` the error code appended to it). With ``replayed``, whether the answer
+        was a replay is appended to it."""
         try:
             async with session.request(method, url, headers=headers, json=json) as reply:
                 if replayed is not None:
@@ -266,6 +373,8 @@ class LifecycleLoad:
                     return dict(body)
                 code = str(errors[0]["errorCode"]) if errors else str(reply.status)
                 self.errors[f"{method} {code}"] += 1
+                if codes is not None:
+                    codes.append(code)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError) as exc:
             self.errors[f"{method} {type(exc).__name__}"] += 1
         return None
@@ -367,8 +476,31 @@ def check(
             other.client != r.client and r.first_at < other.at < r.at for other in received[r.first]
         )
     ]
+    # PUT pairs: one applied and the other refused, whichever came first; never both,
+    # and what was applied holds (status_changes_lost counts it when not).
+    both = [
+        p
+        for p in load.pairs
+        if p.assigned in DONE["ASSIGNED"] and p.unassigned in DONE["UNASSIGNED"]
+    ]
+    decided = [p for p in load.pairs if NOT_ISSUED in (p.assigned, p.unassigned) and p not in both]
+    # An acknowledged PUT ASSIGNED asked again is answered ASSIGNED (when answered with
+    # what the ledger decided: KER-UIG-005, the ledger behind while a failover lasts,
+    # or no answer at all, decides nothing).
+    reversed_ = [
+        r
+        for r in load.repeats
+        if r.answer in DECIDED and r.answer != "ASSIGNED" and not excused(r.first_sent)
+    ]
     return {
         "uins_received": len(load.receipts),
+        "put_pairs": len(load.pairs),
+        "put_pairs_decided": len(decided),
+        "put_pairs_both_applied": len(both),
+        "repeats": len(load.repeats),
+        "repeats_contradicted": len(reversed_),
+        "repeats_unanswered": sum(1 for r in load.repeats if r.answer not in DECIDED),
+        "repeats_contradicted_sample": [f"{r.key} {r.client}: {r.answer}" for r in reversed_[:10]],
         "status_changes_acknowledged": sum(1 for c in load.changes if c.acknowledged),
         "retries": len(load.retries),
         "uins_reissued": _reissued(load, issues),

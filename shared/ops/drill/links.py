@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from shared.ops.drill.proxy import Proxy, ProxyHub
 
 # The processes whose links are proxied, as the fleet names them.
-PROCESSES = ("keygen", "keysync", "dispenser-0", "dispenser-1", "lease-0", "lease-1")
+PROCESSES = (
+    "keygen",
+    "keysync",
+    "keysync-2",
+    "dispenser-0",
+    "dispenser-1",
+    "lease-0",
+    "lease-1",
+)
 
 
 @dataclass

@@ -17,6 +17,11 @@ from shared.domain.config import SnowflakeConfig
 from shared.domain.snowflake import SnowflakeType
 
 
+def _opened(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
 @dataclass
 class RecordingLoad:
     """Clients taking keys (single and batch) from every dispenser, recording every key
@@ -37,11 +42,25 @@ class RecordingLoad:
     marked: dict[str, float] = field(default_factory=dict)  # key -> when its mark was accepted
     requests: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    quiet: list[tuple[float, float]] = field(default_factory=list)  # paused: (from, to)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _open: asyncio.Event = field(default_factory=lambda: _opened(asyncio.Event()))
+    _paused_at: float | None = None
 
     @property
     def dispensed(self) -> int:
         return sum(self.keys.values())
+
+    def pause(self) -> None:
+        """Hold every request until ``resume`` (a quiet spell: not an outage)."""
+        self._open.clear()
+        self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self.quiet.append((self._paused_at, time.monotonic()))
+            self._paused_at = None
+        self._open.set()
 
     @property
     def duplicates(self) -> int:
@@ -49,6 +68,7 @@ class RecordingLoad:
 
     def stop(self) -> None:
         self._stop.set()
+        self._open.set()
 
     async def run(self, deadline: float) -> None:
         timeout = aiohttp.ClientTimeout(total=3)
@@ -60,6 +80,7 @@ class RecordingLoad:
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.requests >= self.max_requests:
                 return
+            await self._open.wait()
             self.requests += 1
             i += 1
             base = self.urls[i % len(self.urls)]
@@ -120,8 +141,15 @@ class RecordingLoad:
         served = [t for t, ok in self.events if ok and fault_at <= t < until]
         if not served:
             return 0.0, -1.0
-        length, start = max((b - a, a) for a, b in itertools.pairwise([fault_at, *served]))
+        # A quiet spell (the load paused on purpose) is no outage: its time is left out.
+        length, start = max(
+            (b - a - self._quiet_within(a, b), a)
+            for a, b in itertools.pairwise([fault_at, *served])
+        )
         return (start - fault_at) * 1000, length * 1000
+
+    def _quiet_within(self, a: float, b: float) -> float:
+        return sum(max(0.0, min(b, end) - max(a, begin)) for begin, end in self.quiet)
 
 
 @dataclass

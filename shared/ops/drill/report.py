@@ -65,6 +65,16 @@ class Report:
                 uins.get("replays_of_keys_reissued", 0) == 0,
                 "a retry was answered with a key given back and issued to another client",
             ),
+            # The ledger's one history: a pair of PUTs at once is decided once (never
+            # both applied), and an acknowledged PUT ASSIGNED asked again is answered so.
+            (
+                uins.get("put_pairs_both_applied", 0) == 0,
+                f"{uins.get('put_pairs_both_applied')} PUT pairs answered applied both",
+            ),
+            (
+                uins.get("repeats_contradicted", 0) == 0,
+                f"{uins.get('repeats_contradicted')} acknowledged PUTs answered otherwise later",
+            ),
             (uins.get("uins_received", 0) > 0, "the lifecycle received no UIN"),
             (not process_exits, f"processes exited: {process_exits}"),
             (not fence_not_engaged, f"fence did not engage: {fence_not_engaged}"),

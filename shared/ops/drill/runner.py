@@ -59,6 +59,10 @@ DRILL_KEYSYNC = {
     "batch_marker_ttl_s": 2.0,
     "take_idle_limit_s": 3.0,
     "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
+    # The ledger log outlives every loss window a fault makes (the replica's lag, a
+    # split brain) and is shorter than the quiet spell after each promotion
+    # (faults.QUIET_AFTER_PROMOTION_S): a restore must not wait for traffic.
+    "ledger_retain_s": 10.0,
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
 REDIS_FAULTS = fault_kinds.new_primary("sentinel")
@@ -243,7 +247,10 @@ async def _drill(
             raise RuntimeError(f"migrate failed: {migrated}")
         ports = [free_port(), free_port()]
         fleet.spawn("keygen", "keygen")
+        # Two keysyncs: the ledger stream's consumer group shares its entries between
+        # them, so two changes of one UIN can be decided by either, in either order.
         fleet.spawn("keysync", "keysync")
+        fleet.spawn("keysync-2", "keysync")
         for i, port in enumerate(ports):
             extra = {"KD_DISPENSER__PORT": str(port)} | leases.dispenser_env()
             fleet.spawn(f"dispenser-{i}", "dispenser", extra)
@@ -268,6 +275,7 @@ async def _drill(
             database,
             base / "snapshot.rdb",
             lease_faults,
+            ledger_loads=[load, uins],
         )
         kinds = fault_kinds.chosen("sentinel", only)
         fault_kinds.check_implemented("sentinel", drill.faults())
@@ -469,6 +477,12 @@ def format_table(report: DrillReport) -> str:
         f"{uins.get('status_changes_acknowledged', 0)} status changes; in two hands "
         f"{report.keys_in_two_hands}, changes lost {report.status_changes_lost}, under "
         f"another client {report.ledger_wrong_client}, missing {uins.get('ledger_missing', 0)}"
+    )
+    lines.append(
+        f"PUT pairs at once {uins.get('put_pairs', 0)} (decided "
+        f"{uins.get('put_pairs_decided', 0)}, both applied "
+        f"{uins.get('put_pairs_both_applied', 0)}); acknowledged PUTs asked again "
+        f"{uins.get('repeats', 0)} (answered otherwise {uins.get('repeats_contradicted', 0)})"
     )
     lines.append(f"fail-closed {report.fail_closed_s} s; process exits {len(report.process_exits)}")
     for failure in report.failures():
