@@ -104,7 +104,25 @@ def format_status(report: dict[str, Any]) -> str:
             f"machine IDs {lo}..{hi} of pool {row['pool']}"
         )
     lines.append(_fence_line(report["postgres_fence"]))
+    lines.extend(_ledger_lines(report["postgres_fence"]))
     return "\n".join(lines)
+
+
+def _ledger_lines(fence: dict[str, Any]) -> list[str]:
+    """The ledger's state per key group, when it is anything but ok."""
+    lines = []
+    for lane, state in fence.get("ledger", {}).items():
+        if state["halted"]:
+            lines.append(
+                f"ledger ({lane}): HALTED ({state['halted']}): run "
+                "`keydispenser ledger-resume --accept-loss` (docs/operations.md)"
+            )
+        elif state["restoring_to"]:
+            lines.append(
+                f"ledger ({lane}): restoring what a PostgreSQL promotion lost "
+                f"(up to link {state['restoring_to']}): keysync does it at its next turn"
+            )
+    return lines
 
 
 def _cell(row: dict[str, Any], column: str) -> str:

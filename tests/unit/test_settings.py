@@ -80,6 +80,17 @@ def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "id_types:\n  t:\n    kind: base62\n    length: 5\n    check_digit: verhoeff\n",
             "check_digit",
         ),
+        # Configurations that cannot keep the ledger's promise, both keys named.
+        (
+            "id_types:\n  t:\n    kind: base62\n    length: 7\n    ledger: true\n"
+            "    ledger_durability: replicated\n    ledger_replicas: 0\n",
+            "ledger_replicas: 0",
+        ),
+        (
+            "keysync:\n  ledger_retain_s: 0\n"
+            "id_types:\n  t:\n    kind: base62\n    length: 7\n    ledger: true\n",
+            "keysync.ledger_retain_s",
+        ),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, field: str) -> None:
@@ -159,3 +170,11 @@ def test_sequential_types_default_to_no_filters(tmp_path: Path) -> None:
 def test_a_type_may_not_take_the_name_of_the_fences_registry(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"id_types\.registry: reserved name"):
         load_settings(write(tmp_path, "id_types:\n  registry:\n    kind: numeric\n    length: 8\n"))
+
+
+def test_a_ledger_log_too_short_names_the_ledger_types(tmp_path: Path) -> None:
+    text = "keysync:\n  ledger_retain_s: 0\nid_types:\n  uin:\n    kind: numeric\n    length: 10\n    ledger: true\n"
+    with pytest.raises(ConfigError, match="id_types uin keep a ledger"):
+        load_settings(write(tmp_path, text))
+    plain = "keysync:\n  ledger_retain_s: 0\nid_types:\n  t:\n    kind: base62\n    length: 7\n"
+    assert load_settings(write(tmp_path, plain)).keysync.ledger_retain_s == 0  # no ledger

@@ -173,6 +173,11 @@ class IdTypeConfig(Strict):
             raise ValueError("reissue_released: needs ledger: true (releases are ledger records)")
         if self.ledger_durability != "async" and not self.ledger:
             raise ValueError("ledger_durability: needs ledger: true (it is the ledger's)")
+        if self.ledger_durability == "replicated" and self.ledger_replicas == 0:
+            raise ValueError(
+                "ledger_durability: replicated with ledger_replicas: 0 waits for no replica "
+                "(it is async): set ledger_replicas to every replica a failover may promote"
+            )
         return self
 
     @model_validator(mode="after")

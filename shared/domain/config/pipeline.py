@@ -27,10 +27,10 @@ class KeysyncConfig(Strict):
     # A "used" mark applied before its key's issue entry waits this long for it, then
     # is forgotten (and logged): the key was never issued, or Redis lost its entry.
     ledger_early_mark_ttl_s: float = Field(default=7 * 86_400, ge=60)
-    # Applied ledger entries are kept this long in Redis and applied again after a
-    # PostgreSQL fence: a promotion that lost at most this much of the ledger's last
-    # commits loses no record (set it above the standby's worst lag plus the time a
-    # failover takes). 0: not kept (a promotion loses what its standby lacked).
+    # What each ledger transaction wrote is kept this long in Redis (the ledger log): a
+    # PostgreSQL promotion that lost at most this much of the ledger's last commits is
+    # restored from it; one that lost more halts the ledger (set it above the standby's
+    # worst lag plus the time a failover takes). At least 1 s with a ledger type.
     ledger_retain_s: float = Field(default=300.0, ge=0, le=86_400)
     # How often released keys due back in the cold table (reissue_released), and
     # "used" marks that waited too long, are looked for.

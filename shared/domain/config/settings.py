@@ -25,6 +25,10 @@ from shared.domain.config.redis import RedisSettings
 from shared.domain.errors import ConfigError
 
 
+# The least ledger log a type with a ledger may run with (keysync.ledger_retain_s).
+MIN_LEDGER_RETAIN_S = 1.0
+
+
 class Settings(BaseSettings, PostgresSettings, RedisSettings):
     """Everything a process is configured with: a YAML file plus KD_-prefixed environment
     overrides (env wins). Built once in each process's ``main()`` and passed down."""
@@ -66,7 +70,23 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
                     f"dispenser.auth.oidc.roles.{role}.id_types: unknown {sorted(unknown)}"
                 )
         self._mosip_types_keep_a_ledger()
+        self._ledger_can_be_restored()
         return self
+
+    def _ledger_can_be_restored(self) -> None:
+        """A type with a ledger needs a ledger log to restore from after a PostgreSQL
+        promotion (docs/reliability.md, "The ledger's one history"): without one, every
+        promotion that lost a ledger transaction halts the ledger."""
+        ledgers = sorted(
+            n for n, c in self.id_types.items() if isinstance(c, IdTypeConfig) and c.ledger
+        )
+        if ledgers and self.keysync.ledger_retain_s < MIN_LEDGER_RETAIN_S:
+            raise ValueError(
+                f"keysync.ledger_retain_s: {self.keysync.ledger_retain_s:g} s keeps no ledger "
+                f"log to restore from, and id_types {', '.join(ledgers)} keep a ledger "
+                "(ledger: true): a PostgreSQL promotion would halt it. Keep the log at least "
+                f"{MIN_LEDGER_RETAIN_S:g} s (above a replica's worst lag plus a failover's time)"
+            )
 
     def _mosip_types_keep_a_ledger(self) -> None:
         mosip = self.dispenser.mosip
