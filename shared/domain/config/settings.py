@@ -24,7 +24,6 @@ from shared.domain.config.postgres import PostgresSettings
 from shared.domain.config.redis import RedisSettings
 from shared.domain.errors import ConfigError
 
-
 # The least ledger log a type with a ledger may run with (keysync.ledger_retain_s).
 MIN_LEDGER_RETAIN_S = 1.0
 
