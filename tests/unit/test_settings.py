@@ -173,7 +173,10 @@ def test_a_type_may_not_take_the_name_of_the_fences_registry(tmp_path: Path) -> 
 
 
 def test_a_ledger_log_too_short_names_the_ledger_types(tmp_path: Path) -> None:
-    text = "keysync:\n  ledger_retain_s: 0\nid_types:\n  uin:\n    kind: numeric\n    length: 10\n    ledger: true\n"
+    text = (
+        "keysync:\n  ledger_retain_s: 0\n"
+        "id_types:\n  uin:\n    kind: numeric\n    length: 10\n    ledger: true\n"
+    )
     with pytest.raises(ConfigError, match="id_types uin keep a ledger"):
         load_settings(write(tmp_path, text))
     plain = "keysync:\n  ledger_retain_s: 0\nid_types:\n  t:\n    kind: base62\n    length: 7\n"
