@@ -75,6 +75,6 @@ async def run_migrate(settings: Settings) -> int:
     except (OSError, asyncpg.PostgresError) as exc:
         raise KeydispenserError(f"postgres_dsn: cannot connect: {exc}") from exc
     try:
-        return await migrate(conn, id_types)
+        return await migrate(conn, id_types, settings.postgres_role_prefix)
     finally:
         await conn.close()

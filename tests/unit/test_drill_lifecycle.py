@@ -4,7 +4,16 @@ history and names what a broken one did."""
 from __future__ import annotations
 
 from shared.ops.drill.history import LossSpan
-from shared.ops.drill.lifecycle import Change, Issue, LifecycleLoad, Receipt, Retry, check
+from shared.ops.drill.lifecycle import (
+    Change,
+    Issue,
+    LifecycleLoad,
+    Pair,
+    Receipt,
+    Repeat,
+    Retry,
+    check,
+)
 
 
 def load(**history: list[object]) -> LifecycleLoad:
@@ -77,3 +86,34 @@ def test_a_receipt_a_restart_destroyed_is_lost_to_it_even_with_other_issues_of_i
     assert found["ledger_wrong_client"] == 0
     assert found["lost_to_fault"] == {"redis_restart_old_snapshot": 1}
     assert check(history, issues, [])["ledger_wrong_client"] == 1  # no fault: wrong
+
+
+def test_a_pair_decided_once_holds_and_a_pair_applied_both_ways_is_named() -> None:
+    """PUT ASSIGNED and PUT UNASSIGNED of one UIN at once: one applied, the other
+    refused (KER-UIG-004); both applied is what the ledger's one history forbids."""
+    once = load(
+        pairs=[Pair("K", "a", "ASSIGNED", "KER-UIG-004", 2.0)],
+        changes=[
+            Change("K", "a", "ASSIGNED", 2.0, True),
+            Change("K", "a", "UNASSIGNED", 2.0, False),
+        ],
+    )
+    found = check(once, {"K": [Issue("a", True, False)]}, [])
+    assert found["put_pairs_decided"] == 1 and found["put_pairs_both_applied"] == 0
+    both = load(pairs=[Pair("K", "a", "ASSIGNED", "UNASSIGNED", 2.0)])
+    assert check(both, {"K": [Issue("a", True, False)]}, [])["put_pairs_both_applied"] == 1
+
+
+def test_an_acknowledged_put_asked_again_is_answered_so_or_counted() -> None:
+    """A repeat answered ASSIGNED holds; one answered KER-UIG-005 (the ledger behind
+    while a failover lasts) decided nothing; one answered otherwise is a contradiction."""
+    history = load(
+        repeats=[
+            Repeat("K", "a", "ASSIGNED", 1.0),
+            Repeat("K", "a", "KER-UIG-005", 1.0),
+            Repeat("K", "a", "KER-UIG-004", 1.0),
+        ]
+    )
+    found = check(history, {"K": [Issue("a", True, False)]}, [])
+    assert found["repeats"] == 3 and found["repeats_unanswered"] == 1
+    assert found["repeats_contradicted"] == 1

@@ -34,3 +34,13 @@ def test_duplicates_are_counted() -> None:
     load = load_with([])
     load.keys.update(["a", "b", "a"])
     assert (load.dispensed, load.duplicates) == (3, 1)
+
+
+def test_a_quiet_spell_is_left_out_of_the_stretch_without_keys() -> None:
+    """The load paused on purpose (a quiet spell of the ledger after a PostgreSQL
+    promotion) for 12 s: only the 0.5 s before it and the 0.3 s after it count."""
+    load = load_with([(10.5, True), (23.3, True)])
+    load.quiet = [(11.0, 23.0)]
+    began, length = load.disruption(10.0, 30.0)
+    assert length == pytest.approx(800.0)
+    assert began == pytest.approx(500.0)

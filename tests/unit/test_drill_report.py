@@ -42,6 +42,8 @@ PASSED = DrillReport(
     fail_closed_s=0.0,
     fail_closed_by_process={},
     lease_renewals_unreplicated=0,
+    ledger_restores=2,
+    ledger_halts=0,
     fence_not_engaged=[],
     not_resumed=[],
     lease_faults_not_observed=[],
@@ -70,11 +72,14 @@ def test_each_broken_check_is_named() -> None:
             "keys_in_two_hands": 1,
             "status_changes_lost": 4,
             "ledger_wrong_client": 5,
+            "put_pairs_both_applied": 6,
+            "repeats_contradicted": 7,
         },
         not_resumed=[1],
         faults_not_injected=1,
         process_exits=["keysync"],
         leases=dataclasses.replace(LEASES, lease_overlaps=1, snowflake_duplicates=5),
+        ledger_halts=1,
     )
     assert broken.failures() == [
         "3 keys dispensed twice",
@@ -82,13 +87,16 @@ def test_each_broken_check_is_named() -> None:
         "1 keys live in two hands",
         "4 status changes lost",
         "5 under another client",
+        "6 PUT pairs answered applied both",
+        "7 acknowledged PUTs answered otherwise later",
         "processes exited: ['keysync']",
         "no key after rounds [1]",
         "1 faults not injected",
         "snowflake IDs issued twice",
         "1 leases overlapped",
+        "the ledger halted 1 times",
     ]
-    assert format_table(broken).count("FAILED: ") == 10
+    assert format_table(broken).count("FAILED: ") == 13
 
 
 def test_the_cluster_drill_makes_the_same_checks() -> None:

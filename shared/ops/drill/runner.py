@@ -98,6 +98,10 @@ class DrillReport(Report):
     fail_closed_s: float
     fail_closed_by_process: dict[str, float]
     lease_renewals_unreplicated: int
+    # Ledger restores keysync made after PostgreSQL fences (what a promotion lost,
+    # written again from the ledger log), and ledger halts (must stay 0 here).
+    ledger_restores: int
+    ledger_halts: int
     lease_faults_not_observed: list[int]
     leases: leases.LeaseReport
     postgres_fence: bool  # the controls: False shows the hazard the fence closes
@@ -108,6 +112,7 @@ class DrillReport(Report):
         return [
             (held.snowflake_duplicates == 0, "snowflake IDs issued twice"),
             (held.lease_overlaps == 0, f"{held.lease_overlaps} leases overlapped"),
+            (self.ledger_halts == 0, f"the ledger halted {self.ledger_halts} times"),
             (
                 not self.lease_faults_not_observed,
                 f"lease faults not observed in rounds {self.lease_faults_not_observed}",
@@ -428,6 +433,8 @@ async def _report(
         fail_closed_s=round(sum(fail_closed.values()), 3),
         fail_closed_by_process=fail_closed,
         lease_renewals_unreplicated=history.count_events(logs, "lease_renew_unreplicated"),
+        ledger_restores=history.count_events(logs, "ledger_restored_after_fence"),
+        ledger_halts=history.count_events(logs, "ledger_halted"),
         fence_not_engaged=[
             done.number
             for done in runner.rounds
@@ -483,6 +490,10 @@ def format_table(report: DrillReport) -> str:
         f"{uins.get('put_pairs_decided', 0)}, both applied "
         f"{uins.get('put_pairs_both_applied', 0)}); acknowledged PUTs asked again "
         f"{uins.get('repeats', 0)} (answered otherwise {uins.get('repeats_contradicted', 0)})"
+    )
+    lines.append(
+        f"ledger restores after PostgreSQL fences {report.ledger_restores}, halts "
+        f"{report.ledger_halts}"
     )
     lines.append(f"fail-closed {report.fail_closed_s} s; process exits {len(report.process_exits)}")
     for failure in report.failures():

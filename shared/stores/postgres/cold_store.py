@@ -320,7 +320,7 @@ class ColdStore:
     async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""
         async with translated("depth"):
-            value = await self._pool.fetchval(sql.for_type(sql.COUNT_COLD_UP_TO, name), cap)
+            value = await self._pool.fetchval(sql.COUNT_COLD_UP_TO, name, cap)
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:

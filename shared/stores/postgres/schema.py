@@ -12,6 +12,7 @@ import asyncpg
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import IdType
 from shared.stores.postgres import sql
+from shared.stores.postgres.grants import apply_grants
 from shared.stores.postgres.cold_store import one_row
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,12 @@ def latest_version() -> int:
     return migration_files()[-1][0]
 
 
-async def migrate(conn: asyncpg.Connection, id_types: dict[str, IdType]) -> int:
-    """Apply pending migrations and ensure every type's objects; idempotent."""
+async def migrate(
+    conn: asyncpg.Connection, id_types: dict[str, IdType], role_prefix: str = "kd"
+) -> int:
+    """Apply pending migrations, ensure every type's objects and grant each process's
+    role exactly its privileges on them (``grants.py``: roles ``<role_prefix>_keygen``
+    ..., those that exist); idempotent."""
     async with conn.transaction():
         await conn.execute(sql.LOCK_MIGRATIONS, _MIGRATION_LOCK)
         version = await _current_version(conn)
@@ -44,6 +49,9 @@ async def migrate(conn: asyncpg.Connection, id_types: dict[str, IdType]) -> int:
                 log.info("migration_applied", extra={"version": number})
         for id_type in id_types.values():
             await _ensure_type(conn, id_type)
+        granted = await apply_grants(conn, role_prefix)
+        if granted:
+            log.info("roles_granted", extra={"roles": granted})
     return latest_version()
 
 

@@ -234,8 +234,9 @@ WITH taken AS (
 SELECT count(*) AS taken, string_agg(key, E'\\n' ORDER BY key COLLATE "C") AS keys FROM taken
 """
 
-# $1: cap. Cold inventory, counted up to $1 rows so the cost stays bounded.
-COUNT_COLD_UP_TO: Final = "SELECT count(*) FROM (SELECT 1 FROM {cold} LIMIT $1) AS capped"
+# $1: id type, $2: cap. Cold inventory, counted up to $2 rows so the cost stays bounded,
+# by the owner's function (keygen and status count keys they may not read).
+COUNT_COLD_UP_TO: Final = "SELECT kd_cold_depth($1, $2)"
 
 # $1: id type. Range bookkeeping for status.
 SELECT_RANGE_STATS: Final = """
