@@ -12,8 +12,8 @@ import asyncpg
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import IdType
 from shared.stores.postgres import sql
-from shared.stores.postgres.grants import apply_grants
 from shared.stores.postgres.cold_store import one_row
+from shared.stores.postgres.grants import apply_grants
 
 log = logging.getLogger(__name__)
 _MIGRATION_LOCK = 0x6B64_6D69  # "kdmi"
