@@ -59,6 +59,7 @@ GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
+ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
@@ -289,6 +290,29 @@ MUTANTS: Final = (
         "        if rows:\n            found[name] =",
         "        if False:\n            found[name] =",
         (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        "the_dispenser_reads_keys_still_to_be_handed_out",
+        "shared/stores/postgres/grants.py",
+        'LEDGER: Final = {"keysync": "SELECT, INSERT, UPDATE, DELETE", "dispenser": _READ,',
+        'COLD["dispenser"] = _READ\n'
+        'LEDGER: Final = {"keysync": "SELECT, INSERT, UPDATE, DELETE", "dispenser": _READ,',
+        ROLE_TESTS,
+    ),
+    Mutant(
+        "keygen_may_rewrite_the_ledger",
+        "shared/stores/postgres/grants.py",
+        '"keysync": "SELECT, INSERT, UPDATE, DELETE", "dispenser": _READ, "status": _READ}',
+        '"keysync": "SELECT, INSERT, UPDATE, DELETE", "keygen": "UPDATE, DELETE", '
+        '"dispenser": _READ, "status": _READ}',
+        ROLE_TESTS,
+    ),
+    Mutant(
+        "migrate_leaves_earlier_grants_in_place",
+        "shared/stores/postgres/grants.py",
+        '            await conn.execute(f"REVOKE ALL ON {target} FROM {sql.ident(role)}")\n',
+        "",
+        ROLE_TESTS,
     ),
     Mutant(
         "the_log_trimmed_while_a_restore_waits",

@@ -59,6 +59,13 @@ async def database_with_roles(servers: Servers) -> AsyncIterator[str]:
         await drop_database(servers.postgres_admin_dsn, name)
 
 
+@pytest.fixture
+async def migrated_with_roles(servers: Servers, database_with_roles: str) -> str:
+    """A database set up by roles.sql and migrated as the owner (a ledger type)."""
+    await run_migrate(role_settings(servers, database_with_roles, "kd_owner"))
+    return database_with_roles
+
+
 def role_settings(servers: Servers, dsn: str, role: str) -> Settings:
     types: dict[str, Any] = small_types()
     types["shortlink"]["ledger"] = True
@@ -100,6 +107,11 @@ async def test_each_process_works_as_its_own_role(
         await redis_client.hset(redis_keys.sync_record_key(NS), "fence_needed", "1")
         report = await settle(keysync_cold, sync)
         assert report is not None and report.keys_discarded["shortlink"] > 0
+        # And as keygen's.
+        assert await keygen.lease_and_generate(types["shortlink"]) > 0
+        await redis_client.hset(redis_keys.sync_record_key(NS), "fence_needed", "1")
+        report = await settle(keygen_cold, sync)
+        assert report is not None and report.keys_discarded["shortlink"] > 0
 
         reader = LedgerReader(role_settings(servers, dsn, "kd_dispenser").postgres_dsn)
         try:
@@ -109,7 +121,7 @@ async def test_each_process_works_as_its_own_role(
         assert found["issued"] is True
 
         status = await collect_status(role_settings(servers, dsn, "kd_status"))
-        assert status["id_types"]["shortlink"]["ranges_leased"] == 1
+        assert status["id_types"]["shortlink"]["ranges_leased"] == 2
     finally:
         generator.close()
         await keygen_cold.close()
@@ -118,19 +130,128 @@ async def test_each_process_works_as_its_own_role(
         await hot.close()
 
 
-async def test_a_reading_role_cannot_write(
-    servers: Servers, database_with_roles: str, redis_client: aioredis.Redis
+# What each process's role must not do: (role, statement). Every one is refused with
+# "permission denied" (docs/security.md, "PostgreSQL roles").
+_EVERY_PROCESS = ("kd_keygen", "kd_keysync", "kd_dispenser", "kd_status")
+_NOT_THE_OWNER = [
+    (role, statement)
+    for role in _EVERY_PROCESS
+    for statement in (
+        "CREATE TABLE kd_mine (x int)",
+        "CREATE TEMPORARY TABLE kd_mine (x int)",
+        "TRUNCATE {ledger}",
+        "TRUNCATE {cold}",
+        "DROP TABLE {ledger}",
+        "DROP TABLE kd_ranges",
+        "ALTER TABLE {ledger} ADD COLUMN x int",
+        "CREATE INDEX ON {ledger} (client)",
+        "UPDATE kd_id_types SET fingerprint = '{{}}'",
+        "DELETE FROM kd_retired_types",
+        "INSERT INTO kd_retired_types VALUES ('x', now(), NULL, 0, 0, 0)",
+        "DELETE FROM kd_schema_version",
+        "UPDATE kd_binding SET redis_namespace = 'elsewhere'",
+        "DELETE FROM kd_binding",
+        "CREATE SCHEMA kd_mine",
+    )
+]
+FORBIDDEN = [
+    *_NOT_THE_OWNER,
+    # The dispenser and status never read a key still to be handed out, nor a range.
+    ("kd_dispenser", "SELECT key FROM {cold} LIMIT 1"),
+    ("kd_dispenser", "SELECT * FROM kd_ranges"),
+    ("kd_dispenser", "SELECT last_value FROM {seq}"),
+    ("kd_dispenser", "INSERT INTO {ledger} VALUES ('k', now(), 'c', NULL, 'e')"),
+    ("kd_dispenser", "UPDATE kd_sync_clock SET clock = clock + 1"),
+    ("kd_status", "SELECT key FROM {cold} LIMIT 1"),
+    ("kd_status", "UPDATE kd_sync_clock SET clock = clock + 1"),
+    ("kd_status", "DELETE FROM {ledger}"),
+    # keygen writes keys it never reads back, and never touches the ledger.
+    ("kd_keygen", "SELECT key FROM {cold} LIMIT 1"),
+    ("kd_keygen", "DELETE FROM {cold} WHERE key = 'x' RETURNING key"),
+    ("kd_keygen", "SELECT * FROM {ledger}"),
+    ("kd_keygen", "DELETE FROM {ledger}"),
+    ("kd_keygen", "UPDATE {ledger} SET client = 'forged'"),
+    ("kd_keygen", "INSERT INTO {ledger} VALUES ('k', now(), 'c', NULL, 'e')"),
+    ("kd_keygen", "DELETE FROM kd_released_issues"),
+    ("kd_keygen", "DELETE FROM kd_outcomes"),
+    ("kd_keygen", "DELETE FROM kd_chain_links"),
+    ("kd_keygen", "DELETE FROM kd_fence_events"),
+    ("kd_keygen", "DELETE FROM kd_ranges"),
+    # keysync takes batches and writes the ledger; never leases, never forges history.
+    (
+        "kd_keysync",
+        "INSERT INTO kd_ranges (id_type, range_start, range_end, leased_by) "
+        "VALUES ('shortlink', 0, 1, 'x')",
+    ),
+    ("kd_keysync", "DELETE FROM kd_ranges"),
+    ("kd_keysync", "DELETE FROM kd_fence_events"),
+    ("kd_keysync", "UPDATE kd_fence_events SET reason = 'x'"),
+]
+
+
+@pytest.mark.parametrize(("role", "statement"), FORBIDDEN)
+async def test_a_role_is_refused_what_its_process_must_not_do(
+    servers: Servers, migrated_with_roles: str, role: str, statement: str
 ) -> None:
-    dsn = database_with_roles
-    await run_migrate(role_settings(servers, dsn, "kd_owner"))
-    conn = await asyncpg.connect(as_role(dsn, "kd_dispenser"))
+    conn = await asyncpg.connect(as_role(migrated_with_roles, role))
     try:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute(sql.for_type("INSERT INTO {cold} VALUES ('x')", "farmer"))
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("UPDATE kd_sync_clock SET clock = clock + 1")
+            await conn.execute(sql.for_type(statement, "shortlink"))
     finally:
         await conn.close()
+
+
+async def test_status_and_keygen_count_keys_they_cannot_read(migrated_with_roles: str) -> None:
+    """kd_cold_depth counts a cold tier for a role that may not read it, and nothing else:
+    PUBLIC may not call it, nor may the dispenser."""
+    owner = await asyncpg.connect(as_role(migrated_with_roles, "kd_owner"))
+    try:
+        await owner.execute(
+            sql.for_type(
+                "INSERT INTO {cold} SELECT 'k' || g FROM generate_series(1, 7) g", "shortlink"
+            )
+        )
+    finally:
+        await owner.close()
+    for role in ("kd_status", "kd_keygen"):
+        conn = await asyncpg.connect(as_role(migrated_with_roles, role))
+        try:
+            assert await conn.fetchval(sql.COUNT_COLD_UP_TO, "shortlink", 5) == 5
+            assert await conn.fetchval(sql.COUNT_COLD_UP_TO, "shortlink", 100) == 7
+            with pytest.raises(asyncpg.RaiseError):
+                await conn.fetchval(sql.COUNT_COLD_UP_TO, "x; DROP TABLE kd_ranges", 1)
+        finally:
+            await conn.close()
+    conn = await asyncpg.connect(as_role(migrated_with_roles, "kd_dispenser"))
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval(sql.COUNT_COLD_UP_TO, "shortlink", 5)
+    finally:
+        await conn.close()
+
+
+async def test_migrate_takes_back_what_an_earlier_release_granted(
+    servers: Servers, migrated_with_roles: str
+) -> None:
+    """A database set up by an earlier release's roles.sql (every table to every process
+    role): the next migrate leaves each role its own privileges only."""
+    admin = await asyncpg.connect(migrated_with_roles)
+    try:
+        await admin.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO kd_keygen, kd_dispenser")
+    finally:
+        await admin.close()
+    dsn = migrated_with_roles
+    await run_migrate(role_settings(servers, dsn, "kd_owner"))
+    for role, statement in (
+        ("kd_keygen", "DELETE FROM {ledger}"),
+        ("kd_dispenser", "SELECT key FROM {cold} LIMIT 1"),
+    ):
+        conn = await asyncpg.connect(as_role(dsn, role))
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql.for_type(statement, "shortlink"))
+        finally:
+            await conn.close()
 
 
 async def test_each_role_plans_for_the_tables_as_they_are_behind_any_pooler(
