@@ -364,7 +364,16 @@ async def readyz(request: Request) -> Response:
             headers={"X-Request-Id": request_id},
         )
     dispenser.metrics.redis_up.set(1)
-    return JSONResponse({"ready": True, "types": types})
+    body: dict[str, Any] = {"ready": True, "types": types}
+    if dispenser.keeps_ledgers:
+        # Lookups need PostgreSQL; issuing does not, so it does not make the process
+        # unready: it is said here (and in kd_postgres_up), lookups answer 503 IDG-005.
+        problem = await dispenser.ledger.probe()
+        dispenser.metrics.postgres_up.set(0 if problem else 1)
+        body["postgres"] = {"ok": problem is None, **({"error": problem} if problem else {})}
+        if problem:
+            log.warning("postgres_unusable", extra={"error": dispenser.ledger.problem})
+    return JSONResponse(body)
 
 
 async def openapi(request: Request) -> Response:

@@ -13,8 +13,11 @@ from dispenser.app import create_app
 from dispenser.server import granian_options, uvicorn_options
 from shared import logs
 from shared.domain.config import Settings, load_settings
-from shared.domain.errors import StoreUnavailable
-from shared.stores.groups import Groups, HotRouter
+from shared.domain.errors import ConfigError, StoreUnavailable
+from shared.domain.idtypes import build_id_types
+from shared.stores.fence.sql import SELECT_LEDGER_STATE
+from shared.stores.groups import refuse_evicting_redis
+from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 # Every worker builds its app from the same KD_CONFIG file and KD_ environment.
@@ -27,22 +30,35 @@ def app_from_environment() -> ASGIApp:
     return create_app(settings)
 
 
-async def refuse_evicting_redis(settings: Settings) -> None:
-    """ConfigError on a hot-tier Redis that may evict; a warning when it cannot be
-    reached yet (readiness checks again before the process counts as ready)."""
-    hot = HotRouter.open(Groups(settings))  # every key group's server
+async def refuse_unusable_postgres(settings: Settings) -> None:
+    """When a type keeps a ledger (lookups read PostgreSQL): ConfigError on a PostgreSQL
+    this process cannot use as configured (a wrong password, a missing database or
+    privilege, a missing CA file, a bad DSN option), naming ``postgres_dsn``; a warning
+    when it cannot be reached yet (lookups answer 503 IDG-005 until it can)."""
+    if not any(t.config.ledger for t in build_id_types(settings, generating=False).values()):
+        return
     try:
-        await hot.refuse_eviction()
-        await hot.warn_if_reloadable()
+        store = await ColdStore.connect(
+            settings.postgres_dsn,
+            min_size=1,
+            max_size=1,
+            connect_timeout_s=settings.postgres_connect_timeout_s,
+        )
+        try:
+            async with store.connection() as conn, translated("start-up check"):
+                await conn.fetchrow(SELECT_LEDGER_STATE)
+        finally:
+            await store.close()
     except StoreUnavailable as exc:
-        log.warning("redis_unreachable_at_start", extra={"error": str(exc)})
-    finally:
-        await hot.close()
+        log.warning("postgres_unreachable_at_start", extra={"error": str(exc)})
+    except ConfigError as exc:
+        raise ConfigError(f"postgres_dsn: the dispenser cannot read the ledger: {exc}") from exc
 
 
 def main(settings: Settings) -> None:
     config = settings.dispenser
     asyncio.run(refuse_evicting_redis(settings))
+    asyncio.run(refuse_unusable_postgres(settings))
     log.info(
         "dispenser_starting",
         extra={

@@ -103,6 +103,11 @@ class DispenserMetrics:
             "1 when the Redis primary answered the last readiness check, else 0",
             registry=registry,
         )
+        self.postgres_up = Gauge(
+            "kd_postgres_up",
+            "1 when PostgreSQL answered the last readiness check (ledger types only), else 0",
+            registry=registry,
+        )
         self.ledger_backlog = Gauge(
             "kd_ledger_stream_backlog",
             "Ledger stream entries not yet drained into PostgreSQL, as last read",

@@ -97,6 +97,8 @@ class Dispenser:
         self.ledger = stores.ledger
         self.metrics = metrics
         self.id_types = build_id_types(settings, generating=False)
+        # Whether any type keeps a ledger: only then does this process use PostgreSQL.
+        self.keeps_ledgers = any(t.config.ledger for t in self.id_types.values())
         for name, id_type in self.id_types.items():  # what KdHotDepthLow compares with
             metrics.hot_low.labels(name).set(id_type.config.hot.low)
         # Each path segment that names a type (its name and its aliases) -> its name.

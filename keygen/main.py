@@ -33,7 +33,7 @@ from shared.runtime import (
 from shared.stores.fence.binding import bind
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
-from shared.stores.groups import SyncRecords
+from shared.stores.groups import SyncRecords, refuse_evicting_redis
 from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore
 from shared.stores.postgres.connect import connect_each_host
 from shared.stores.postgres.schema import check
@@ -316,6 +316,8 @@ async def serve(settings: Settings) -> None:
     try:
         async with cold.connection() as conn:
             await check(conn, build_id_types(settings))
+        # The fence's record lives in Redis: a server that may evict it may lose it.
+        await refuse_evicting_redis(settings)
         bound = await connect_with_retry(
             lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
         )
@@ -325,7 +327,7 @@ async def serve(settings: Settings) -> None:
         metrics = KeygenMetrics(CollectorRegistry())
         heartbeat = Heartbeat(metrics.registry)
         host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
-        serve_metrics(metrics.registry, host, port, heartbeat)
+        serve_metrics(metrics.registry, host, port, heartbeat, "keygen.metrics_port")
         faults = fault_points_from_environ()
         keygen = Keygen.on_postgres(
             settings, cold, sync, stop, generator, metrics, heartbeat, faults

@@ -374,7 +374,7 @@ async def serve(settings: Settings) -> None:
     metrics = KeysyncMetrics(CollectorRegistry())
     heartbeat = Heartbeat(metrics.registry)
     host, port = settings.keysync.metrics_host, settings.keysync.metrics_port
-    serve_metrics(metrics.registry, host, port, heartbeat)
+    serve_metrics(metrics.registry, host, port, heartbeat, "keysync.metrics_port")
     cold = await connect_with_retry(
         lambda: ColdStore.connect(
             settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s

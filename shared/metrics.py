@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from shared.domain.errors import (
+    ConfigError,
     FenceHalted,
     LedgerHalted,
     NamespaceBound,
@@ -155,12 +156,18 @@ def serve(
     host: str,
     port: int | None,
     heartbeat: Heartbeat | None = None,
+    setting: str = "metrics_port",
 ) -> ThreadingHTTPServer | None:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` in a background thread when a
     port is set; returns the server (``shutdown()`` stops it)."""
     if port is None:
         return None
-    server = ThreadingHTTPServer((host, port), _handler(registry, heartbeat))
+    try:
+        server = ThreadingHTTPServer((host, port), _handler(registry, heartbeat))
+    except OSError as exc:  # in use, or not an address of this host: the setting's to fix
+        raise ConfigError(
+            f"{setting}: cannot listen on {host}:{port} for /metrics: {exc.strerror or exc}"
+        ) from exc
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

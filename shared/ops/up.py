@@ -26,6 +26,7 @@ from shared.cli import stack
 from shared.cli.databases import run_migrate
 from shared.cli.secrets import write_secret
 from shared.domain.config import Settings
+from shared.domain.config.loader import BUILTIN
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, runtime_root
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
@@ -191,10 +192,10 @@ class Stack:
             "KD_DISPENSER__HOST": self.settings.dispenser.host,
             "KD_DISPENSER__PORT": str(self.args.port),
         }
-        if self.args.config:
-            found["KD_CONFIG"] = str(Path(self.args.config).resolve())
-        elif os.environ.get("KD_CONFIG"):
-            found["KD_CONFIG"] = str(Path(os.environ["KD_CONFIG"]).resolve())
+        # The configuration up runs on; its built-in one on purpose when none is named
+        # (a process never falls back to it by itself: KD_CONFIG).
+        named = self.args.config or os.environ.get("KD_CONFIG") or BUILTIN
+        found["KD_CONFIG"] = named if named == BUILTIN else str(Path(named).resolve())
         return found
 
     def child_env(self, dsn: str, url: str) -> dict[str, str]:
@@ -206,6 +207,8 @@ class Stack:
         return env
 
     def spawn(self, name: str, env: dict[str, str]) -> None:
+        if name not in KEY_HOLDERS:  # each process only the secrets it needs
+            env = {k: v for k, v in env.items() if k != "KD_PERMUTATION_KEY"}
         self.children[name] = spawn(cli_command(name), env)
 
     def supervise(self, env: dict[str, str]) -> None:
@@ -227,6 +230,10 @@ class Stack:
         if self.postgres:
             self.postgres.stop()
         stack.remove(self.data_dir, (stack.PID_FILE,))  # last: --purge waits for it
+
+
+# The children that generate keys, and so are given the permutation key.
+KEY_HOLDERS = frozenset({"keygen"})
 
 
 # What a stack's data directory holds (`up` writes nothing else there), and what proves

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +30,8 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.redis.endpoint import RedisEndpoint
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -265,3 +268,17 @@ class SyncRecords:
 
 def records_of(sync: SyncRecord | SyncRecords) -> SyncRecords:
     return sync if isinstance(sync, SyncRecords) else SyncRecords.single(sync)
+
+
+async def refuse_evicting_redis(settings: Settings) -> None:
+    """ConfigError on a Redis (any key group's) that may evict; a warning when it cannot
+    be reached yet (the process checks again before it counts as ready, or at its next
+    start). keygen, keysync and the dispenser call it before they serve."""
+    hot = HotRouter.open(Groups(settings))
+    try:
+        await hot.refuse_eviction()
+        await hot.warn_if_reloadable()
+    except StoreUnavailable as exc:
+        log.warning("redis_unreachable_at_start", extra={"error": str(exc)})
+    finally:
+        await hot.close()

@@ -325,6 +325,11 @@ class MemoryLedger:
             return KeyStatus("released", row.issue.client)
         return KeyStatus("issued", row.issue.client, idempotency_key=row.issue.idempotency_key)
 
+    problem: str | None = None
+
+    async def probe(self) -> str | None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -52,6 +52,31 @@ def test_missing_permutation_key_is_refused(settings: Settings, tmp_path: Path) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["keygen", "keysync", "dispenser", "migrate", "status"])
+def test_no_configuration_file_is_refused_unless_the_builtin_is_asked_for(
+    settings: Settings, tmp_path: Path, command: str
+) -> None:
+    """A process (or operator command) started with KD_CONFIG unset would run on the
+    built-in types against a production database: it refuses, naming the fix."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    del env["KD_CONFIG"]
+    result = run_cli(command, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "KD_CONFIG" in result.stderr and "KD_CONFIG=builtin" in result.stderr
+    assert "farmer" in result.stderr  # which types it would have run on
+    assert "Traceback" not in result.stderr
+
+
+def test_the_builtin_configuration_on_purpose(settings: Settings, tmp_path: Path) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    env["KD_CONFIG"] = "builtin"
+    migrated = run_cli("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    status = run_cli("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert "farmer" in json.loads(status.stdout)["id_types"]
+
+
 def test_unreachable_database_is_a_clear_error(settings: Settings, tmp_path: Path) -> None:
     env = process_env(
         settings,

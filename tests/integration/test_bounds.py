@@ -25,6 +25,7 @@ from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import (
     EMPTY_CONFIG,
     NS,
+    TEST_SECRET,
     Servers,
     dispenser_over_http,
     make_settings,
@@ -61,7 +62,7 @@ def evicting_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
         server.stop()
 
 
-@pytest.mark.parametrize("command", ["dispenser", "keysync"])
+@pytest.mark.parametrize("command", ["dispenser", "keysync", "keygen"])
 async def test_a_redis_that_may_evict_is_refused_naming_the_setting(
     evicting_redis: EmbeddedRedis, servers: Servers, database: str, command: str
 ) -> None:
@@ -71,6 +72,7 @@ async def test_a_redis_that_may_evict_is_refused_naming_the_setting(
         "KD_REDIS_URL": evicting_redis.url,
         "KD_POSTGRES_DSN": servers.dsn_for(database),
         "KD_ID_TYPES": '{"farmer": {"kind": "numeric", "length": 10, "range_size": 20000}}',
+        **({"KD_PERMUTATION_KEY": TEST_SECRET} if command == "keygen" else {}),
     }
     process = await asyncio.create_subprocess_exec(
         sys.executable,

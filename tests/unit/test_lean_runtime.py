@@ -58,6 +58,7 @@ def test_operator_tooling_without_ops_names_the_extra() -> None:
         from shared.cli import main as cli
         os.environ["KD_POSTGRES_DSN"] = "postgresql://nobody@127.0.0.1:1/none"
         os.environ["KD_REDIS_URL"] = "redis://127.0.0.1:1/0"
+        os.environ["KD_CONFIG"] = "builtin"
         cli.main(["fill", "--type", "farmer", "--count", "1"])
         """
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from pydantic import ValidationError
@@ -15,14 +15,27 @@ from shared.domain.config.idtypes import ID_KINDS
 from shared.domain.config.settings import Settings
 from shared.domain.errors import ConfigError
 
+# KD_CONFIG=builtin (or --config builtin): the shipped configuration, on purpose. A
+# process or operator command given no configuration at all refuses (shared/cli/main.py).
+BUILTIN: Final = "builtin"
+
 
 def default_config_path() -> Path:
     return Path(str(resources.files("shared.domain").joinpath("default.yaml")))
 
 
+def config_file(config_path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The configuration file named (``config_path``, else KD_CONFIG; ``builtin``: the
+    shipped one); None when none is named."""
+    named = config_path or os.environ.get("KD_CONFIG")
+    if not named:
+        return None
+    return default_config_path() if str(named) == BUILTIN else Path(named)
+
+
 def load_settings(config_path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
     """Read the YAML file (KD_CONFIG, else the shipped default) and the environment."""
-    path = Path(config_path or os.environ.get("KD_CONFIG") or default_config_path())
+    path = config_file(config_path) or default_config_path()
     if not path.is_file():
         raise ConfigError(f"KD_CONFIG: configuration file not found: {path}")
     bound = type(

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from shared.domain.errors import StoreUnavailable
+from shared.domain.errors import ConfigError, KeydispenserError, SchemaError, StoreUnavailable
 from shared.domain.tiers import KeyStatus
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.sync_record import Record
@@ -37,6 +37,8 @@ T = TypeVar("T")
 # being recorded: milliseconds), and how often it looks again.
 CONFIRM_WAIT_S = 1.0
 CONFIRM_POLL_S = 0.01
+# How long /readyz waits for PostgreSQL to answer.
+PROBE_TIMEOUT_S = 1.0
 
 
 def not_issued(name: str, key: str) -> dict[str, Any]:
@@ -53,6 +55,7 @@ class LedgerReader:
         self._dsn = dsn
         self._records = records
         self._store: ColdStore | None = None
+        self.problem: str | None = None  # why the last read or probe failed, if it did
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
         row = await self._judged(name, "ledger_lookup", lambda conn: _key_row(conn, name, key))
@@ -79,6 +82,44 @@ class LedgerReader:
         return await self._judged(name, "ledger_status", lambda conn: key_status(conn, name, key))
 
     async def _judged(self, name: str, operation: str, read: Callable[[Any], Awaitable[T]]) -> T:
+        """``read`` (``_read``), and what went wrong remembered for ``probe``; a
+        PostgreSQL this process cannot use (a wrong password, a missing privilege or
+        database, a bad DSN) is unavailable to the caller (503), never a fault of the
+        request: the operator's to fix, named in the detail."""
+        try:
+            found = await self._read(name, operation, read)
+        except (ConfigError, SchemaError) as exc:
+            self.problem = str(exc)
+            raise StoreUnavailable("postgres", f"cannot use PostgreSQL: {exc}") from exc
+        except StoreUnavailable as exc:
+            if exc.store == "postgres":
+                self.problem = str(exc)
+            raise
+        self.problem = None
+        return found
+
+    async def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+        """None when this process can read the ledger (connect, log in, the clock row
+        readable), else why not in a few words an unauthenticated probe may see
+        (``/readyz``); the detail is in ``problem`` (logged)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                store = await self._opened()
+                async with store.connection() as conn, translated("probe"):
+                    await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE)
+        except TimeoutError:
+            self.problem = f"postgres: no answer in {timeout_s:g} s"
+            return "unreachable"
+        except (ConfigError, SchemaError) as exc:
+            self.problem = str(exc)
+            return "unusable as configured: check postgres_dsn (the log says why)"
+        except KeydispenserError as exc:
+            self.problem = str(exc)
+            return "unreachable"
+        self.problem = None
+        return None
+
+    async def _read(self, name: str, operation: str, read: Callable[[Any], Awaitable[T]]) -> T:
         """``read`` in one snapshot with the server's clock row, answered only when the
         record covers it (module docstring)."""
         store = await self._opened()

@@ -26,7 +26,12 @@ from shared.domain.tiers import LeasedRange, SequenceState, Stamp
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.sync_record import Record
 from shared.stores.postgres import sql
-from shared.stores.postgres.connect import CONNECT_TIMEOUT_S, connect_each_host, where
+from shared.stores.postgres.connect import (
+    CONNECT_TIMEOUT_S,
+    check_files,
+    connect_each_host,
+    where,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,8 @@ NO_DATABASE = "run `keydispenser migrate` (it creates the database)"
 
 def store_error(operation: str, exc: BaseException) -> KeydispenserError:
     """The domain error a driver error means (see CONFIGURATION_SQLSTATE_CLASSES)."""
+    if isinstance(exc, asyncpg.ClientConfigurationError):  # e.g. sslmode=bogus
+        return ConfigError(f"postgres_dsn: {exc}")
     state = str(getattr(exc, "sqlstate", "") or "")
     if state == UNDEFINED_TABLE:
         return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
@@ -199,6 +206,7 @@ class ColdStore:
         async def connect(*args: Any, **options: Any) -> asyncpg.Connection:
             return await connect_each_host(*args, host_timeout_s=connect_timeout_s, **options)
 
+        check_files(dsn)
         try:
             async with translated("connect"):
                 pool = await asyncpg.create_pool(

@@ -11,11 +11,15 @@ checked by asyncpg on each host.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
+
+from shared.domain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # The time one host may take to accept a connection and answer its start-up.
@@ -35,6 +39,43 @@ def any_server(dsn: str) -> str:
     parts = urlsplit(dsn)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k != "target_session_attrs"]
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+# sslmode values that verify the server's certificate against a CA.
+_VERIFYING = frozenset({"verify-ca", "verify-full"})
+
+
+def check_files(dsn: str) -> None:
+    """ConfigError naming the option when a file the DSN needs is missing or unreadable:
+    ``sslrootcert``, ``sslcert``, ``sslkey``, and the CA that ``sslmode=verify-ca`` or
+    ``verify-full`` needs when no ``sslrootcert`` is given (libpq's and asyncpg's
+    default, ``~/.postgresql/root.crt``, absent for a service user without a home).
+    A missing file is a setup to fix, never an outage to retry."""
+    query = dict(parse_qsl(urlsplit(dsn).query)) if "://" in dsn else {}
+    for option, variable in (
+        ("sslrootcert", "PGSSLROOTCERT"),
+        ("sslcert", "PGSSLCERT"),
+        ("sslkey", "PGSSLKEY"),
+    ):
+        path = query.get(option) or os.environ.get(variable)
+        if path and not _readable(Path(path)):
+            raise ConfigError(f"postgres_dsn: {option} {path} is not a readable file")
+    mode = query.get("sslmode") or os.environ.get("PGSSLMODE", "")
+    if mode in _VERIFYING and not (query.get("sslrootcert") or os.environ.get("PGSSLROOTCERT")):
+        default = Path.home() / ".postgresql" / "root.crt"
+        if not _readable(default):
+            raise ConfigError(
+                f"postgres_dsn: sslmode={mode} needs the CA that signed the server's "
+                f"certificate, and {default} is not there: add "
+                "sslrootcert=/path/to/ca.pem to the DSN"
+            )
+
+
+def _readable(path: Path) -> bool:
+    try:
+        return path.is_file() and os.access(path, os.R_OK)
+    except OSError:
+        return False
 
 
 def dsn_hosts(dsn: str) -> list[tuple[str, int | None]]:
@@ -65,6 +106,7 @@ async def connect_each_host(
     host's error when none could be used.
     """
     options.pop("loop", None)
+    check_files(dsn)
     hosts = dsn_hosts(dsn)
     if len(hosts) <= 1:
         return await asyncpg.connect(dsn, timeout=host_timeout_s, **options)
