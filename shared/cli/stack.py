@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from shared.domain.config.settings import CREDENTIALS_DIRECTORY
 from shared.domain.errors import ConfigError
 
 DEFAULT_DATA_DIR = Path(".keydispenser")
@@ -138,6 +139,13 @@ def named_stores(config_path: str | None, environ: Mapping[str, str]) -> set[str
     """The stores the user named: by a ``KD_*`` variable, or in their own configuration
     file (not the built-in default)."""
     named = {store for store, names in STORE_VARIABLES.items() if any(n in environ for n in names)}
+    credentials = environ.get(CREDENTIALS_DIRECTORY)  # systemd's LoadCredential= files
+    if credentials:
+        named |= {
+            store
+            for store, names in STORE_VARIABLES.items()
+            if any((Path(credentials) / n).is_file() for n in names)
+        }
     path = config_path or environ.get("KD_CONFIG")
     if path and Path(path).is_file():
         with contextlib.suppress(yaml.YAMLError, OSError):

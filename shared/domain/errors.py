@@ -19,10 +19,23 @@ class KeyspaceChanged(KeydispenserError):
     """A start-up tried to change an immutable keyspace field of an ID type."""
 
     def __init__(self, name: str, field: str, stored: object, configured: object) -> None:
-        super().__init__(
-            f"id_types.{name}.{field}: keyspace of '{name}' is immutable once keys exist "
-            f"(stored {stored!r}, configured {configured!r}); create a new ID type instead"
-        )
+        if field == "permutation_key_digest":
+            # Nearly always a deployment fault (a mistyped or another environment's
+            # secret), not an intended change: say how to get the right one back.
+            message = (
+                f"permutation_key: differs from the key the keys of '{name}' were made "
+                f"with (stored digest {stored!r}, this key's {configured!r}). A mistyped "
+                "or another environment's secret: set KD_PERMUTATION_KEY (or the "
+                "credential) to the original, from your backup (docs/operations.md, "
+                '"Backup and restore"). A keyspace\'s key never changes: a new key '
+                "means a new ID type"
+            )
+        else:
+            message = (
+                f"id_types.{name}.{field}: keyspace of '{name}' is immutable once keys exist "
+                f"(stored {stored!r}, configured {configured!r}); create a new ID type instead"
+            )
+        super().__init__(message)
         self.name = name
         self.field = field
 
@@ -110,6 +123,22 @@ class RangeFenced(KeydispenserError):
 class NamespaceBound(ConfigError):
     """One Redis namespace, one PostgreSQL database: this process brings a pairing other
     than the one bound on first use."""
+
+    @classmethod
+    def elsewhere(cls, namespace: str, bound: str, here: str) -> NamespaceBound:
+        """The namespace is bound to database ``bound``; this process reached ``here``.
+        The one rule (docs/operations.md, "Backup and restore"): the same service's data
+        restored or moved keeps its namespace and is taken over; another environment
+        gets a namespace of its own."""
+        return cls(
+            f"redis_namespace: '{namespace}' is bound to database {bound}, and this "
+            f"PostgreSQL is {here}. One namespace, one database: if this is the same "
+            "service's data restored or moved to a new server, keep the namespace and run "
+            "`keydispenser fence-postgres --skip-ranges N --take-over` (it binds the "
+            "namespace to this database and discards every key the copy could hand out "
+            "twice); if it is another environment, give it a redis_namespace of its own; "
+            f"else point postgres_dsn at {bound}"
+        )
 
 
 class FenceHalted(KeydispenserError):

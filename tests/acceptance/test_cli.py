@@ -77,6 +77,25 @@ def test_the_builtin_configuration_on_purpose(settings: Settings, tmp_path: Path
     assert "farmer" in json.loads(status.stdout)["id_types"]
 
 
+def test_secrets_come_from_systemd_credentials(settings: Settings, tmp_path: Path) -> None:
+    """As a systemd unit with LoadCredential= runs it: the DSN and the permutation key are
+    files in $CREDENTIALS_DIRECTORY, not environment variables."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    credentials = tmp_path / "credentials"
+    credentials.mkdir(mode=0o700)
+    for variable in ("KD_POSTGRES_DSN", "KD_PERMUTATION_KEY"):
+        (credentials / variable).write_text(env.pop(variable) + "\n")
+    env["CREDENTIALS_DIRECTORY"] = str(credentials)
+    migrated = run_cli("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    status = run_cli("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert set(json.loads(status.stdout)["id_types"]) == set(settings.id_types)
+    # Without the directory the same command has no database to go to, and says so.
+    del env["CREDENTIALS_DIRECTORY"]
+    assert run_cli("status", env=env).returncode != 0
+
+
 def test_unreachable_database_is_a_clear_error(settings: Settings, tmp_path: Path) -> None:
     env = process_env(
         settings,

@@ -153,8 +153,13 @@ async def test_an_operator_takes_a_bound_namespace_over_for_a_moved_database(
         await cold.close()
         await sync.close()
     moved = make_settings(servers, second_database)
-    with pytest.raises(NamespaceBound):
+    with pytest.raises(NamespaceBound) as refused:
         await fence_postgres(moved, 1)
+    # The one rule, in the refusal: the same service's data keeps its namespace and is
+    # taken over; another environment gets a namespace of its own.
+    assert "--take-over" in str(refused.value) and "redis_namespace of its own" in str(
+        refused.value
+    )
     report = await fence_postgres(moved, 1, take_over=True)
     assert report["next_starts"]
     sync = SyncRecord.from_settings(moved)

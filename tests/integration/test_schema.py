@@ -119,8 +119,10 @@ async def test_keyspace_change_is_refused_once_keys_exist(
         with pytest.raises(KeyspaceChanged, match="length"):
             await check(conn, build_id_types(other))
         rekeyed = make_settings(servers, database, permutation_key="another-secret")
-        with pytest.raises(KeyspaceChanged, match="permutation_key_digest"):
+        with pytest.raises(KeyspaceChanged, match="permutation_key: differs") as refused:
             await check(conn, build_id_types(rekeyed))
+        # A mistyped secret: the advice is to restore the original, not a new type first.
+        assert "the original, from your backup" in str(refused.value)
     finally:
         await conn.close()
 

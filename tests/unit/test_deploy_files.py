@@ -49,7 +49,9 @@ HARDENING = {
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
+    "ProtectProc": "invisible",
     "PrivateTmp": "yes",
+    "UMask": "0077",
     "CapabilityBoundingSet": "",
 }
 
@@ -149,6 +151,25 @@ def test_compose_runs_keydispenser_as_the_docs_say(compose: dict[str, Any]) -> N
     assert "--enable-debug-command no" in flags
 
 
+def test_compose_runs_each_service_as_a_user_of_its_own_and_probes_keygen_and_keysync(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    users = [services[name]["user"] for name in (*OURS, "status")]
+    assert len(set(users)) == len(users)  # no process reads another's environment
+    assert all(not user.startswith("0") and user != "root" for user in users)
+    for name, variable in (
+        ("keygen", "KD_KEYGEN__METRICS_PORT"),
+        ("keysync", "KD_KEYSYNC__METRICS_PORT"),
+    ):
+        service = services[name]
+        port = service["environment"][variable]
+        assert service["expose"] == [port]
+        assert f"127.0.0.1:{port}/healthz" in " ".join(service["healthcheck"]["test"])
+        host = service["environment"][variable.replace("PORT", "HOST")]
+        assert host == "0.0.0.0"  # Prometheus scrapes it over the compose network
+
+
 def test_compose_gives_each_process_its_role_and_the_key_to_migrate_and_keygen_only(
     compose: dict[str, Any], compose_env: dict[str, dict[str, str]]
 ) -> None:
@@ -217,38 +238,99 @@ def values(unit: dict[str, list[tuple[str, str]]], section: str, key: str) -> li
     return [v for k, v in unit[section] if k == key]
 
 
-def test_systemd_units_run_keydispenser_after_migrate_each_with_its_own_env_file() -> None:
+SYSTEMD_UNITS = {
+    "keydispenser-migrate": "migrate",
+    "keydispenser-keygen": "keygen",
+    "keydispenser-keysync": "keysync",
+    "keydispenser-dispenser": "dispenser",
+    "keydispenser-dispenser@": "dispenser",
+    "keydispenser-status": "status",
+}
+CREDENTIALS = "/etc/keydispenser/credentials"
+
+
+def test_systemd_units_run_keydispenser_after_migrate_each_as_a_user_of_its_own() -> None:
     found = {p.stem: unit_file(p) for p in sorted(SYSTEMD.glob("*.service"))}
-    assert set(found) == {f"keydispenser-{t}" for t in OURS}
+    assert set(found) == set(SYSTEMD_UNITS)
+    users = set()
     for name, unit in found.items():
-        process = name.removeprefix("keydispenser-")
-        assert {"Unit", "Service", "Install"} <= set(unit)
+        process = SYSTEMD_UNITS[name]
+        assert {"Unit", "Service"} <= set(unit)
         (start,) = values(unit, "Service", "ExecStart")
         program, *argv = start.split()
-        assert program.endswith("/keydispenser")
+        assert program.endswith("/keydispenser") and argv == [process]
         keydispenser_command(argv)
         assert values(unit, "Service", "EnvironmentFile") == [
             "/etc/keydispenser/common.env",
             f"/etc/keydispenser/{process}.env",
         ]
+        # A user per unit: no unit reads another's /proc/<pid>/environ or credentials.
+        assert values(unit, "Service", "DynamicUser") == ["yes"], name
+        (user,) = values(unit, "Service", "User")
+        users.add((user, process))
         for key, value in HARDENING.items():
             assert values(unit, "Service", key) == [value], (name, key)
-        if process != "migrate":
+        if process not in ("migrate", "status"):
             assert values(unit, "Unit", "Requires") == ["keydispenser-migrate.service"]
             assert "keydispenser-migrate.service" in values(unit, "Unit", "After")[0]
+    assert len({user for user, _ in users}) == len({process for _, process in users})
     assert values(found["keydispenser-migrate"], "Service", "Type") == ["oneshot"]
+    assert values(found["keydispenser-dispenser@"], "Service", "Environment") == [
+        "KD_DISPENSER__PORT=%i"
+    ]
+    assert "Install" not in found["keydispenser-status"]  # on demand only
 
 
-def test_systemd_env_files_give_each_unit_its_role_and_the_key_to_migrate_and_keygen_only() -> None:
+def test_systemd_secrets_are_credentials_each_unit_its_own() -> None:
+    """Secrets reach a unit as systemd credentials (LoadCredential=, read from
+    $CREDENTIALS_DIRECTORY), never as environment variables: the DSN of its own role,
+    the permutation key to migrate and keygen alone."""
+    for name, process in SYSTEMD_UNITS.items():
+        unit = unit_file(SYSTEMD / f"{name}.service")
+        loaded = dict(v.split(":", 1) for v in values(unit, "Service", "LoadCredential"))
+        expected = {"KD_POSTGRES_DSN": f"{CREDENTIALS}/{process}/KD_POSTGRES_DSN"}
+        if process in KEY_HOLDERS:
+            expected["KD_PERMUTATION_KEY"] = f"{CREDENTIALS}/KD_PERMUTATION_KEY"
+        assert loaded == expected, name
+        for variable in loaded:
+            assert setting_exists(variable)
+        example = SYSTEMD / "credentials" / process / "KD_POSTGRES_DSN.example"
+        dsn = example.read_text().strip()
+        assert role_of(dsn) == ROLES[process], process
+        # A verifying sslmode names its CA: a unit's user has no ~/.postgresql/root.crt.
+        assert "sslmode=verify-full" in dsn and "sslrootcert=/" in dsn
+
+
+def test_systemd_env_files_hold_no_secret_and_expose_every_probe() -> None:
     common = env_file(SYSTEMD / "env" / "common.env.example")
-    assert not {"KD_POSTGRES_DSN", "KD_PERMUTATION_KEY"} & set(common)
     assert common["KD_CONFIG"] == "/etc/keydispenser/keydispenser.yaml"
-    for process in OURS:
+    ports = {}
+    for process in {*SYSTEMD_UNITS.values()}:
         own = env_file(SYSTEMD / "env" / f"{process}.env.example")
         for variable in [*common, *own]:
             assert setting_exists(variable), variable
-        assert role_of(own["KD_POSTGRES_DSN"]) == ROLES[process]
-        assert ("KD_PERMUTATION_KEY" in own) == (process in KEY_HOLDERS), process
+            assert variable not in {"KD_POSTGRES_DSN", "KD_PERMUTATION_KEY"}, (process, variable)
+        assert "KD_DISPENSER__PORT" not in own  # the template unit's instance sets it
+        for variable, value in own.items():
+            if variable.endswith("__METRICS_PORT"):
+                ports[process] = int(value)
+    # keygen's and keysync's probes and /metrics (the dispenser's are on its API port).
+    assert set(ports) == {"keygen", "keysync"} and len(set(ports.values())) == 2
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+@pytest.mark.parametrize("name", sorted(SYSTEMD_UNITS))
+def test_systemd_analyze_rates_each_unit_exposure_low(name: str, tmp_path: Path) -> None:
+    """systemd's own assessment of each unit's sandbox (offline: the unit need not be
+    installed): exposure at most 2.5 of 10 ("OK"; the units before users and credentials
+    rated 3.8)."""
+    unit = tmp_path / f"{name}.service"
+    unit.write_text((SYSTEMD / f"{name}.service").read_text())
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--threshold=25", str(unit)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
 
 
 def test_a_misspelt_variable_is_told_apart() -> None:

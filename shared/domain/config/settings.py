@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Final, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
+    SecretsSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
@@ -24,6 +26,8 @@ from shared.domain.config.postgres import PostgresSettings
 from shared.domain.config.redis import RedisSettings
 from shared.domain.errors import ConfigError
 
+# Where systemd puts a unit's credentials (LoadCredential=): read like the environment.
+CREDENTIALS_DIRECTORY: Final = "CREDENTIALS_DIRECTORY"
 # The least ledger log a type with a ledger may run with (keysync.ledger_retain_s).
 MIN_LEDGER_RETAIN_S = 1.0
 
@@ -111,8 +115,14 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Order is priority: explicit arguments, then the environment, then YAML.
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+        # Order is priority: explicit arguments, then the environment, then the files of
+        # systemd's credentials directory (LoadCredential=KD_POSTGRES_DSN:..., one file
+        # per variable, named as the variable), then YAML.
+        sources = [init_settings, env_settings]
+        credentials = os.environ.get(CREDENTIALS_DIRECTORY)
+        if credentials:
+            sources.append(SecretsSettingsSource(settings_cls, secrets_dir=credentials))
+        return (*sources, YamlConfigSettingsSource(settings_cls))
 
     def pooled(self, name: str) -> IdTypeConfig:
         """The configuration of pooled (numeric or base62) type ``name``."""

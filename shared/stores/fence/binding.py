@@ -57,11 +57,6 @@ async def bind(cold: ColdStore, sync: SyncRecord | SyncRecords | None, namespace
             log.warning("namespace_bind_deferred", extra={"key_namespace": record.namespace})
             continue
         if holder != database:
-            raise NamespaceBound(
-                f"redis_namespace: '{namespace}' is bound to database {holder}, and this "
-                f"process brings database {database} (one namespace, one database: point "
-                f"postgres_dsn at {holder}, or set another redis_namespace for this "
-                "environment)"
-            )
+            raise NamespaceBound.elsewhere(namespace, holder, database)
     log.info("namespace_bound", extra={"redis_namespace": namespace, "database": database})
     return database

@@ -155,7 +155,7 @@ async def _settle_once(
                 raise FenceHalted(record.halt_reason or "halted")
         found = {sync: _verdict_of(row, record, operator) for sync, record in read.items()}
         for sync, each in found.items():
-            _refuse(each, row, read[sync])
+            _refuse(each, row, read[sync], sync.namespace)
         worst = combined(list(found.values()), list(read.values()))
         if worst == "ok" and _takes_up(row, list(read.values()), records.several, adopt):
             worst = "adopt"  # a new timeline that covers every record: taken up here
@@ -215,15 +215,10 @@ def _verdict_of(row: ClockRow, record: Record, operator: bool) -> str:
     # commit this server lacks
 
 
-def _refuse(found: str, row: ClockRow, record: Record) -> None:
+def _refuse(found: str, row: ClockRow, record: Record, namespace: str) -> None:
     """Raise what a verdict (or a claim's answer) of 'foreign' or 'superseded' means."""
     if found == "foreign":
-        raise NamespaceBound(
-            f"redis_namespace: bound to database {record.database}; this PostgreSQL is "
-            f"{row.database} (one namespace, one database: point postgres_dsn at the bound "
-            "database, or use another redis_namespace; after moving the data to a new "
-            "cluster: keydispenser fence-postgres --skip-ranges N --take-over)"
-        )
+        raise NamespaceBound.elsewhere(namespace, record.database, row.database)
     if found == "superseded":
         log.critical(
             "postgres_superseded",
@@ -277,7 +272,7 @@ async def _record_vouch(
     if status in ("ok", "trusted"):
         log.info("postgres_vouched", extra={"status": status, "clock": stamp.clock})
         return
-    _refuse(status, row, await sync.read())
+    _refuse(status, row, await sync.read(), sync.namespace)
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 
 
@@ -293,7 +288,7 @@ async def _adopt(conn: Any, read: dict[SyncRecord, Record], row: ClockRow, sever
         status = await sync.reset(stamp, record.leased, "adopt", pending=several, read=record)
         if status == "moved":
             raise _Moved()
-        _refuse(status, row, await sync.read())
+        _refuse(status, row, await sync.read(), sync.namespace)
     log.info("postgres_timeline_adopted", extra={"timeline": stamp.timeline, "fork": stamp.fork})
     return stamp
 
@@ -367,7 +362,7 @@ async def _fence(
         claimed = await sync.reset(stamp, record.leased, mode, pending, record, target)
         if claimed == "moved":
             raise _Moved()
-        _refuse(claimed, row, await sync.read())
+        _refuse(claimed, row, await sync.read(), sync.namespace)
     return FenceReport(reason, discarded, starts, stamp, settled, restores)
 
 
