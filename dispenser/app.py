@@ -40,6 +40,7 @@ from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser, Stores
 from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
+from dispenser.worker_metrics import WorkerMetrics
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
@@ -334,8 +335,10 @@ def _observability(request: Request) -> None:
 
 async def metrics(request: Request) -> Response:
     _observability(request)
-    registry = _dispenser(request).metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    dispenser = _dispenser(request)
+    workers = request.app.state.worker_metrics
+    body = workers.exposition() if workers else generate_latest(dispenser.metrics.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 async def healthz(request: Request) -> Response:
@@ -521,6 +524,9 @@ def create_app(
         await snowflakes.start(FIRST_LEASE_WAIT_S)
         app.state.openapi = document(settings, metadata.version("keydispenser"))
         app.state.build = openg2p.build_info(os.environ)
+        # One of several worker processes: /metrics answers for all of them.
+        app.state.worker_metrics = workers = WorkerMetrics.from_environment(metrics.registry)
+        snapshots = asyncio.ensure_future(workers.keep_writing()) if workers else None
         dispenser.announce_exposure()
         fast_path.serve(dispenser)
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
@@ -528,6 +534,9 @@ def create_app(
         try:
             yield
         finally:
+            if snapshots is not None:
+                snapshots.cancel()
+                await asyncio.gather(snapshots, return_exceptions=True)
             fast_path.serve(None)
             await dispenser.close()
             await (hot if hot is not None else router).close()  # its lines, then endpoints

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 import uvicorn
 from granian.server import Server as Granian
@@ -11,6 +16,7 @@ from starlette.types import ASGIApp
 
 from dispenser.app import create_app
 from dispenser.server import granian_options, uvicorn_options
+from dispenser.worker_metrics import ENV
 from shared import logs
 from shared.domain.config import Settings, load_settings
 from shared.domain.errors import ConfigError, StoreUnavailable
@@ -68,10 +74,27 @@ def main(settings: Settings) -> None:
             "server": config.server,
         },
     )
-    if config.server == "granian":
-        run_granian(settings)
-    else:
-        run_uvicorn(settings)
+    with worker_metrics_directory(config.workers):
+        if config.server == "granian":
+            run_granian(settings)
+        else:
+            run_uvicorn(settings)
+
+
+@contextlib.contextmanager
+def worker_metrics_directory(workers: int) -> Iterator[None]:
+    """With several workers, a directory for their metrics (dispenser/worker_metrics.py),
+    named to them in the environment they inherit; gone when the supervisor stops."""
+    if workers == 1:
+        yield
+        return
+    directory = tempfile.mkdtemp(prefix="kd-worker-metrics-")
+    os.environ[ENV] = directory
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_uvicorn(settings: Settings) -> None:

@@ -25,7 +25,11 @@ class HeadroomWatch:
         self._warned: set[float] = set()
 
     def observe(self, now: float, leased: int, acceptance: float | None) -> Headroom:
-        self._samples.append((now, leased))
+        # A sample per change of the sequence (a lease by any process, a fence moving it
+        # on): looking again while nothing was leased does not shorten the forecast's
+        # window.
+        if not self._samples or self._samples[-1][1] != leased:
+            self._samples.append((now, leased))
         left = max(self._domain - leased, 0)
         fraction = left / self._domain
         crossed = tuple(t for t in self._thresholds if fraction < t and t not in self._warned)

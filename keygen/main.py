@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -42,6 +43,9 @@ from shared.stores.postgres.sql import KEYGEN_CHANNEL
 log = logging.getLogger(__name__)
 # One line per range filled: `up` quiets it (its own progress lines say as much).
 range_log = logging.getLogger("keygen.ranges")
+# How often a type keygen is not filling has its headroom read again (the sequence moves
+# with other keygens' leases, `fill` and fences too).
+HEADROOM_EVERY_S = 15.0
 
 
 class Keygen:
@@ -74,6 +78,7 @@ class Keygen:
             name: HeadroomWatch(t.config.counter_share, t.config.headroom_warnings)
             for name, t in self._types.items()
         }
+        self._headroom_seen: dict[str, float] = {}  # type -> when its headroom was read
 
     @classmethod
     def on_postgres(
@@ -147,6 +152,12 @@ class Keygen:
                     unreachable = unreachable or exc
                     continue
                 worked = True
+            elif time.monotonic() - self._headroom_seen.get(id_type.name, -math.inf) >= (
+                HEADROOM_EVERY_S
+            ):
+                # Other keygens, `fill` and fences move the sequence too: the metric
+                # follows it as `keydispenser status` does, not only this one's leases.
+                await self.watch_headroom(id_type)
         if unreachable is not None and not worked:
             raise unreachable
         return worked
@@ -197,6 +208,7 @@ class Keygen:
 
     async def watch_headroom(self, id_type: IdType) -> Headroom:
         """Export headroom and its forecast; warn once per threshold crossed."""
+        self._headroom_seen[id_type.name] = time.monotonic()
         state = await self._cold.sequence_state(id_type)
         stats = await self._cold.range_stats(id_type.name)
         rate = stats["accepted"] / stats["candidates"] if stats["candidates"] else None

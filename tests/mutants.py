@@ -315,6 +315,27 @@ MUTANTS: Final = (
         ROLE_TESTS,
     ),
     Mutant(
+        "each_worker_answers_metrics_for_itself",
+        "dispenser/main.py",
+        "    with worker_metrics_directory(config.workers):",
+        "    with worker_metrics_directory(1):",
+        ("tests/acceptance/test_worker_metrics.py",),
+    ),
+    Mutant(
+        "a_refused_lookup_is_a_server_fault",
+        "shared/stores/ledger/reader.py",
+        '            raise StoreUnavailable("postgres", f"cannot use PostgreSQL: {exc}") from exc',
+        "            raise",
+        ("tests/acceptance/test_fail_fast.py",),
+    ),
+    Mutant(
+        "the_headroom_metric_follows_its_own_leases_only",
+        "keygen/main.py",
+        "            elif time.monotonic() - self._headroom_seen.get(",
+        "            elif False and time.monotonic() - self._headroom_seen.get(",
+        ("tests/integration/test_headroom_agrees.py",),
+    ),
+    Mutant(
         "the_log_trimmed_while_a_restore_waits",
         "shared/stores/ledger/lua/ledger_confirm.lua",
         "if redis.call('HEXISTS', SYNC_RECORD, 'restore_from') == 0 then",

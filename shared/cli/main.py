@@ -414,6 +414,7 @@ OTHER_VARIABLES = frozenset(
         "KD_MACHINE_ID_POOL",
         "KD_MACHINE_ID_FLOOR_MS",
         "KD_BENCH_BASELINE_DSN",
+        "KD_WORKER_METRICS_DIR",
     }
 )
 
