@@ -1,11 +1,14 @@
 """The lease library as its own distribution (clients/leases): its wheel, built as a user
-would build it, installed alone, leases a machine ID from a real Redis, and loads nothing
-of the server (no keygen, keysync, dispenser, PostgreSQL driver, HTTP server, NumPy)."""
+would build it, installs one package, ``keydispenser_leases`` (no generic name such as
+``shared`` that an application may have too), and installed alone leases a machine ID
+from a real Redis, loading nothing of the server (no keygen, keysync, dispenser,
+PostgreSQL driver, HTTP server, NumPy)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import sysconfig
@@ -25,9 +28,7 @@ SERVER_ONLY = ("keygen", "keysync", "dispenser", "asyncpg", "starlette", "uvicor
 USER = """
 import asyncio, importlib.util, json, sys
 sys.path[:0] = [WHEEL, SITE]
-from shared.domain.errors import ConfigError
-from shared.leases.holder import lease_machine_id
-from shared.stores.redis.endpoint import RedisEndpoint
+from keydispenser_leases import ConfigError, RedisEndpoint, lease_machine_id
 
 async def main():
     try:
@@ -41,7 +42,7 @@ async def main():
     ) as lease:
         held = {"machine_id": lease.machine_id, "valid": lease.valid()}
     await endpoint.close()
-    import shared.leases.holder as holder
+    import keydispenser_leases.leases.holder as holder
     return {
         "held": held,
         "unnamed": unnamed,
@@ -49,7 +50,8 @@ async def main():
         "server_modules": sorted(m for m in SERVER_ONLY if m in sys.modules),
         "server_findable": sorted(m for m in ("keygen", "keysync", "dispenser")
                                   if importlib.util.find_spec(m) is not None),
-        "shared": sorted(m for m in sys.modules if m.startswith("shared")),
+        "shared": sorted(m for m in sys.modules if m.split(".")[0] == "shared"),
+        "ours": sorted(m for m in sys.modules if m.startswith("keydispenser_leases")),
     }
 
 print(json.dumps(asyncio.run(main())))
@@ -73,9 +75,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_the_library_and_the_redis_access_it_runs_on_only(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     files = [n for n in names if not n.startswith("keydispenser_leases-")]
-    assert {n.split("/")[0] for n in files} == {"shared"}
-    assert "shared/leases/holder.py" in files and "shared/stores/fence/lua/fence.lua" in files
-    assert not [n for n in files if n.startswith(("shared/ops", "shared/cli", "shared/stores/hot"))]
+    assert {n.split("/")[0] for n in files} == {"keydispenser_leases"}  # the one package
+    assert "keydispenser_leases/leases/holder.py" in files
+    assert "keydispenser_leases/stores/fence/lua/fence.lua" in files
+    assert not [
+        n
+        for n in files
+        if n.split("/")[1] in {"ops", "cli"} or n.startswith(f"{n.split('/')[0]}/stores/hot")
+    ]
+    for name in files:  # no import of, nor resource under, a package named shared
+        if name.endswith(".py"):
+            text = zipfile.ZipFile(wheel).read(name).decode()
+            assert not re.search(r"^\s*(from|import) shared\b", text, re.M), name
+            assert '"shared.' not in text, name
     metadata = (
         zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     )
@@ -117,4 +129,5 @@ async def test_installed_alone_it_leases_and_loads_nothing_of_the_server(
     assert "the endpoint names no Redis" in found["unnamed"]
     assert found["from"].startswith(str(installed))
     assert found["server_modules"] == [] and found["server_findable"] == []
-    assert all(m.split(".")[1] in {"domain", "stores", "leases"} for m in found["shared"][1:])
+    assert found["shared"] == []
+    assert all(m.split(".")[1] in {"domain", "stores", "leases"} for m in found["ours"][1:])
