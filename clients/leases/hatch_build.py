@@ -16,7 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:  # loaded for write_package alone (the docs' test), without hatchling
+    BuildHookInterface = object
 
 PACKAGE = "keydispenser_leases"
 # The library's files in the repository's shared/: the holder, its Redis calls and
@@ -80,22 +83,29 @@ def renamed(text: str) -> str:
     return _NAME.sub(PACKAGE, text)
 
 
+def write_package(source: Path, out: Path) -> Path:
+    """The library's package under ``out`` from the repository's ``source`` (its
+    shared/), renamed; returns the package's folder."""
+    package = out / PACKAGE
+    paths = [Path(f) for f in FILES]
+    for folder in FOLDERS:
+        paths += [p.relative_to(source) for p in (source / folder).rglob("*") if p.is_file()]
+    for relative in paths:
+        target = package / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if relative.suffix == ".py":
+            target.write_text(renamed((source / relative).read_text()))
+        else:
+            shutil.copyfile(source / relative, target)
+    (package / "__init__.py").write_text(INIT)
+    return package
+
+
 class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         root = Path(self.root)
         source = root.parent.parent / "shared"
         if (root / PACKAGE).is_dir() or not source.is_dir():
             return  # built from the sdist: the renamed files are in place
-        out = Path(tempfile.mkdtemp(prefix="kd-leases-")) / PACKAGE
-        paths = [Path(f) for f in FILES]
-        for folder in FOLDERS:
-            paths += [p.relative_to(source) for p in (source / folder).rglob("*") if p.is_file()]
-        for relative in paths:
-            target = out / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if relative.suffix == ".py":
-                target.write_text(renamed((source / relative).read_text()))
-            else:
-                shutil.copyfile(source / relative, target)
-        (out / "__init__.py").write_text(INIT)
-        build_data["force_include"][str(out)] = PACKAGE
+        package = write_package(source, Path(tempfile.mkdtemp(prefix="kd-leases-")))
+        build_data["force_include"][str(package)] = PACKAGE

@@ -8,6 +8,7 @@ an empty directory. Commands then find it through `.keydispenser/stack.env`.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -291,6 +292,20 @@ def merged(base: dict[str, object], snippet: dict[str, object]) -> dict[str, obj
     return out
 
 
+def lease_library(tmp_path: Path) -> Path:
+    """A folder holding ``keydispenser_leases`` as clients/leases builds it."""
+    out = tmp_path / "leases"
+    if not (out / "keydispenser_leases").is_dir():
+        spec = importlib.util.spec_from_file_location(
+            "leases_build", ROOT / "clients" / "leases" / "hatch_build.py"
+        )
+        assert spec is not None and spec.loader is not None
+        build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(build)
+        build.write_package(ROOT / "shared", out)
+    return out
+
+
 def run_block(stack: Stack, block: Block, tmp_path: Path) -> str:
     """'' when the block works as written, else what went wrong."""
     if block.lang in ("json",):
@@ -307,10 +322,13 @@ def run_block(stack: Stack, block: Block, tmp_path: Path) -> str:
         return ""
     if block.lang in ("python", "sh"):
         argv = [str(BIN / "python"), "-c"] if block.lang == "python" else ["bash", "-e", "-c"]
+        env = plain_env()
+        if "keydispenser_leases" in block.code:  # the lease library, as its wheel holds it
+            env["PYTHONPATH"] = str(lease_library(tmp_path))
         done = subprocess.run(
             [*argv, adapted(stack, block.code)],
             cwd=stack.home,
-            env=plain_env(),
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
