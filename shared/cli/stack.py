@@ -120,6 +120,11 @@ def up_running(pid_file: Path) -> bool:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return True
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.domain.errors import KeydispenserError
+from shared.ops import reaper
 from shared.ops.processes import listening, spawn, stop_process
 
 UNPRIVILEGED_USER = "nobody"
@@ -143,6 +144,8 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int = 0
     _user: str | None = field(default_factory=_as_user)
+    # Stops the server when the process that started it ends without stopping it.
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @functools.cached_property
     def pgdata(self) -> Path:
@@ -163,10 +166,20 @@ class EmbeddedPostgres:
         self._pg_ctl(
             "-w", "-t", "60", "-o", options, "-l", str(self.pgdata / "server.log"), "start"
         )
+        postmaster = self.postmaster()
+        if postmaster is not None:  # a fast shutdown if this process dies first
+            self._reaper = reaper.watch(postmaster, signal.SIGINT)
+
+    def postmaster(self) -> int | None:
+        """The running server's process, from its ``postmaster.pid`` (None: none)."""
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            return int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        return None
 
     def stop(self, mode: str = "fast") -> None:
         if (self.pgdata / "postmaster.pid").exists():
             self._pg_ctl("-w", "-m", mode, "stop", check=False)
+        _done(self._reaper)
 
     def _initdb(self) -> None:
         self._make_pgdata()
@@ -213,6 +226,7 @@ class EmbeddedPostgres:
         # PostgreSQL would take it for a live server and refuse to start here again.
         for stale in [pid_file, *self.pgdata.glob(".s.PGSQL.*")]:
             stale.unlink(missing_ok=True)
+        _done(self._reaper)
 
     def _pg_ctl(self, *args: str, check: bool = True) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), *args, check=check)
@@ -235,6 +249,11 @@ class EmbeddedPostgres:
             )
 
 
+# The embedded Redis's process, in its data directory (Redis renames its process title,
+# so its command line does not say where it runs from).
+PID_FILE = "server.pid"
+
+
 @dataclass
 class EmbeddedRedis:
     """A Redis-compatible server without persistence.
@@ -246,6 +265,7 @@ class EmbeddedRedis:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     # Never evict: keydispenser refuses to run on a server that might (hot_store.py).
     memory_policy: str = "noeviction"
 
@@ -263,11 +283,33 @@ class EmbeddedRedis:
         # Its own session: a Ctrl-C at `keydispenser up` reaches the processes, which
         # release their machine-ID leases, before `up` stops this server.
         self.process = spawn(command, output="discard", own_session=True)
+        self._reaper = reaper.watch(self.process.pid)  # ends it if this process dies first
+        (self.data_dir / PID_FILE).write_text(f"{self.process.pid}\n")
         if not listening(self.port, 10, self.process):
             raise EmbeddedServerError(f"server on 127.0.0.1:{self.port} did not start in 10s")
 
     def stop(self) -> None:
         stop_process(self.process)
+        _done(self._reaper)
+        (self.data_dir / PID_FILE).unlink(missing_ok=True)
+
+    @staticmethod
+    def left_running(data_dir: Path) -> int | None:
+        """The server a process that ended without stopping it left running in
+        ``data_dir`` (its pid file names a live Redis-compatible server), else None."""
+        try:
+            pid = int((data_dir / PID_FILE).read_text().strip())
+            program = os.readlink(f"/proc/{pid}/exe")
+        except (OSError, ValueError):
+            return None
+        return pid if program == os.path.realpath(valkey_server_binary()) else None
+
+
+def _done(watching: subprocess.Popen[bytes] | None) -> None:
+    """Collect a reaper whose server stopped (it exits by itself then)."""
+    if watching is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            watching.wait(5)
 
 
 def _wait_for_port_closed(port: int, timeout_s: float) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,18 +38,41 @@ def scrubbed_env(**settings: str) -> dict[str, str]:
     return env | settings
 
 
+# prctl(2): the signal a process gets when its parent ends.
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """For ``preexec_fn``: SIGTERM the child when ``parent`` ends (SIGKILL, a crash),
+    and end it at once if it already has."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
     output: Output = "inherit",
     *,
     own_session: bool = False,
+    die_with_parent: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdin closed (no child waits on a terminal it cannot read).
 
     ``own_session``: out of the caller's process group, so a Ctrl-C at the terminal
     does not reach it; whoever started it stops it (servers outlive their clients).
+    ``die_with_parent``: SIGTERMed when this process ends without stopping it (Linux's
+    parent-death signal; only from the main thread, whose end it follows).
     """
+    preexec = None
+    if die_with_parent and threading.current_thread() is threading.main_thread():
+        preexec = _die_with_parent(os.getpid())
     if isinstance(output, Path):
         # The child holds its own descriptor of the log; ours can close at once.
         with output.open("ab") as log:
@@ -58,6 +83,7 @@ def spawn(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=own_session,
+                preexec_fn=preexec,
             )
     stdout = None if output == "inherit" else subprocess.DEVNULL
     stderr = subprocess.DEVNULL if output == "discard" else None
@@ -68,6 +94,7 @@ def spawn(
         stdout=stdout,
         stderr=stderr,
         start_new_session=own_session,
+        preexec_fn=preexec,
     )
 
 

@@ -209,7 +209,8 @@ class Stack:
     def spawn(self, name: str, env: dict[str, str]) -> None:
         if name not in KEY_HOLDERS:  # each process only the secrets it needs
             env = {k: v for k, v in env.items() if k != "KD_PERMUTATION_KEY"}
-        self.children[name] = spawn(cli_command(name), env)
+        # Ended with up, however up ends (SIGKILL, a closed terminal).
+        self.children[name] = spawn(cli_command(name), env, die_with_parent=True)
 
     def supervise(self, env: dict[str, str]) -> None:
         """Restart a child that dies until asked to stop."""
@@ -287,6 +288,29 @@ def purge(data_dir: Path) -> list[Path]:
     return [*removed, data_dir]
 
 
+def clean_leftovers(data_dir: Path) -> list[str]:
+    """What an ``up`` that ended without stopping (SIGKILL, a crash, a closed terminal
+    with its servers' reapers gone too) left in ``data_dir``, each cleaned: its pid and
+    stack files, its PostgreSQL and Redis still running. One line each."""
+    pid_file = data_dir / stack.PID_FILE
+    if not pid_file.exists():
+        return []
+    found = [f"found {pid_file} of an `up` that did not stop ({pid_file.read_text().strip()})"]
+    postgres = EmbeddedPostgres(data_dir / "postgres")
+    postmaster = postgres.postmaster()
+    if postmaster is not None and stack.pid_alive(postmaster):
+        postgres.stop()
+        found.append(f"found its PostgreSQL still running (pid {postmaster}): stopped")
+    redis = EmbeddedRedis.left_running(data_dir / "redis")
+    if redis is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(redis, signal.SIGTERM)
+        found.append(f"found its Redis still running (pid {redis}): stopped")
+    stack.remove(data_dir)
+    found.append(f"removed its {stack.STACK_FILE} and {stack.PID_FILE}")
+    return found
+
+
 def _pgdata_outside(data_dir: Path, pgdata: Path) -> Path | None:
     """The stack's PostgreSQL data when kept outside its data directory: only the path
     this data directory maps to, under the runtime directory, and only when the
@@ -327,6 +351,8 @@ def up(settings: Settings, args: argparse.Namespace) -> None:
     pid_file = stack_obj.data_dir / stack.PID_FILE
     if pid_file.exists() and stack.up_running(pid_file):
         raise KeydispenserError(f"a stack already runs from {stack_obj.data_dir} ({pid_file})")
+    for line in clean_leftovers(stack_obj.data_dir):
+        print(f"keydispenser up: {line}", flush=True)
     stack.claim(stack_obj.data_dir)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

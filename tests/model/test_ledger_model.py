@@ -7,7 +7,7 @@ invariant it breaks. docs/reliability.md ("The ledger's one history") maps the m
 to the code.
 
 SPIN (Debian's ``spin``) and a C compiler must be on PATH; without them this skips,
-unless ``KD_REQUIRE_MODEL=1`` (set by .ci/run), which makes a missing tool a failure.
+unless ``KD_TEST_REQUIRE_MODEL=1`` (set by .ci/run), which makes a missing tool a failure.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def check(*defines: str) -> Verdict:
     """Compile the model with ``defines`` (-D...) and search its whole state space."""
     missing = [tool for tool in ("spin", "gcc") if shutil.which(tool) is None]
     if missing:
-        if os.environ.get("KD_REQUIRE_MODEL") == "1":
+        if os.environ.get("KD_TEST_REQUIRE_MODEL") == "1":
             pytest.fail(f"the model checker needs {', '.join(missing)} on PATH")
         pytest.skip(f"{', '.join(missing)} not on PATH (Debian: apt-get install spin gcc)")
     with tempfile.TemporaryDirectory(prefix="kd-model-") as tmp:

@@ -34,7 +34,8 @@ class Fleet:
         env = {**self.env, **self.overrides.get(name, {}), **(extra_env or {})}
         self._commands[name] = ((command, *args), env)
         argv = cli_command(command, *args)
-        self.processes[name] = spawn(argv, env, self.log_dir / f"{name}.log")
+        # Ended with the drill, however it ends (its parent-death signal).
+        self.processes[name] = spawn(argv, env, self.log_dir / f"{name}.log", die_with_parent=True)
 
     def kill(self, name: str) -> None:
         """SIGKILL the process, then its child processes (a dispenser's workers would

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from shared.ops import reaper
 from shared.ops.embedded import free_port, redis_server_command, valkey_server_binary
 from shared.ops.processes import kill_process, spawn, stop_processes
 
@@ -25,6 +26,7 @@ class RedisServer:
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
     announce_port: int = 0  # the port it announces (its proxy's): 0 for its own
+    reaper: subprocess.Popen[bytes] | None = None  # ends it if the drill ends first
 
     @property
     def public_port(self) -> int:
@@ -89,6 +91,7 @@ class Topology:
         server.process = spawn(
             redis_server_command(server.port, server.data_dir, *options), output="discard"
         )
+        server.reaper = reaper.watch(server.process.pid)  # gone with the drill, however it ends
         self._wait_port(server)
 
     def _launch_sentinel(self, sentinel: RedisServer, primary_port: int) -> None:
@@ -105,6 +108,7 @@ class Topology:
         sentinel.process = spawn(
             [valkey_server_binary(), str(conf), "--sentinel"], output="discard"
         )
+        sentinel.reaper = reaper.watch(sentinel.process.pid)
         self._wait_port(sentinel)
 
     @staticmethod
