@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,3 +101,30 @@ def test_up_killed_leaves_nothing_and_the_next_up_cleans_what_a_harder_stop_left
         assert f"found its PostgreSQL still running (pid {left['postgres'][0]}): stopped" in log
         assert f"found its Redis still running (pid {left['redis'][0]}): stopped" in log
     assert not alive(left["postgres"][0]) and not any(alive(pid) for pid in left["redis"])
+
+
+# A test session's servers (tests/conftest.py) and the drill's are these same classes,
+# started by a process that may be killed the same way.
+OWNER = """
+import sys, time
+from pathlib import Path
+from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
+postgres, redis = EmbeddedPostgres(Path(sys.argv[1]) / "pg"), EmbeddedRedis(Path(sys.argv[1]) / "r")
+postgres.start()
+redis.start()
+print(postgres.postmaster(), redis.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owner_takes_its_embedded_servers_with_it(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, env=plain_env()
+    )
+    assert owner.stdout is not None
+    servers = [int(pid) for pid in owner.stdout.readline().split()]
+    assert len(servers) == 2 and all(alive(pid) for pid in servers), servers
+    owner.kill()
+    owner.wait()
+    assert wait_gone(servers) == []
