@@ -358,6 +358,13 @@ MUTANTS: Final = (
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
+        "a_lookup_answers_before_the_record_covers_it",
+        "shared/stores/ledger/reader.py",
+        "            if record.clock >= state.clock:",
+        "            if True:",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
         "ledger_batches_not_guarded",
         "keysync/ledger.py",
         "        self._guard = guard if guard is not None and guard.guarded else None",

@@ -445,3 +445,32 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     assert set(resumed["resumed"]) == {hot.namespace}
     await ledger.applied()
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
+
+
+async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
+) -> None:
+    """A read waits for the record to cover the commit its snapshot saw (a commit whose
+    stamp is being recorded), and no longer: a later commit, also in flight by then,
+    does not make it wait again (a ledger written steadily is still read). A commit the
+    record never covers is never answered from."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    record_key = redis_keys.sync_record_key(hot.namespace)
+    clock = int(await redis_client.hget(record_key, "clock"))
+
+    async def commit_in_flight() -> None:  # what a guarded commit does before its stamp
+        await ledger.rows("UPDATE kd_sync_clock SET clock = clock + 1 WHERE id = 1")
+
+    await commit_in_flight()
+    with pytest.raises(StoreUnavailable, match="not recorded yet"):
+        await ledger.lookup(key)  # the record never covers it
+
+    async def recorded_while_the_next_commits() -> None:
+        await asyncio.sleep(0.3)
+        await redis_client.hset(record_key, "clock", clock + 1)
+        await commit_in_flight()
+
+    found, _ = await asyncio.gather(ledger.lookup(key), recorded_while_the_next_commits())
+    assert found["client"] == "client-a"

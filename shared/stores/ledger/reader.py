@@ -120,41 +120,52 @@ class LedgerReader:
         return None
 
     async def _read(self, name: str, operation: str, read: Callable[[Any], Awaitable[T]]) -> T:
-        """``read`` in one snapshot with the server's clock row, answered only when the
-        record covers it (module docstring)."""
+        """``read`` in one snapshot with the server's clock row, answered only once the
+        record covers that snapshot (module docstring).
+
+        The snapshot is taken once: what it read is answered as soon as the record
+        covers the commit it saw (the stamp of a commit in flight is recorded within
+        milliseconds), rechecked against the record as it is then. Taking a new snapshot
+        instead would chase the clock of a ledger that keysync keeps writing (a lookup
+        under a steady load of status changes would wait for a quiet moment)."""
         store = await self._opened()
-        deadline = time.monotonic() + CONFIRM_WAIT_S
         sync = self._records.of(name) if self._records is not None else None
+        record = await sync.read() if sync is not None else None
+        if record is not None:
+            _refuse_halted(record.ledger_halt, record.restore_from)
+        async with (
+            store.connection() as conn,
+            translated(operation),
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            try:
+                found = await read(conn)
+            except asyncpg.UndefinedTableError as exc:
+                raise StoreUnavailable(
+                    "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
+                ) from exc
+            if sync is None or record is None:
+                return found
+            state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
+        _refuse_halted("", state.restores.get(sync.namespace, ""))
+        deadline = time.monotonic() + CONFIRM_WAIT_S
         while True:
-            record = await sync.read() if sync is not None else None
-            if record is not None:
-                _refuse_halted(record.ledger_halt, record.restore_from)
-            async with (
-                store.connection() as conn,
-                translated(operation),
-                conn.transaction(isolation="repeatable_read", readonly=True),
-            ):
-                try:
-                    found = await read(conn)
-                except asyncpg.UndefinedTableError as exc:
-                    raise StoreUnavailable(
-                        "postgres", f"no ledger table for '{name}': run `keydispenser migrate`"
-                    ) from exc
-                if sync is None or record is None:
-                    return found
-                state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
-            _refuse_halted("", state.restores.get(sync.namespace, ""))
             if verdict(state, record) != "ok" and not _never_guarded(state, record):
                 raise StoreUnavailable(
                     "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
                 )
-            if record.clock >= state.clock or time.monotonic() >= deadline:
-                if record.clock >= state.clock:
-                    return found
+            if record.clock >= state.clock:
+                return found
+            if time.monotonic() >= deadline:
                 raise StoreUnavailable(
                     "postgres", "the ledger's last change is not recorded yet; retry"
                 )
             await asyncio.sleep(CONFIRM_POLL_S)
+            found_record = await sync.read()
+            if found_record is None:
+                raise StoreUnavailable("redis", "the sync record is gone; retry")
+            record = found_record
+            _refuse_halted(record.ledger_halt, record.restore_from)
 
     async def _opened(self) -> ColdStore:
         if self._store is None:
