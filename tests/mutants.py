@@ -353,15 +353,15 @@ MUTANTS: Final = (
     Mutant(
         "a_lookup_reads_a_server_behind_the_record",
         "shared/stores/ledger/reader.py",
-        '            if verdict(state, record) != "ok" and not _never_guarded(state, record):',
-        "            if False:",
+        '        if verdict(state, record) != "ok" and not _never_guarded(state, record):',
+        "        if False:",
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
         "a_lookup_answers_before_the_record_covers_it",
         "shared/stores/ledger/reader.py",
-        "            if record.clock >= state.clock:",
-        "            if True:",
+        "        while record.clock < state.clock:",
+        "        while False:",
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(

@@ -148,14 +148,13 @@ class LedgerReader:
                 return found
             state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
         _refuse_halted("", state.restores.get(sync.namespace, ""))
+        if verdict(state, record) != "ok" and not _never_guarded(state, record):
+            raise StoreUnavailable(
+                "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
+            )
+        history = (record.timeline, record.fork, record.database)
         deadline = time.monotonic() + CONFIRM_WAIT_S
-        while True:
-            if verdict(state, record) != "ok" and not _never_guarded(state, record):
-                raise StoreUnavailable(
-                    "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
-                )
-            if record.clock >= state.clock:
-                return found
+        while record.clock < state.clock:
             if time.monotonic() >= deadline:
                 raise StoreUnavailable(
                     "postgres", "the ledger's last change is not recorded yet; retry"
@@ -166,6 +165,11 @@ class LedgerReader:
                 raise StoreUnavailable("redis", "the sync record is gone; retry")
             record = found_record
             _refuse_halted(record.ledger_halt, record.restore_from)
+            if (record.timeline, record.fork, record.database) != history:  # a fence since
+                raise StoreUnavailable(
+                    "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
+                )
+        return found
 
     async def _opened(self) -> ColdStore:
         if self._store is None:
