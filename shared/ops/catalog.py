@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "snowflake": "snowflake IDs/s minted over HTTP, single and batch",
     "keysync": "keys/s moved from the cold table to the hot lists",
     "ledger": "ledger records applied per second per keysync, and at a rate offered",
+    "lifecycle": "MOSIP's PUT /uin and the ledger lookup, p50/p99 under a steady load",
     "pipeline": "keys/s through all three processes at once",
     "client": "keys/s through the Python client, sync and async",
 }

@@ -52,6 +52,8 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
         getattr(args, "redis_cluster", defaults.cluster_shards),
         getattr(args, "slot_per", defaults.slot_per),
         getattr(args, "types", defaults.types),
+        getattr(args, "existing_rows", defaults.existing_rows),
+        getattr(args, "spent", defaults.spent),
     )
     if options.slot_per != "namespace" and not options.cluster_shards:
         raise ConfigError("--slot-per: with --redis-cluster only")
@@ -174,6 +176,16 @@ def _ledger_rate_option(bench: argparse.ArgumentParser) -> None:
     )
 
 
+def _existing_rows_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--existing-rows",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="ledger rows of a registry's past loaded before measuring (default 0: empty)",
+    )
+
+
 def _pipeline_options(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--keysyncs", type=positive_int, default=1, help="keysync processes to run")
     bench.add_argument(
@@ -205,12 +217,57 @@ def _pipeline_options(bench: argparse.ArgumentParser) -> None:
     )
 
 
+def non_negative_int(raw: str) -> int:
+    """A whole number >= 0, digits or a power of ten as 1e8."""
+    try:
+        value = float(raw) if "e" in raw.lower() else int(raw)
+    except ValueError:
+        value = -1
+    if value < 0 or value != int(value) or value > 10**10:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number >= 0 (e.g. 1000000 or 1e6), got {raw!r}"
+        )
+    return int(value)
+
+
+def _spent_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--spent",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="the fraction of each keyspace spent before measuring (default 0: fresh)",
+    )
+
+
+def _fraction(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {raw!r}")
+    return value
+
+
+def _lifecycle_rate_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--rate",
+        type=_rate,
+        metavar="PUTS_PER_S",
+        help="PUT /uin requests a second (half ASSIGNED, half UNASSIGNED), and ten lookups "
+        "for each (default 50)",
+    )
+
+
 # Each benchmark's own options, beside --json and --seconds.
 BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] = {
+    "keygen": (_spent_option,),
     "dispense": (_load_option, _servers_option),
     "snowflake": (_load_option,),
     "keysync": (_processes_option, _sync_batch_option),
-    "ledger": (_processes_option, _ledger_rate_option),
+    "ledger": (_processes_option, _ledger_rate_option, _existing_rows_option),
+    "lifecycle": (_lifecycle_rate_option, _existing_rows_option),
     "pipeline": (_pipeline_options,),
 }
 

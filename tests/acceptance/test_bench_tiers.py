@@ -217,3 +217,52 @@ def test_bench_fastpath_refuses_a_duration_out_of_bounds(
     refused = run_cli("bench", "fastpath", "--seconds", seconds, env=env, timeout_s=120)
     assert refused.returncode == 2
     assert "--seconds" in refused.stderr
+
+
+def test_the_growth_benches_measure_on_a_registry_they_load(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """`bench ledger` and `bench lifecycle` at their smallest: the registry is loaded,
+    every request answered, the status and readiness timed (figures never asserted)."""
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "ledger.json"
+    ledger = run_cli(
+        "bench", "ledger", "--seconds", "0.05", "--processes", "1", "--rate", "2000",
+        "--existing-rows", "3000", "--json", str(out), env=env, timeout_s=300,
+    )  # fmt: skip
+    assert ledger.returncode == 0, ledger.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["load"]["rows"] == 3000
+    assert report["keysyncs_1"]["drain"]["keys_applied"] >= 2000
+    out = tmp_path / "lifecycle.json"
+    lifecycle = run_cli(
+        "bench", "lifecycle", "--seconds", "2", "--rate", "5", "--existing-rows", "3000",
+        "--json", str(out), env=env, timeout_s=300,
+    )  # fmt: skip
+    assert lifecycle.returncode == 0, lifecycle.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == {} and report["shed"] == 0
+    assert report["put_uin"]["count"] == report["sent"]["put"] >= 9
+    assert report["lookup"]["count"] == report["sent"]["lookup"] >= 90
+    assert report["status_s"] > 0 and report["readyz_ms"] > 0
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        assert not client.exists(redis_keys.sync_record_key(NS))  # left as found
+    finally:
+        client.close()
+
+
+def test_bench_keygen_deep_into_the_keyspace_reports_its_headroom(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    out = tmp_path / "keygen.json"
+    result = run_cli(
+        "bench", "keygen", "--seconds", "0.05", "--spent", "0.9", "--json", str(out),
+        env=env, timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for name in ("numeric10", "base62_7"):
+        assert report[f"{name}_stored_per_s"] > 0
+        assert 0.0 < report[f"{name}_headroom"]["fraction_left"] < 0.1

@@ -36,6 +36,8 @@ class Options:
     cluster_shards: int = 0  # pipeline: on a loopback Redis Cluster of this many primaries
     slot_per: str = "namespace"  # pipeline on a cluster: redis_cluster.slot_per
     types: int = 1  # pipeline: ID types served at once
+    existing_rows: int = 0  # ledger, lifecycle: ledger rows loaded before measuring
+    spent: float = 0.0  # keygen: the fraction of each keyspace spent before measuring
 
 
 async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:

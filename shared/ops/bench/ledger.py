@@ -14,8 +14,14 @@ recorded once committed; the log kept ``ledger_retain_s``):
 
 Issues are appended as the dispenser's pops append them, ENTRY_KEYS keys an entry (a
 coalesced pop of that many single-ID requests, or a batch request), each with its
-client. The Redis database at ``redis_url`` must be a scratch one (the bench refuses a
-database that already holds a sync record or hot lists).
+client; their keys are spread over the keyspace as a permuted type's are
+(``registry.spread_key``), so each insert lands anywhere in the ledger's index.
+
+``--existing-rows N``: the ledger holds N rows of a registry's past before the measures
+(``registry.load_ledger``); between two measures only the rows a measure added go.
+
+The Redis database at ``redis_url`` must be a scratch one (the bench refuses a database
+that already holds a sync record or hot lists).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.ops.bench import Options
 from shared.ops.bench.keysync import _gather
+from shared.ops.bench.registry import LOADED_ENTRY, load_ledger, spread_key
 from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
@@ -48,6 +55,7 @@ from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.schema import migrate
 
 LEDGER_TYPE = "kd_bench_ledger"
+KEY_LENGTH = 12
 ENTRY_KEYS = 20  # keys per issue entry
 DEFAULT_RATE = 100_000.0  # keys/s offered
 PIPELINE_ENTRIES = 100  # entries per XADD pipeline
@@ -56,7 +64,7 @@ START_DEADLINE_S = 120.0
 
 
 def bench_settings(settings: Settings, dsn: str) -> Settings:
-    config = {"kind": "numeric", "length": 12, "ledger": True}
+    config = {"kind": "numeric", "length": KEY_LENGTH, "ledger": True}
     return Settings.model_validate(
         settings.model_dump()
         | {"postgres_dsn": dsn, "postgres_fence": True, "id_types": {LEDGER_TYPE: config}}
@@ -64,7 +72,7 @@ def bench_settings(settings: Settings, dsn: str) -> Settings:
 
 
 def _entry(first: int) -> dict[str, str]:
-    keys = " ".join(f"{n:012d}" for n in range(first, first + ENTRY_KEYS))
+    keys = " ".join(spread_key(n, KEY_LENGTH) for n in range(first, first + ENTRY_KEYS))
     clients = " ".join(f"client-{n % 7}" for n in range(first, first + ENTRY_KEYS))
     return {"op": "issue", "type": LEDGER_TYPE, "keys": keys, "clients": clients}
 
@@ -241,6 +249,7 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         "offered_keys_per_s": rate,
         "seconds": seconds,
         "ledger_retain_s": settings.keysync.ledger_retain_s,
+        "existing_rows": options.existing_rows,
     }
     scratch = False
     try:
@@ -253,9 +262,11 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
             await migrate(conn, build_id_types(local))
         finally:
             await conn.close()
+        if options.existing_rows:
+            report["load"] = await load_ledger(dsn, LEDGER_TYPE, options.existing_rows, KEY_LENGTH)
         for count in options.processes:
             report[f"keysyncs_{count}"] = await measure(local, client, count, rate, seconds)
-            await _truncate(dsn)
+            await _forget_measured(dsn, bool(options.existing_rows))
         first = report[f"keysyncs_{options.processes[0]}"]
         report["keys_per_s"] = first["drain"]["keys_per_s"]
     finally:
@@ -266,9 +277,15 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
     return report
 
 
-async def _truncate(dsn: str) -> None:
+async def _forget_measured(dsn: str, loaded: bool) -> None:
+    """The rows a measure added go (the loaded ones stay), and their dead tuples."""
+    ledger = sql.ledger_table(LEDGER_TYPE)
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f"TRUNCATE {sql.ledger_table(LEDGER_TYPE)}")
+        if not loaded:
+            await conn.execute(f"TRUNCATE {ledger}")
+            return
+        await conn.execute(f"DELETE FROM {ledger} WHERE entry_id NOT LIKE '{LOADED_ENTRY}%'")
+        await conn.execute(f"VACUUM {ledger}")
     finally:
         await conn.close()
