@@ -141,10 +141,15 @@ class Keysync:
         try:
             while depth < config.hot.high:
                 taken = following or await self._cold.begin_take(name, _want(config, depth))
-                await taken.commit()
                 if not taken.keys:
+                    # A take of nothing changes nothing: rolled back, its step of the
+                    # sync clock goes with it. Committed, that step would never be
+                    # recorded, and every ledger read would wait for a record that
+                    # covers it until the next recorded write.
+                    await taken.rollback()
                     await self._cold_empty(name)
                     break
+                await taken.commit()
                 self._empty.discard(name)
                 self._fault("keysync.committed")  # the DELETE committed, nothing pushed yet
                 size = _want(config, depth + len(taken.keys))

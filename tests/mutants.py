@@ -365,6 +365,13 @@ MUTANTS: Final = (
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
+        "an_empty_take_steps_the_clock_unrecorded",
+        "keysync/main.py",
+        "                    await taken.rollback()",
+        "                    await taken.commit()",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
         "ledger_batches_not_guarded",
         "keysync/ledger.py",
         "        self._guard = guard if guard is not None and guard.guarded else None",

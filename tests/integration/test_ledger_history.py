@@ -474,3 +474,18 @@ async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(
 
     found, _ = await asyncio.gather(ledger.lookup(key), recorded_while_the_next_commits())
     assert found["client"] == "client-a"
+
+
+async def test_a_refill_from_an_empty_cold_table_leaves_lookups_answered(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """keysync's refill of a type whose cold table is empty commits nothing: no step of
+    the sync clock that no record will ever cover (a lookup would wait for one until
+    the ledger's next write, and answer 503 on a quiet ledger)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    clock = await ledger.rows("SELECT clock FROM kd_sync_clock WHERE id = 1")
+    await refill(ledger)  # the cold table is empty: nothing taken
+    assert await ledger.rows("SELECT clock FROM kd_sync_clock WHERE id = 1") == clock
+    assert (await ledger.lookup(key))["client"] == "client-a"
