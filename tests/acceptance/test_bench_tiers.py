@@ -233,7 +233,8 @@ def test_the_growth_benches_measure_on_a_registry_they_load(
     assert ledger.returncode == 0, ledger.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["load"]["rows"] == 3000
-    assert report["keysyncs_1"]["drain"]["keys_applied"] >= 2000
+    assert report["keysyncs_1"]["drain"]["keys_applied"] == 2000  # every key, in the measure
+    assert report["after_checkpoint"]["keys_applied"] == 2000
     out = tmp_path / "lifecycle.json"
     lifecycle = run_cli(
         "bench", "lifecycle", "--seconds", "2", "--rate", "5", "--existing-rows", "3000",
@@ -241,7 +242,8 @@ def test_the_growth_benches_measure_on_a_registry_they_load(
     )  # fmt: skip
     assert lifecycle.returncode == 0, lifecycle.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["errors"] == {} and report["shed"] == 0
+    failed = [line for line in lifecycle.stderr.splitlines() if "request_failed" in line]
+    assert report["errors"] == {} and report["shed"] == 0, failed
     assert report["put_uin"]["count"] == report["sent"]["put"] >= 9
     assert report["lookup"]["count"] == report["sent"]["lookup"] >= 90
     assert report["status_s"] > 0 and report["readyz_ms"] > 0
@@ -265,4 +267,4 @@ def test_bench_keygen_deep_into_the_keyspace_reports_its_headroom(
     report = json.loads(out.read_text())
     for name in ("numeric10", "base62_7"):
         assert report[f"{name}_stored_per_s"] > 0
-        assert 0.0 < report[f"{name}_headroom"]["fraction_left"] < 0.1
+        assert 0.0 < report[f"{name}_headroom"]["fraction_left"] <= 0.1

@@ -229,6 +229,26 @@ def test_bench_refuses_a_bad_rate_naming_the_option(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("bench", "option", "value", "said"),
+    [
+        ("ledger", "--existing-rows", "-5", "whole number >= 0"),
+        ("lifecycle", "--existing-rows", "1.5e6x", "whole number >= 0"),
+        ("lifecycle", "--existing-rows", "2.5", "whole number >= 0"),
+        ("keygen", "--spent", "1", "fraction in [0, 1)"),
+        ("keygen", "--spent", "nan", "fraction in [0, 1)"),
+    ],
+)
+def test_the_growth_benches_refuse_a_bad_size_naming_the_option(
+    settings: Settings, tmp_path: Path, bench: str, option: str, value: str, said: str
+) -> None:
+    env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))
+    result = run_cli("bench", bench, option, value, "--seconds", "0.1", env=env)
+    assert result.returncode == 2
+    assert option in result.stderr and said in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_path: Path) -> None:
     import yaml
 

@@ -17,12 +17,14 @@ async def test_the_loader_makes_a_registry_of_n_rows_around_the_keys_it_must_avo
     servers: Servers, database: str
 ) -> None:
     types = small_types()
-    types["farmer"] |= {"ledger": True}
+    types["farmer"] |= {"ledger": True, "reissue_released": True, "reissue_after_s": 3600}
     settings = make_settings(servers, database, id_types=types)
     await run_migrate(settings)
     length = types["farmer"]["length"]
     avoid = [spread_key(n, length) for n in (7, 99, 4_321)]
-    report = await load_ledger(settings.postgres_dsn, "farmer", ROWS, length, avoid=avoid)
+    report = await load_ledger(
+        settings.postgres_dsn, "farmer", ROWS, length, avoid=avoid, history=True
+    )
     assert report["rows"] == ROWS and report["sizes_mb"]["ledger_indexes"] > 0
     store = await ColdStore.connect(settings.postgres_dsn)
     try:

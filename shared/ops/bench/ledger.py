@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import platform
 import time
+from collections.abc import Awaitable, Callable
 from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
@@ -56,6 +57,10 @@ from shared.stores.postgres.schema import migrate
 
 LEDGER_TYPE = "kd_bench_ledger"
 KEY_LENGTH = 12
+# Keys drained after a checkpoint before the measures (after_checkpoint): one per
+# WARMUP_SHARE loaded rows, some five for each page of the ledger's index.
+WARMUP_SHARE = 50
+WARMUP_BASE = 9 * 10**10
 ENTRY_KEYS = 20  # keys per issue entry
 DEFAULT_RATE = 100_000.0  # keys/s offered
 PIPELINE_ENTRIES = 100  # entries per XADD pipeline
@@ -158,14 +163,32 @@ async def measure(
     settings: Settings, client: aioredis.Redis, processes: int, rate: float, seconds: float
 ) -> dict[str, Any]:
     """Both measures (module docstring) with ``processes`` keysyncs."""
-    stream = redis_keys.ledger_stream_key(settings.redis_namespace)
     base = 10**10 * (processes + 1)
     keys = max(ENTRY_KEYS * PIPELINE_ENTRIES, int(rate * seconds))
-    for first in range(0, keys, ENTRY_KEYS * PIPELINE_ENTRIES):
-        await _append(client, stream, base + first, PIPELINE_ENTRIES)
-    drained = await _run(settings, client, processes, None)
+    vacuums = await _autovacuums(settings.postgres_dsn)
+    drained = await _run(settings, client, processes, None, _filled(settings, client, base, keys))
     sustained = await _run(settings, client, processes, (base + keys, rate, seconds))
-    return {"drain": drained, "sustained": sustained, **await _retained(settings, client)}
+    vacuums = {k: v - vacuums[k] for k, v in (await _autovacuums(settings.postgres_dsn)).items()}
+    return {
+        "drain": drained,
+        "sustained": sustained,
+        **await _retained(settings, client),
+        "autovacuum_runs": vacuums,  # on the ledger table, during the two measures
+    }
+
+
+async def _autovacuums(dsn: str) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables"
+            " WHERE relid = $1::text::regclass",
+            sql.ledger_table(LEDGER_TYPE).strip('"'),
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return {"vacuum": int(row["autovacuum_count"]), "analyze": int(row["autoanalyze_count"])}
 
 
 async def _retained(settings: Settings, client: aioredis.Redis) -> dict[str, Any]:
@@ -185,6 +208,7 @@ async def _run(
     client: aioredis.Redis,
     processes: int,
     produce: tuple[int, float, float] | None,
+    fill: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     stream = redis_keys.ledger_stream_key(settings.redis_namespace)
     context = multiprocessing.get_context("spawn")
@@ -205,6 +229,8 @@ async def _run(
     samples: list[int] = []
     try:
         await asyncio.to_thread(_gather, ready, processes, workers, START_DEADLINE_S)
+        if fill is not None:
+            await fill()
         go.set()
         started = time.monotonic()
         if producer is not None:
@@ -262,8 +288,9 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
             await migrate(conn, build_id_types(local))
         finally:
             await conn.close()
-        if options.existing_rows:
-            report["load"] = await load_ledger(dsn, LEDGER_TYPE, options.existing_rows, KEY_LENGTH)
+        if rows := options.existing_rows:
+            report["load"] = await load_ledger(dsn, LEDGER_TYPE, rows, KEY_LENGTH)
+            report["after_checkpoint"] = await after_checkpoint(local, client, rows)
         for count in options.processes:
             report[f"keysyncs_{count}"] = await measure(local, client, count, rate, seconds)
             await _forget_measured(dsn, bool(options.existing_rows))
@@ -275,6 +302,31 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         await client.aclose()
         await drop_database(settings.postgres_dsn, database)
     return report
+
+
+async def after_checkpoint(settings: Settings, client: aioredis.Redis, rows: int) -> dict[str, Any]:
+    """The drain right after a checkpoint, unmeasured by the figures that follow: each
+    index page's first change after a checkpoint writes the whole page to the WAL, and
+    inserts spread over a large index change a new page nearly every time until most
+    have been changed once. A registry in service pays this after each checkpoint
+    (``checkpoint_timeout``); the measures after it are the ledger between two."""
+    keys = max(ENTRY_KEYS * PIPELINE_ENTRIES, rows // WARMUP_SHARE)
+    return await _run(settings, client, 1, None, _filled(settings, client, WARMUP_BASE, keys))
+
+
+def _filled(
+    settings: Settings, client: aioredis.Redis, first: int, keys: int
+) -> Callable[[], Awaitable[None]]:
+    """Fills the stream with ``keys`` issues from key number ``first``: called once the
+    keysyncs are ready (their first turn made the consumer group) and before they go,
+    so every key is drained inside the measure."""
+    stream = redis_keys.ledger_stream_key(settings.redis_namespace)
+
+    async def fill() -> None:
+        for at in range(0, keys, ENTRY_KEYS * PIPELINE_ENTRIES):
+            await _append(client, stream, first + at, PIPELINE_ENTRIES)
+
+    return fill
 
 
 async def _forget_measured(dsn: str, loaded: bool) -> None:

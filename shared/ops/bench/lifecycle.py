@@ -61,6 +61,7 @@ LOOKUPS_PER_PUT: Final = 10
 MAX_IN_FLIGHT: Final = 256  # requests open at once; more due are counted as shed
 ANONYMOUS: Final = "-"  # the client of requests when no API keys are configured
 READYZ_SAMPLES: Final = 5
+SERVING_DEADLINE_S: Final = 60.0
 DEAD_TUPLES: Final = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::text::regclass"
 
 
@@ -211,6 +212,22 @@ async def _sample(
         await client.aclose()
 
 
+async def _serving(base: str, uin: str) -> None:
+    """Wait until the stack answers a PUT (keysync has applied and recorded a change:
+    the measures start from a stack in service, not from its first turn)."""
+    body = {"request": {"uin": uin, "status": "ASSIGNED"}}
+    deadline = time.monotonic() + SERVING_DEADLINE_S
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.put(f"{base}/v1/idgenerator/uin", json=body) as answer:
+                found = await answer.json()
+            if answer.status == 200 and not found.get("errors"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stack did not serve a PUT in {SERVING_DEADLINE_S} s")
+            await asyncio.sleep(0.2)
+
+
 async def _readyz_ms(base: str) -> float:
     times = []
     async with aiohttp.ClientSession() as session:
@@ -263,7 +280,8 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
             bench = Settings.model_validate(local | {"permutation_key": BENCH_PERMUTATION_KEY})
             await run_migrate(bench)
             uins = probes(bench, max(int(rate * seconds * 1.2), 10_000))
-            report["load"] = await load_ledger(dsn, UIN_TYPE, rows, LENGTH, avoid=uins)
+            loaded = await load_ledger(dsn, UIN_TYPE, rows, LENGTH, avoid=uins, history=True)
+            report["load"] = loaded
             await _load_probes(dsn, uins)
             report |= await _measure(config, bench, uins, rows, rate, seconds)
             conn = await asyncpg.connect(dsn)
@@ -292,7 +310,8 @@ async def _measure(
             sampler = asyncio.create_task(
                 _sample(bench.postgres_dsn, bench.redis_url, bench.redis_namespace, stop, samples)
             )
-            load = Load(base, uins, rows)
+            await _serving(base, uins[-1])
+            load = Load(base, uins[:-1], rows)
             await load.run(rate, seconds)
             stop.set()
             await sampler
