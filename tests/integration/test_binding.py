@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -36,7 +37,7 @@ from tests.conftest import Servers, make_settings
 
 
 @pytest.fixture
-async def second_database(servers: Servers, template_db: str) -> str:
+async def second_database(servers: Servers, template_db: str) -> AsyncIterator[str]:
     name = f"{template_db}_second"
     admin = await asyncpg.connect(servers.postgres_admin_dsn)
     try:
@@ -44,7 +45,12 @@ async def second_database(servers: Servers, template_db: str) -> str:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     finally:
         await admin.close()
-    return name
+    yield name
+    admin = await asyncpg.connect(servers.postgres_admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 async def identity(dsn: str) -> str:
