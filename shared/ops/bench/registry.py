@@ -51,6 +51,20 @@ def spread_key(n: int, length: int) -> str:
     return f"{(n * SPREAD) % 10**length:0{length}d}"
 
 
+# Row number n, its key k.key, issue time t.issued_at and client c.client ($1-$5:
+# the chunk's first and end numbers, 10^length, length, seconds between two issues).
+_NUMBERED: Final = """
+FROM generate_series($1::bigint, $2::bigint - 1) AS n
+CROSS JOIN LATERAL (
+    SELECT lpad(((n * {spread}) % $3::bigint)::text, $4::int, '0') AS key
+) AS k
+CROSS JOIN LATERAL (
+    SELECT timestamptz '2020-01-01 00:00:00+00' + make_interval(secs => n * $5::float8)
+        AS issued_at
+) AS t
+CROSS JOIN LATERAL (SELECT 'client-' || (n % {clients}) AS client) AS c
+"""
+
 _ROWS: Final = """
 INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id, used_at, used_by,
                       released_at, released_by)
@@ -61,16 +75,7 @@ SELECT k.key, t.issued_at, c.client,
        CASE WHEN n % 100 < 80 THEN c.client END,
        CASE WHEN n % 100 >= 97 THEN t.issued_at + interval '2 hours' END,
        CASE WHEN n % 100 >= 97 THEN c.client END
-FROM generate_series($1::bigint, $2::bigint - 1) AS n
-CROSS JOIN LATERAL (
-    SELECT lpad(((n * {spread}) % $3::bigint)::text, $4::int, '0') AS key
-) AS k
-CROSS JOIN LATERAL (
-    SELECT timestamptz '2020-01-01 00:00:00+00' + make_interval(secs => n * $5::float8)
-        AS issued_at
-) AS t
-CROSS JOIN LATERAL (SELECT 'client-' || (n % {clients}) AS client) AS c
-WHERE NOT EXISTS (SELECT 1 FROM {avoid} AS a WHERE a.key = k.key)
+{numbered}WHERE NOT EXISTS (SELECT 1 FROM {avoid} AS a WHERE a.key = k.key)
 """
 
 _HISTORY: Final = """
@@ -80,16 +85,7 @@ INSERT INTO kd_released_issues
 SELECT $6, k.key, t.issued_at - interval '30 days', c.client, NULL, 'loaded-old-' || n,
        t.issued_at - interval '20 days', c.client, 'loaded-release-' || n,
        t.issued_at - interval '20 days', t.issued_at - interval '10 days', false
-FROM generate_series($1::bigint, $2::bigint - 1) AS n
-CROSS JOIN LATERAL (
-    SELECT lpad(((n * {spread}) % $3::bigint)::text, $4::int, '0') AS key
-) AS k
-CROSS JOIN LATERAL (
-    SELECT timestamptz '2020-01-01 00:00:00+00' + make_interval(secs => n * $5::float8)
-        AS issued_at
-) AS t
-CROSS JOIN LATERAL (SELECT 'client-' || (n % {clients}) AS client) AS c
-WHERE n % 50 = 0 AND NOT EXISTS (SELECT 1 FROM {avoid} AS a WHERE a.key = k.key)
+{numbered}WHERE n % 50 = 0 AND NOT EXISTS (SELECT 1 FROM {avoid} AS a WHERE a.key = k.key)
 """
 
 
@@ -123,7 +119,9 @@ async def load_ledger(
         step_s = YEARS_S / max(rows, 1)
         values = (10**length, length, step_s)
         statements = [
-            text.format(ledger=ledger, spread=SPREAD, clients=CLIENTS, avoid=AVOID_TABLE)
+            text.format(ledger=ledger, numbered=_NUMBERED, avoid=AVOID_TABLE).format(
+                spread=SPREAD, clients=CLIENTS
+            )
             for text in (_ROWS, _HISTORY)[: 2 if history else 1]
         ]
         await _in_parallel(dsn, chunks, statements, values, id_type)
