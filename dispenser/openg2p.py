@@ -45,10 +45,11 @@ def snowflake_config(id_type: SnowflakeType) -> dict[str, Any]:
 
 def global_rules_type(id_types: dict[str, IdType]) -> IdType | None:
     """OpenG2P's filter rules are global, ours per type: the global block describes
-    the first numeric type with the openg2p profile, else the first type."""
-    numeric = [t for t in id_types.values() if t.config.kind == "numeric"]
-    openg2p = [t for t in numeric if t.config.filter_profile == "openg2p"]
-    chosen = openg2p or numeric or list(id_types.values())
+    the first type whose format is filtered (numeric) with the openg2p profile, else the
+    first filtered type, else the first type."""
+    filtered = [t for t in id_types.values() if t.format.filtered]
+    openg2p = [t for t in filtered if t.config.filter_profile == "openg2p"]
+    chosen = openg2p or filtered or list(id_types.values())
     return chosen[0] if chosen else None
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from shared.domain.config import FilterLimits
+if TYPE_CHECKING:
+    from shared.domain.config import FilterLimits
 
 Profile = Literal["openg2p", "mosip", "none"]
 

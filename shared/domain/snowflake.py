@@ -20,14 +20,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from shared.domain.config import Settings, SnowflakeConfig
-from shared.domain.config.idtypes import BASE62_ALPHABET, SNOWFLAKE_BITS
+from shared.domain.config.id_types import SNOWFLAKE_BITS
 from shared.domain.errors import (
     ClockBehind,
     InvalidInput,
     MachineIdUnavailable,
     SnowflakeTimeExhausted,
 )
-from shared.domain.idtypes import radix_columns, to_strings
+from shared.domain.formats.base62 import ALPHABET as BASE62_ALPHABET
+from shared.domain.formats.text import radix_columns, to_strings
 
 Clock = Callable[[], int]
 _MAX_INPUT = 256

@@ -5,9 +5,9 @@ import pytest
 
 from shared.domain.checkdigit import verhoeff_digit, verhoeff_valid
 from shared.domain.config import IdTypeConfig
-from shared.domain.config.idtypes import BASE62_ALPHABET
 from shared.domain.errors import ConfigError, InvalidInput
 from shared.domain.filters import rejected_by
+from shared.domain.formats.base62 import ALPHABET as BASE62_ALPHABET
 from shared.domain.idtypes import IdType
 
 SECRET = b"unit-secret"

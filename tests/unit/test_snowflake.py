@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.domain.config import Settings, SnowflakeConfig, load_settings
-from shared.domain.config.idtypes import SNOWFLAKE_EPOCH_MS
+from shared.domain.config.id_types import SNOWFLAKE_EPOCH_MS
 from shared.domain.errors import (
     ClockBehind,
     ConfigError,

@@ -1,6 +1,6 @@
 """Configuration, by concern: each module holds the models of what it configures.
 
-- ``idtypes``: ID types (numeric, base62, snowflake), their names and aliases;
+- ``id_types``: ID types (numeric, base62, snowflake), their names and aliases;
 - ``dispenser``: the HTTP server, its limits, API keys;
 - ``redis``: one server or Sentinel (with TLS), the namespace, lease replication;
 - ``postgres``: the DSN, the PostgreSQL fence;
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         MosipConfig,
         OidcConfig,
     )
-    from shared.domain.config.idtypes import (
+    from shared.domain.config.id_types import (
         FilterLimits,
         IdTypeConfig,
         Site,
@@ -45,9 +45,9 @@ _HOMES = {
         "dispenser",
     ),
     **dict.fromkeys(
-        ("FilterLimits", "IdTypeConfig", "Site", "SnowflakeConfig", "Watermarks"), "idtypes"
+        ("FilterLimits", "IdTypeConfig", "Site", "SnowflakeConfig", "Watermarks"), "id_types"
     ),
-    "path_segments": "idtypes",
+    "path_segments": "id_types",
     **dict.fromkeys(("default_config_path", "describe", "load_settings"), "loader"),
     **dict.fromkeys(("KeygenConfig", "KeysyncConfig"), "pipeline"),
     **dict.fromkeys(("ClusterConfig", "SentinelConfig", "ServerAccess"), "redis"),

@@ -11,7 +11,7 @@ from typing import Any, Final
 import yaml
 from pydantic import ValidationError
 
-from shared.domain.config.idtypes import ID_KINDS
+from shared.domain.config.id_types import ID_KINDS
 from shared.domain.config.settings import Settings
 from shared.domain.errors import ConfigError
 

@@ -15,7 +15,7 @@ from pydantic_settings import (
 )
 
 from shared.domain.config.dispenser import DispenserConfig
-from shared.domain.config.idtypes import (
+from shared.domain.config.id_types import (
     AnyIdTypeConfig,
     IdTypeConfig,
     check_type_names,

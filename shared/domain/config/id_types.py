@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, date, datetime, time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from shared.domain import redis_keys
 from shared.domain.config.base import Strict
+from shared.domain.formats import FORMATS
 from shared.domain.leases import MAX_POOL_IDS
 from shared.domain.names import AFFIX, ALIAS, ID_TYPE_NAME
 
-BASE62_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-# Counter domains must fit PostgreSQL bigint sequences (and uint64 arithmetic).
-LENGTH_LIMITS: dict[str, tuple[int, int]] = {"numeric": (2, 32), "base62": (1, 10)}
-# Numeric types longer than this many counter digits take a keyed "head" on top
-# of an 18-digit permuted tail: at most 10**18 keys each, unique by construction.
-MAX_COUNTER_DIGITS = 18
+# The pooled formats' ``kind:`` values, one per module of ``shared.domain.formats``
+# (its lengths, defaults, rules and counter domain; a unit test keeps the two equal).
+PooledKind = Literal["numeric", "base62"]
 # 2020-01-01T00:00:00Z in milliseconds since the Unix epoch: the default snowflake epoch.
 SNOWFLAKE_EPOCH_MS = 1_577_836_800_000
 SNOWFLAKE_BITS = 63  # the sign bit of a signed 64-bit integer stays 0
@@ -71,7 +69,7 @@ DEFAULT_PREFETCH = 256
 
 
 class IdTypeConfig(Strict):
-    kind: Literal["numeric", "base62"]
+    kind: PooledKind
     length: int
     # permuted: counters go through the keyed permutation (not guessable); sequential:
     # counter n is key n, zero-padded (FAR-00001 style; anyone can guess the next one).
@@ -140,24 +138,23 @@ class IdTypeConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _defaults_by_kind_and_order(cls, data: Any) -> Any:
-        """check_digit follows the kind, filter_profile the order, unless given."""
+        """check_digit follows the kind (its format's defaults), filter_profile the order,
+        unless given."""
         if not isinstance(data, dict):
             return data
-        if "check_digit" not in data and data.get("kind") == "base62":
-            data = data | {"check_digit": "none"}
+        kind = data.get("kind")
+        if isinstance(kind, str) and kind in FORMATS:
+            data = dict(FORMATS[kind].defaults) | data
         if "filter_profile" not in data and data.get("order") == "sequential":
             data = data | {"filter_profile": "none"}
         return data
 
     @model_validator(mode="after")
     def _length_in_range(self) -> IdTypeConfig:
-        lo, hi = LENGTH_LIMITS[self.kind]
+        lo, hi = FORMATS[self.kind].length_limits
         if not lo <= self.length <= hi:
             raise ValueError(f"length {self.length} out of range for kind {self.kind} ({lo}..{hi})")
-        if self.kind == "base62" and self.check_digit != "none":
-            raise ValueError("check_digit: base62 types have none")
-        if self.check_digit == "none" and self.kind == "numeric" and self.order != "sequential":
-            raise ValueError("check_digit: none is only supported with order: sequential")
+        FORMATS[self.kind].check(self)
         for alias in self.aliases:
             if not ALIAS.fullmatch(alias):
                 raise ValueError(f"aliases: {alias!r} must match {ALIAS.pattern}")
@@ -207,21 +204,9 @@ class IdTypeConfig(Strict):
         return 0 if self.ledger else DEFAULT_PREFETCH
 
     @property
-    def body_digits(self) -> int:
-        """Decimal digits before the check digit (numeric types)."""
-        return self.length - (1 if self.check_digit == "verhoeff" else 0)
-
-    @property
-    def counter_digits(self) -> int:
-        """Decimal digits drawn from the counter (numeric types)."""
-        return min(self.body_digits, MAX_COUNTER_DIGITS)
-
-    @property
     def domain_size(self) -> int:
-        """Number of counters: the last numeric digit is the check digit."""
-        if self.kind == "numeric":
-            return int(10**self.counter_digits)
-        return int(62**self.length)
+        """Number of counters (the format's keyspace before filters)."""
+        return FORMATS[self.kind].domain_size(self)
 
     @property
     def counter_start(self) -> int:
@@ -344,7 +329,7 @@ def epoch_ms(value: Any) -> Any:
     return value
 
 
-ID_KINDS = ("numeric", "base62", "snowflake")
+ID_KINDS: tuple[str, ...] = (*get_args(PooledKind), "snowflake")
 AnyIdTypeConfig = Annotated[IdTypeConfig | SnowflakeConfig, Field(discriminator="kind")]
 
 
