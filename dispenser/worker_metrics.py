@@ -27,6 +27,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from shared.runtime import pid_alive
+
 ENV: Final = "KD_WORKER_METRICS_DIR"
 SNAPSHOT_EVERY_S: Final = 1.0
 # Gauges of what each worker holds by itself: summed over the live workers.
@@ -80,7 +82,7 @@ class WorkerMetrics:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 others[pid] = path.read_text()
-        live = {pid for pid in others if _alive(pid)}
+        live = {pid for pid in others if pid_alive(pid)}
         return merge(own, others, live)
 
 
@@ -121,13 +123,3 @@ class _Fixed(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._metrics
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -20,24 +20,20 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import KeyInventory, RangeLeases
 from shared.domain.tiers import LeasedRange
 from shared.metrics import FENCE_REFUSALS, Heartbeat
-from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     FaultPoint,
     Outage,
-    connect_with_retry,
     fault_points_from_environ,
     instance_name,
     no_fault,
     sleep_or_stop,
-    stop_on_signals,
 )
-from shared.stores.fence.binding import bind
+from shared.startup import ProcessStart, Started, serve_process
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
-from shared.stores.groups import SyncRecords, refuse_evicting_redis
+from shared.stores.groups import Groups, SyncRecords, refuse_evicting_redis
 from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore
 from shared.stores.postgres.connect import connect_each_host
-from shared.stores.postgres.schema import check
 from shared.stores.postgres.sql import KEYGEN_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -313,50 +309,40 @@ async def _listen_until_closed(
 
 
 async def serve(settings: Settings) -> None:
-    stop = stop_on_signals()
-    cold = await connect_with_retry(
-        lambda: ColdStore.connect(
-            settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s
-        ),
-        "postgres",
-        stop,
-    )
-    if cold is None:
-        return
-    generator: Generator | None = None
-    sync = SyncRecords.from_settings(settings) if settings.postgres_fence else None
-    try:
-        async with cold.connection() as conn:
-            await check(conn, build_id_types(settings))
+    metrics = KeygenMetrics(CollectorRegistry())
+    heartbeat = Heartbeat(metrics.registry)
+    start = ProcessStart(
+        "keygen",
+        settings.keygen,
+        log,
+        metrics.registry,
+        heartbeat,
+        build_id_types(settings),
+        keyspace=True,
+        groups=Groups(settings),
         # The fence's record lives in Redis: a server that may evict it may lose it.
-        await refuse_evicting_redis(settings)
-        bound = await connect_with_retry(
-            lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
-        )
-        if bound is None:
-            return  # stopped while the stores were away
-        generator = Generator(settings.keygen.threads)
-        metrics = KeygenMetrics(CollectorRegistry())
-        heartbeat = Heartbeat(metrics.registry)
-        host, port = settings.keygen.metrics_host, settings.keygen.metrics_port
-        serve_metrics(metrics.registry, host, port, heartbeat, "keygen.metrics_port")
+        check_redis=lambda: refuse_evicting_redis(settings),
+    )
+    await serve_process(settings, start, lambda up: _fill(settings, up, metrics, heartbeat))
+
+
+async def _fill(
+    settings: Settings, up: Started, metrics: KeygenMetrics, heartbeat: Heartbeat
+) -> None:
+    """keygen's loop, and its LISTEN for keysync's wake-ups beside it."""
+    generator = Generator(settings.keygen.threads)
+    try:
         faults = fault_points_from_environ()
         keygen = Keygen.on_postgres(
-            settings, cold, sync, stop, generator, metrics, heartbeat, faults
+            settings, up.cold, up.sync, up.stop, generator, metrics, heartbeat, faults
         )
-        listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
-        log.info("keygen_started", extra={"id_types": sorted(build_id_types(settings))})
+        listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, up.stop))
         try:
             await keygen.run()
         finally:
             listening.cancel()
     finally:
-        await cold.close()
-        if sync is not None:
-            await sync.close()
-        if generator is not None:
-            generator.close()
-    log.info("keygen_stopped")
+        generator.close()
 
 
 def main(settings: Settings) -> None:

@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -24,25 +25,20 @@ from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import ColdInventory, HotLists, OpenBatch
 from shared.domain.tiers import NO_STAMP, Stamp
 from shared.metrics import FENCE_REFUSALS, Heartbeat
-from shared.metrics import serve as serve_metrics
 from shared.runtime import (
     FaultPoint,
     Outage,
-    connect_with_retry,
     fault_points_from_environ,
     instance_name,
     no_fault,
     sleep_or_stop,
-    stop_on_signals,
 )
-from shared.stores.fence.binding import bind
+from shared.startup import ProcessStart, Started, serve_process
 from shared.stores.fence.guarded import GuardedCold
-from shared.stores.groups import Groups, LedgerRouter, SyncRecords
+from shared.stores.groups import Groups, LedgerRouter
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.postgres.cold_store import ColdStore
-from shared.stores.postgres.schema import check
 
 log = logging.getLogger(__name__)
 REFILL_WINDOW_S = 10.0  # the refill rate dispensers see is the average over this window
@@ -374,77 +370,104 @@ class GroupBeats:
         return beat
 
 
-async def serve(settings: Settings) -> None:
-    stop = stop_on_signals()
-    metrics = KeysyncMetrics(CollectorRegistry())
-    heartbeat = Heartbeat(metrics.registry)
-    host, port = settings.keysync.metrics_host, settings.keysync.metrics_port
-    serve_metrics(metrics.registry, host, port, heartbeat, "keysync.metrics_port")
-    cold = await connect_with_retry(
-        lambda: ColdStore.connect(
-            settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s
-        ),
-        "postgres",
-        stop,
-    )
-    if cold is None:
-        return
-    cold.open_take_idle_limit_s = settings.keysync.take_idle_limit_s
-    types = build_id_types(settings, generating=False)
-    # Per key group (one, unless a cluster holds each type in a slot of its own): its
-    # hot lists, and on separate connections its wake list and ledger stream (the wake
-    # wait and the stream read block).
-    groups = Groups(settings)
-    hot = groups.each(HotStore)
-    wakes = groups.each(lambda _, ns: WakeChannel(groups.fresh(ns), ns))
-    streams = groups.each(lambda _, ns: LedgerStream(groups.fresh(ns), ns))
-    ledger = LedgerRouter.over(streams, groups)
-    sync = SyncRecords.open(groups) if settings.postgres_fence else None
-    try:
-        async with cold.connection() as conn:
-            await check(conn, types, keyspace=False)
-        for each in hot.values():
+@dataclass(frozen=True)
+class GroupPorts:
+    """Per key group (one, unless a cluster holds each type in a slot of its own): its
+    hot lists, and on separate connections its wake list and ledger stream (the wake
+    wait and the stream read block)."""
+
+    groups: Groups
+    hot: dict[str, HotStore]
+    wakes: dict[str, WakeChannel]
+    streams: dict[str, LedgerStream]
+
+    @classmethod
+    def open(cls, settings: Settings) -> GroupPorts:
+        groups = Groups(settings)
+        return cls(
+            groups,
+            groups.each(HotStore),
+            groups.each(lambda _, ns: WakeChannel(groups.fresh(ns), ns)),
+            groups.each(lambda _, ns: LedgerStream(groups.fresh(ns), ns)),
+        )
+
+    async def refuse_eviction(self) -> None:
+        for each in self.hot.values():
             with contextlib.suppress(StoreUnavailable):  # unreachable yet: the loop retries
                 await each.refuse_eviction()
                 await each.warn_if_reloadable()
-        bound = await connect_with_retry(
-            lambda: bind(cold, sync, settings.redis_namespace), "binding", stop
-        )
-        if bound is None:
-            return  # stopped while the stores were away
-        log.info("keysync_started", extra={"id_types": sorted(types)})
-        beats = GroupBeats(heartbeat, len(groups.types))
-        faults = fault_points_from_environ()
-        tasks = []
-        for index, (namespace, names) in enumerate(groups.types.items()):
-            mine = {name: types[name] for name in names}
-            guarded = GuardedCold(cold, sync, mine, metrics.fence.observe)
-            keysync = Keysync(settings.with_types(names), guarded, hot[namespace], metrics, faults)
-            tasks.append(run(keysync, wakes[namespace], settings, stop, beats.lane(index)))
-            drain = LedgerDrain(
-                streams[namespace],
-                cold,
-                mine,
-                instance_name(),
-                settings.keysync.ledger_batch,
-                settings.keysync.ledger_claim_idle_s,
-                guard=guarded,
-                retain_s=settings.keysync.ledger_retain_s,
-                sync=sync.records.get(namespace) if sync is not None else None,
-            )
-            if drain.enabled:
-                with contextlib.suppress(StoreUnavailable):
-                    await streams[namespace].forget_retired()
-                ttl = settings.keysync.ledger_early_mark_ttl_s
-                every = settings.keysync.ledger_requeue_every_s
-                tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl, every))
-        await asyncio.gather(*tasks)
-    finally:
-        await cold.close()
-        for port in [*hot.values(), *wakes.values(), *streams.values(), *(sync or ())]:
+
+    async def close(self) -> None:
+        for port in [*self.hot.values(), *self.wakes.values(), *self.streams.values()]:
             await port.close()
-        await groups.close()
-    log.info("keysync_stopped")
+        await self.groups.close()
+
+
+async def serve(settings: Settings) -> None:
+    metrics = KeysyncMetrics(CollectorRegistry())
+    heartbeat = Heartbeat(metrics.registry)
+    ports = GroupPorts.open(settings)
+    start = ProcessStart(
+        "keysync",
+        settings.keysync,
+        log,
+        metrics.registry,
+        heartbeat,
+        build_id_types(settings, generating=False),
+        keyspace=False,
+        groups=ports.groups,
+        check_redis=ports.refuse_eviction,
+    )
+
+    async def loops(up: Started) -> None:
+        await _sync(settings, up, start.types, ports, metrics, heartbeat)
+
+    try:
+        await serve_process(settings, start, loops)
+    finally:
+        await ports.close()
+
+
+async def _sync(
+    settings: Settings,
+    up: Started,
+    types: dict[str, IdType],
+    ports: GroupPorts,
+    metrics: KeysyncMetrics,
+    heartbeat: Heartbeat,
+) -> None:
+    """Every key group's refill loop, and its ledger drain where a type keeps a ledger."""
+    cold, sync, stop = up.cold, up.sync, up.stop
+    cold.open_take_idle_limit_s = settings.keysync.take_idle_limit_s
+    ledger = LedgerRouter.over(ports.streams, ports.groups)
+    beats = GroupBeats(heartbeat, len(ports.groups.types))
+    faults = fault_points_from_environ()
+    tasks = []
+    for index, (namespace, names) in enumerate(ports.groups.types.items()):
+        mine = {name: types[name] for name in names}
+        guarded = GuardedCold(cold, sync, mine, metrics.fence.observe)
+        keysync = Keysync(
+            settings.with_types(names), guarded, ports.hot[namespace], metrics, faults
+        )
+        tasks.append(run(keysync, ports.wakes[namespace], settings, stop, beats.lane(index)))
+        drain = LedgerDrain(
+            ports.streams[namespace],
+            cold,
+            mine,
+            instance_name(),
+            settings.keysync.ledger_batch,
+            settings.keysync.ledger_claim_idle_s,
+            guard=guarded,
+            retain_s=settings.keysync.ledger_retain_s,
+            sync=sync.records.get(namespace) if sync is not None else None,
+        )
+        if drain.enabled:
+            with contextlib.suppress(StoreUnavailable):
+                await ports.streams[namespace].forget_retired()
+            ttl = settings.keysync.ledger_early_mark_ttl_s
+            every = settings.keysync.ledger_requeue_every_s
+            tasks.append(drain_ledger(drain, metrics, ledger.total_backlog, stop, ttl, every))
+    await asyncio.gather(*tasks)
 
 
 def main(settings: Settings) -> None:

@@ -1,4 +1,5 @@
-"""Process plumbing shared by keygen, keysync and dispenser: signals, backoff."""
+"""Process plumbing shared by keygen, keysync and dispenser: signals, backoff, whether a
+process lives."""
 
 from __future__ import annotations
 
@@ -43,6 +44,17 @@ def fault_points_from_environ() -> FaultPoint:
 
 def instance_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -25,6 +25,7 @@ import yaml
 
 from shared.domain.config.settings import CREDENTIALS_DIRECTORY
 from shared.domain.errors import ConfigError
+from shared.runtime import pid_alive
 
 DEFAULT_DATA_DIR = Path(".keydispenser")
 STACK_FILE = "stack.env"
@@ -121,17 +122,6 @@ def up_running(pid_file: Path) -> bool:
     except (OSError, ValueError):
         return True
     return pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def apply(stack: Stack, environ: MutableMapping[str, str]) -> None:

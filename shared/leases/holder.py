@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import secrets
@@ -25,8 +27,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -37,6 +40,9 @@ from shared.leases.store import Acquired, MachineLeases
 from shared.stores.redis.endpoint import RedisEndpoint
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
+S = TypeVar("S")
 POOL = ["pool"]
 _RETRY_S = 0.2  # longest pause between acquire attempts while waiting
 _RELEASE_TIMEOUT_S = 2.0
@@ -159,18 +165,76 @@ class MachineLease:
         return {"pool": self.pool, "machine_id": self.machine_id, "owner": self.owner}
 
 
-async def acquire(
-    store: MachineLeases,
-    pool: str,
-    lo: int,
-    hi: int,
-    ttl_s: float,
-    wait_s: float,
-    owner: str,
-    metrics: LeaseMetrics | None = None,
-) -> MachineLease:
+@dataclass(frozen=True)
+class LeaseRequest:
+    """A machine ID of ``[lo, hi]`` in ``pool`` and the terms it is held on: the
+    arguments of ``lease_machine_id`` and of ``SyncMachineLease``, written once.
+
+    ``renew_every_s`` at most a third of ``ttl_s``; ``wait_s``: how long to try for a
+    grant; ``owner``: a readable label (default: host and process), a random suffix
+    makes the owner token unique; ``metrics``: where the lease metrics are counted;
+    ``namespace``: the deployment's ``redis_namespace`` (its pool's key group);
+    ``wait``: how many Redis replicas must acknowledge a grant or renewal for it to
+    count (LeaseWait).
+    """
+
+    endpoint: RedisEndpoint
+    pool: str
+    lo: int
+    hi: int
+    _: KW_ONLY
+    ttl_s: float = 10.0
+    renew_every_s: float = 1.0
+    wait_s: float = 0.0
+    owner: str | None = None
+    metrics: LeaseMetrics | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    wait: LeaseWait = NO_WAIT
+
+
+def _called_with(
+    request: Callable[P, LeaseRequest],
+) -> Callable[[Callable[[LeaseRequest], T]], Callable[P, T]]:
+    """A function of a request, called with the request's arguments (its signature)."""
+
+    def decorate(use: Callable[[LeaseRequest], T]) -> Callable[P, T]:
+        @functools.wraps(use)
+        def called(*args: P.args, **kwargs: P.kwargs) -> T:
+            return use(request(*args, **kwargs))
+
+        called.__signature__ = inspect.signature(request).replace(  # type: ignore[attr-defined]
+            return_annotation=inspect.signature(use).return_annotation
+        )
+        return called
+
+    return decorate
+
+
+def _constructed_with(
+    request: Callable[P, LeaseRequest],
+) -> Callable[[Callable[[S, LeaseRequest], None]], Callable[Concatenate[S, P], None]]:
+    """An ``__init__`` of a request, called with the request's arguments."""
+
+    def decorate(init: Callable[[S, LeaseRequest], None]) -> Callable[Concatenate[S, P], None]:
+        @functools.wraps(init)
+        def __init__(self: S, /, *args: P.args, **kwargs: P.kwargs) -> None:
+            init(self, request(*args, **kwargs))
+
+        shown = inspect.signature(request)
+        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        __init__.__signature__ = shown.replace(  # type: ignore[attr-defined]
+            parameters=[this, *shown.parameters.values()], return_annotation=None
+        )
+        return __init__
+
+    return decorate
+
+
+async def acquire(store: MachineLeases, request: LeaseRequest, owner: str) -> MachineLease:
     """Attempt until a grant or ``wait_s`` has passed; raises NoMachineIdFree, or
     StoreUnavailable when Redis could not be reached by then."""
+    pool, lo, hi, ttl_s = request.pool, request.lo, request.hi, request.ttl_s
+    wait_s, metrics = request.wait_s, request.metrics
     started = time.monotonic()
     give_up = started + wait_s
     while True:
@@ -322,37 +386,30 @@ def check_named(endpoint: RedisEndpoint) -> None:
         )
 
 
-@asynccontextmanager
-async def lease_machine_id(
-    endpoint: RedisEndpoint,
-    pool: str,
-    lo: int,
-    hi: int,
-    *,
-    ttl_s: float = 10.0,
-    renew_every_s: float = 1.0,
-    wait_s: float = 0.0,
-    owner: str | None = None,
-    metrics: LeaseMetrics | None = None,
-    namespace: str = DEFAULT_NAMESPACE,
-    wait: LeaseWait = NO_WAIT,
-) -> AsyncIterator[MachineLease]:
+@_called_with(LeaseRequest)
+def lease_machine_id(request: LeaseRequest) -> AbstractAsyncContextManager[MachineLease]:
     """Hold a machine ID of ``[lo, hi]`` in ``pool`` for the body; released on exit.
 
-    Raises NoMachineIdFree when none is granted within ``wait_s``, ConfigError for a
-    bad pool name or range, when ``renew_every_s`` exceeds a third of ``ttl_s``, or
-    for an endpoint that names no Redis (``check_named``).
-    ``owner`` is a readable label (default: host and process); a random suffix makes
-    the owner token unique. The endpoint stays open (it belongs to the caller).
-    ``wait``: how many Redis replicas must acknowledge a grant or renewal for it to
-    count (LeaseWait).
+    ``lease_machine_id(endpoint, pool, lo, hi, *, ttl_s=10.0, renew_every_s=1.0,
+    wait_s=0.0, owner=None, metrics=None, namespace="kd", wait=NO_WAIT)``: the
+    arguments of ``LeaseRequest``, which says what each means. Raises NoMachineIdFree
+    when none is granted within ``wait_s``, ConfigError for a bad pool name or range,
+    when ``renew_every_s`` exceeds a third of ``ttl_s``, or for an endpoint that names
+    no Redis (``check_named``). The endpoint stays open (it belongs to the caller).
     """
-    check_pool(pool, lo, hi)
-    check_ttl(ttl_s, renew_every_s)
-    check_named(endpoint)
-    store = MachineLeases(endpoint, namespace, wait)
-    token = f"{owner or default_owner()}#{secrets.token_hex(6)}"
-    lease = await acquire(store, pool, lo, hi, ttl_s, wait_s, token, metrics)
+    return held(request)
+
+
+@asynccontextmanager
+async def held(request: LeaseRequest) -> AsyncIterator[MachineLease]:
+    """The machine ID ``request`` asks for, held for the body (``lease_machine_id``)."""
+    pool, metrics = request.pool, request.metrics
+    check_pool(pool, request.lo, request.hi)
+    check_ttl(request.ttl_s, request.renew_every_s)
+    check_named(request.endpoint)
+    store = MachineLeases(request.endpoint, request.namespace, request.wait)
+    token = f"{request.owner or default_owner()}#{secrets.token_hex(6)}"
+    lease = await acquire(store, request, token)
     log.info(
         "lease_granted",
         extra=lease.fields()
@@ -360,7 +417,7 @@ async def lease_machine_id(
     )
     if metrics is not None:
         metrics.held.labels(pool).inc()
-    renewer = asyncio.create_task(keep_renewed(store, lease, renew_every_s, metrics))
+    renewer = asyncio.create_task(keep_renewed(store, lease, request.renew_every_s, metrics))
     try:
         yield lease
     finally:
@@ -388,36 +445,10 @@ class SyncMachineLease:
     ``lease.lost`` is a ``threading.Event``. Stop minting before leaving the block.
     The endpoint is used from the background thread only, and closed there on exit."""
 
-    def __init__(
-        self,
-        endpoint: RedisEndpoint,
-        pool: str,
-        lo: int,
-        hi: int,
-        *,
-        ttl_s: float = 10.0,
-        renew_every_s: float = 1.0,
-        wait_s: float = 0.0,
-        owner: str | None = None,
-        metrics: LeaseMetrics | None = None,
-        namespace: str = DEFAULT_NAMESPACE,
-        wait: LeaseWait = NO_WAIT,
-    ) -> None:
-        check_named(endpoint)  # in the caller's thread: the error reaches it at once
-        self._endpoint = endpoint
-        self._open: Callable[[], Any] = lambda: lease_machine_id(
-            endpoint,
-            pool,
-            lo,
-            hi,
-            ttl_s=ttl_s,
-            renew_every_s=renew_every_s,
-            wait_s=wait_s,
-            owner=owner,
-            metrics=metrics,
-            namespace=namespace,
-            wait=wait,
-        )
+    @_constructed_with(LeaseRequest)
+    def __init__(self, request: LeaseRequest) -> None:
+        check_named(request.endpoint)  # in the caller's thread: the error reaches it at once
+        self._request = request
         self.lost = threading.Event()
         self._lease: MachineLease | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -470,7 +501,7 @@ class SyncMachineLease:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with self._open() as lease:
+            async with held(self._request) as lease:
                 granted.set_result(lease)
                 lost = asyncio.create_task(lease.lost.wait())
                 await asyncio.wait(
@@ -487,4 +518,4 @@ class SyncMachineLease:
                 raise
         finally:
             self.lost.set()
-            await self._endpoint.close()
+            await self._request.endpoint.close()

@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Final
 
-from shared.cli.stack import pid_alive
 from shared.ops.processes import spawn
+from shared.runtime import pid_alive
 
 GRACE_S: Final = 15.0
 

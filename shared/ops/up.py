@@ -30,6 +30,7 @@ from shared.domain.config.loader import BUILTIN
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, runtime_root
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
+from shared.runtime import pid_alive
 from shared.stores.postgres.sql import SELECT_RANGE_STATS
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,7 @@ def clean_leftovers(data_dir: Path) -> list[str]:
     found = [f"found {pid_file} of an `up` that did not stop ({pid_file.read_text().strip()})"]
     postgres = EmbeddedPostgres(data_dir / "postgres")
     postmaster = postgres.postmaster()
-    if postmaster is not None and stack.pid_alive(postmaster):
+    if postmaster is not None and pid_alive(postmaster):
         postgres.stop()
         found.append(f"found its PostgreSQL still running (pid {postmaster}): stopped")
     redis = EmbeddedRedis.left_running(data_dir / "redis")

@@ -16,7 +16,8 @@ from shared.domain.config import Settings
 from shared.ops.processes import run_cli
 from shared.stores.hot.hot_store import HotStore
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance
 
@@ -143,10 +144,13 @@ async def test_a_postgres_the_dispenser_cannot_use_is_503_and_readyz_says_so(
         assert "kd_postgres_up 1.0" in (await client.get("/metrics")).text
 
 
+@pytest.mark.parametrize("postgres", ["migrated", "away"])
 @pytest.mark.parametrize("command", ["keygen", "keysync"])
 def test_a_busy_metrics_port_names_the_port(
-    settings: Settings, tmp_path: Path, command: str
+    settings: Settings, tmp_path: Path, command: str, postgres: str
 ) -> None:
+    """Refused before any store is reached (both start through shared/startup.py): a
+    PostgreSQL that is away, an outage waited for, does not hold the refusal back."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -156,8 +160,12 @@ def test_a_busy_metrics_port_names_the_port(
             write_config(settings, tmp_path / "c.yaml"),
             **{f"KD_{command.upper()}__METRICS_PORT": str(port)},
         )
-        assert run_cli("migrate", env=env).returncode == 0
-        err = refused(run_cli(command, env=env), f"{command}.metrics_port", str(port))
+        if postgres == "away":
+            env["KD_POSTGRES_DSN"] = "postgresql://postgres@127.0.0.1:1/none"  # nothing listens
+        else:
+            assert run_cli("migrate", env=env).returncode == 0
+        done = run_cli(command, env=env, timeout_s=30)
+        err = refused(done, f"{command}.metrics_port", str(port))
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"keydispenser: configuration error: {command}.metrics_port"), last
     assert "postgres" not in last and "redis" not in last

@@ -45,11 +45,11 @@ from redis.crc import key_slot
 from shared.cli.databases import scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.drill import fault_kinds, history, lifecycle
+from shared.ops.drill import fault_kinds, lifecycle
 from shared.ops.drill.fleet import Fleet
 from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.load import RecordingLoad
-from shared.ops.drill.report import Report
+from shared.ops.drill.report import Report, common_fields
 from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.runner import (
     DRILL_CLIENT,
@@ -503,34 +503,19 @@ async def _report(
     slot_per: str,
     uins: LifecycleLoad,
 ) -> ClusterDrillReport:
-    load = drill.load
-    rows = [done.row() for done in drill.rounds]
-    # What a fault destroys: entries its shard's stream had not applied when it began
-    # (each record charged by its time, from the oldest of them to the fault's end).
-    spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in drill.rounds])
-    recorded = await history.ledger_rows(dsn, DRILL_TYPE)
-    alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(
-        recorded, load.received_at, load.marked, spans, alarms, load.requested_at
+    common = await common_fields(
+        drill.rounds,
+        drill.load,
+        uins,
+        kinds=kinds,
+        dsn=dsn,
+        logs=logs,
+        exits=drill.fleet.exits,
+        unapplied=drill.undrained_at_end,
+        fence_rounds=drill.rounds,
     )
-    ledger["unapplied_at_end"] = drill.undrained_at_end
-    uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
     return ClusterDrillReport(
-        lifecycle=uin_figures,
-        faults=rows,
-        keys_dispensed=load.dispensed,
-        unique_keys=len(load.keys),
-        duplicates=load.duplicates,
-        requests=load.requests,
-        errors=dict(load.errors),
-        faults_not_injected=sum(1 for row in rows if row["error"]),
-        ledger=ledger,
-        process_exits=drill.fleet.exits,
-        fence_not_engaged=[
-            done.number for done in drill.rounds if not done.error and not done.fence_engaged
-        ],
-        not_resumed=[done.number for done in drill.rounds if not done.served_after_fault],
-        fault_kinds=kinds,
+        **common,
         slot_per=slot_per,
         bystanders={
             other.name: {

@@ -1,11 +1,19 @@
 """What every drill reports and checks, whatever its topology (Sentinel or Cluster): one
-report, one checker. Each topology's report adds its own figures and checks.
+report, its fields found in one place (``common_fields``), one checker. Each topology's
+report adds its own figures and checks.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
+
+from shared.ops.drill import history, lifecycle
+from shared.ops.drill.lifecycle import LifecycleLoad
+from shared.ops.drill.load import RecordingLoad
+from shared.ops.drill.rounds import Round
 
 
 @dataclass(frozen=True)
@@ -103,3 +111,48 @@ class Report:
             **self.fields(),
             "verdict": self.failures(),
         }
+
+
+async def common_fields(
+    rounds: list[Round],
+    load: RecordingLoad,
+    uins: LifecycleLoad,
+    *,
+    kinds: list[str],
+    dsn: str,
+    logs: Path,
+    exits: list[str],
+    unapplied: int,
+    fence_rounds: list[Round],
+) -> dict[str, Any]:
+    """``Report``'s fields as a drill finds them after its rounds: the load's figures, the
+    ledger and the lifecycle checked against PostgreSQL, the processes that exited.
+    ``fence_rounds``: the rounds after which Redis's new primary must own the fence;
+    ``unapplied``: the ledger entries keysync left when the fleet stopped."""
+    rows = [done.row() for done in rounds]
+    # What a fault destroys: the Redis data written since its round's ``loss_from``
+    # (each record charged by its time, up to the fault's end).
+    spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in rounds])
+    recorded = await history.ledger_rows(dsn, load.name)
+    alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
+    ledger = history.check_ledger(
+        recorded, load.received_at, load.marked, spans, alarms, load.requested_at
+    )
+    ledger["unapplied_at_end"] = unapplied
+    return {
+        "faults": rows,
+        "keys_dispensed": load.dispensed,
+        "unique_keys": len(load.keys),
+        "duplicates": load.duplicates,
+        "requests": load.requests,
+        "errors": dict(load.errors),
+        "faults_not_injected": sum(1 for row in rows if row["error"]),
+        "ledger": ledger,
+        "lifecycle": lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans),
+        "process_exits": exits,
+        "fence_not_engaged": [
+            done.number for done in fence_rounds if not done.error and not done.fence_engaged
+        ],
+        "not_resumed": [done.number for done in rounds if not done.served_after_fault],
+        "fault_kinds": kinds,
+    }

@@ -30,7 +30,7 @@ from shared.ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from shared.ops.drill.links import PROCESSES, Links
 from shared.ops.drill.load import RecordingLoad, SnowflakeLoad
 from shared.ops.drill.postgres import PostgresPair
-from shared.ops.drill.report import Report
+from shared.ops.drill.report import Report, common_fields
 from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import free_port
@@ -393,16 +393,18 @@ async def _report(
     uins: LifecycleLoad,
     unapplied: int = 0,
 ) -> DrillReport:
-    load = runner.drill.load
-    rows = [done.row() for done in runner.rounds]
-    spans = history.loss_spans([(r.fault, r.loss_from, r.ended, r.figures) for r in runner.rounds])
-    recorded = await history.ledger_rows(dsn, DRILL_TYPE)
-    alarms = await asyncio.to_thread(history.duplicate_alarms, logs)
-    ledger = history.check_ledger(
-        recorded, load.received_at, load.marked, spans, alarms, load.requested_at
+    common = await common_fields(
+        runner.rounds,
+        runner.drill.load,
+        uins,
+        kinds=kinds,
+        dsn=dsn,
+        logs=logs,
+        exits=runner.drill.fleet.exits,
+        unapplied=unapplied,
+        fence_rounds=[done for done in runner.rounds if done.fault in REDIS_FAULTS],
     )
-    ledger["unapplied_at_end"] = unapplied
-    uin_figures = lifecycle.check(uins, await lifecycle.ledger_issues(dsn), spans)
+    rows, ledger, uin_figures = common["faults"], common["ledger"], common["lifecycle"]
     fail_closed = await asyncio.to_thread(history.fail_closed_seconds, logs)
     by_fault: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -413,20 +415,12 @@ async def _report(
         entry["keys_discarded"] += row["keys_discarded"]
         entry["resume_ms_max"] = max(entry["resume_ms_max"], row["resume_ms"])
     return DrillReport(
-        faults=rows,
+        **common,
         by_fault=by_fault,
-        keys_dispensed=load.dispensed,
-        unique_keys=len(load.keys),
-        duplicates=load.duplicates,
-        requests=load.requests,
-        errors=dict(load.errors),
-        faults_not_injected=sum(1 for row in rows if row["error"]),
-        ledger=ledger,
         ledger_missing=ledger["missing"],
         ledger_used_missing=ledger["used_missing"],
         ledger_duplicate_alarms=ledger["duplicate_alarms"],
         ledger_lost_to_fault=ledger["lost_to_fault"],
-        lifecycle=uin_figures,
         keys_in_two_hands=uin_figures["keys_in_two_hands"],
         status_changes_lost=uin_figures["status_changes_lost"],
         ledger_wrong_client=uin_figures["ledger_wrong_client"],
@@ -435,16 +429,8 @@ async def _report(
         lease_renewals_unreplicated=history.count_events(logs, "lease_renew_unreplicated"),
         ledger_restores=history.count_events(logs, "ledger_restored_after_fence"),
         ledger_halts=history.count_events(logs, "ledger_halted"),
-        fence_not_engaged=[
-            done.number
-            for done in runner.rounds
-            if done.fault in REDIS_FAULTS and not done.error and not done.fence_engaged
-        ],
-        not_resumed=[done.number for done in runner.rounds if not done.served_after_fault],
         lease_faults_not_observed=leases.not_observed(rows),
-        fault_kinds=kinds,
         leases=lease_report,
-        process_exits=runner.drill.fleet.exits,
         postgres_fence=controls.postgres_fence,
         lease_wait=controls.lease_wait,
     )
