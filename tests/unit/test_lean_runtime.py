@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from shared.cli.main import OPS_EXTRA
+from shared.ops.cli import OPS_EXTRA
 
 OPS_ONLY = tuple(sorted(OPS_EXTRA))
 
@@ -69,17 +69,22 @@ def test_operator_tooling_without_ops_names_the_extra() -> None:
 
 
 def test_without_the_tooling_its_commands_say_where_they_live() -> None:
-    """The wheel and the image leave shared.ops out: `up`, `fill`, `bench` and `drill`
-    are named, with where to run them, before any setting is read."""
+    """The wheel and the image leave shared.ops out but keep its entry points: `up`,
+    `fill`, `bench` and `drill` are listed, and say where to run them, before any setting
+    is read."""
     done = run_without_ops(
         """
         import sys
         sys.modules["shared.ops"] = None  # as in the wheel: no operator tooling at all
         from shared.cli import main as cli
+        print(" ".join(cli.parser().format_help().split()))
         assert "shared.ops" not in {m for m in sys.modules if sys.modules[m] is not None}
-        cli.main(["fill", "--type", "farmer", "--count", "1"])
+        cli.main(["--config", "nowhere.yaml", "fill", "--type", "farmer", "--count", "1"])
         """
     )
     assert done.returncode == 1, done.stderr
     assert "keydispenser fill: operator tooling" in done.stderr and "checkout" in done.stderr
+    assert "pip install -e '.[ops]'" in done.stderr
     assert "Traceback" not in done.stderr
+    for name in ("up", "fill", "bench", "drill"):
+        assert f" {name} operator tooling, not installed here" in done.stdout
