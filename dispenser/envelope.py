@@ -81,19 +81,27 @@ def _response_time_at(ms: int) -> str:
 
 _ID_HEAD = b'{"id":"' + SERVICE_ID.encode() + b'","version":"' + API_VERSION.encode()
 _OK_ID_TAIL = b'"},"errors":[]}'
+
+
 # The envelope of one ID up to the ID itself, for the millisecond last used: under load
 # many answers share a millisecond, and then only the ID is written per answer.
-_ok_id_head: list[Any] = [-1, b""]
+class _Head:
+    ms = -1
+    bytes = b""
+
+
+_ok_id_head = _Head()
 
 
 def ok_id(key: str) -> bytes:
     """The envelope of one allocated ID, as bytes; ``key`` never needs JSON escaping."""
-    ms = int(time.time() * 1000)
-    if _ok_id_head[0] != ms:
+    ms = time.time_ns() // 1_000_000
+    head = _ok_id_head
+    if head.ms != ms:
         stamp = _response_time_at(ms).encode()
-        head = b"".join((_ID_HEAD, b'","responsetime":"', stamp, b'","response":{"id":"'))
-        _ok_id_head[:] = [ms, head]
-    return b"".join((_ok_id_head[1], key.encode(), _OK_ID_TAIL))
+        head.bytes = b"".join((_ID_HEAD, b'","responsetime":"', stamp, b'","response":{"id":"'))
+        head.ms = ms
+    return b"%b%b%b" % (head.bytes, key.encode(), _OK_ID_TAIL)
 
 
 def keys_body(keys: list[str]) -> bytes:

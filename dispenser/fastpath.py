@@ -17,10 +17,9 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from dispenser import single
 from dispenser.rsgi import HTTPProtocol, Lifespan, serve_asgi
 from dispenser.rsgi import Scope as RsgiScope
-from dispenser.service import Dispenser
+from dispenser.single import ALLOCATE_ONE_PATH, SingleId
 
 # Paths remembered with their type segment; more well-formed paths than this (a client
 # trying names) are matched each time instead, so the table stays small.
@@ -34,32 +33,35 @@ class FastPath:
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self._lifespan = Lifespan(app)
-        self._dispenser: Dispenser | None = None
+        self._single: SingleId | None = None
         self._segments: dict[str, str] = {}  # path -> its type segment
 
-    def serve(self, dispenser: Dispenser | None) -> None:
-        """Answer with ``dispenser`` from now on (None: hand every request to the app,
+    def serve(self, single: SingleId | None) -> None:
+        """Answer with ``single`` from now on (None: hand every request to the app,
         whose routes answer while no service is up)."""
-        self._dispenser = dispenser
+        self._single = single
 
     async def __rsgi__(self, scope: RsgiScope, protocol: HTTPProtocol) -> None:
-        dispenser, path = self._dispenser, scope.path
+        single, path = self._single, scope.path
         segment = self._segments.get(path)  # then checked to be a POST
         if segment is None or scope.method != "POST":
             segment = self._segment(scope.method, path)
-        if dispenser is None or segment is None:
+        if single is None or segment is None:
             await serve_asgi(self.app, scope, protocol, self._lifespan.state)
             return
-        status, headers, body = await single.answer(dispenser, segment, scope.headers)
-        protocol.response_bytes(status, headers, body)
+        headers = scope.headers
+        answer = single.at_hand(segment, headers)
+        if answer is None:
+            answer = await single.answer(segment, headers)
+        protocol.response_bytes(*answer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        dispenser = self._dispenser
+        single = self._single
         segment = self._segment(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        if dispenser is None or segment is None:
+        if single is None or segment is None:
             await self.app(scope, receive, send)
             return
-        status, headers, body = await single.answer(dispenser, segment, Headers(scope=scope))
+        status, headers, body = await single.answer(segment, Headers(scope=scope))
         raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         raw.append((b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -77,7 +79,7 @@ class FastPath:
             return None
         segment = self._segments.get(path)
         if segment is None:
-            match = single.ALLOCATE_ONE_PATH.fullmatch(path)
+            match = ALLOCATE_ONE_PATH.fullmatch(path)
             if match is None:
                 return None  # the router answers it (404, or another route)
             segment = match["name"]

@@ -204,11 +204,20 @@ class RouteLatency(Collector):
         registry.register(self)
 
     def observe(self, route: str, seconds: float) -> None:
+        self.of(route)(seconds)
+
+    def of(self, route: str) -> Callable[[float], None]:
+        """``observe`` for one route, its counts looked up once (for the fast path)."""
         counts = self._routes.get(route)
         if counts is None:
             counts = self._routes[route] = [0] * (len(self._bounds) + 2)
-        counts[bisect_left(self._bounds, seconds)] += 1  # le: a bound's own value is in
-        counts[-1] += seconds
+        bounds = self._bounds
+
+        def observe(seconds: float) -> None:
+            counts[bisect_left(bounds, seconds)] += 1  # le: a bound's own value is in
+            counts[-1] += seconds
+
+        return observe
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(

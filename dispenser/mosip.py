@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from dispenser import envelope
-from dispenser.auth import Forbidden, HeaderLookup, RateLimited, Unauthenticated
+from dispenser.auth import Forbidden, Gate, HeaderLookup, RateLimited, Unauthenticated
 from dispenser.codes import (
     AUTH_FAILED,
     AUTH_FORBIDDEN,
@@ -159,18 +159,19 @@ def _refusal(
     return Refused(internal)
 
 
-async def get_uin(dispenser: Dispenser, name: str, headers: HeaderLookup) -> Answer:
-    return await _get_one(dispenser, name, headers, "uin", UIN_NOT_FOUND, UIN_INTERNAL)
+async def get_uin(dispenser: Dispenser, gate: Gate, name: str, headers: HeaderLookup) -> Answer:
+    return await _get_one(dispenser, gate, name, headers, "uin", UIN_NOT_FOUND, UIN_INTERNAL)
 
 
 async def get_vid(
-    dispenser: Dispenser, name: str, headers: HeaderLookup, expiry: str | None
+    dispenser: Dispenser, gate: Gate, name: str, headers: HeaderLookup, expiry: str | None
 ) -> Answer:
     try:
         _check_expiry(expiry)
     except Refused as refused:
         return _error(refused.code, refused.status, refused.headers)
-    return await _get_one(dispenser, name, headers, "vid", VID_NOT_AVAILABLE, VID_INTERNAL)
+    vid = ("vid", VID_NOT_AVAILABLE, VID_INTERNAL)
+    return await _get_one(dispenser, gate, name, headers, *vid)
 
 
 def _check_expiry(raw: str | None) -> None:
@@ -189,6 +190,7 @@ def _check_expiry(raw: str | None) -> None:
 
 async def _get_one(
     dispenser: Dispenser,
+    gate: Gate,
     name: str,
     headers: HeaderLookup,
     field: str,
@@ -196,9 +198,9 @@ async def _get_one(
     internal: tuple[str, str],
 ) -> Answer:
     try:
-        route = dispenser.route(name)
-        client = dispenser.gate.admit(headers, route.name)
-        key = await dispenser.take_one(route, client)
+        source = dispenser.source(name)
+        client = gate.admit(headers, name)
+        key = await source.one(client)
         result = _answer(wrapper({field: key}, None))
     except KeydispenserError as exc:
         refused = _refusal(exc, not_available, internal)
@@ -211,12 +213,14 @@ async def _get_one(
     return result
 
 
-async def put_uin(dispenser: Dispenser, name: str, headers: HeaderLookup, raw: bytes) -> Answer:
+async def put_uin(
+    dispenser: Dispenser, gate: Gate, name: str, headers: HeaderLookup, raw: bytes
+) -> Answer:
     """A status change of an issued UIN, answered when the ledger shows its outcome."""
     request: dict[str, Any] = {}
     try:
         request = _parsed(raw)
-        client, admin = dispenser.gate.admit_with_rights(headers, name)
+        client, admin = gate.admit_with_rights(headers, name)
         uin, status = _uin_and_status(request)
         final = await _change(dispenser, name, uin, status, client, admin)
     except Refused as refused:

@@ -1,61 +1,39 @@
-"""The dispenser's HTTP API: OpenG2P-compatible routes plus native batch routes.
+"""The dispenser's HTTP routes: OpenG2P-compatible routes plus native batch routes,
+MOSIP's, the probes and the metrics; the guard middleware and the error handlers.
 
 The two allocation routes are the hot path: one coalesced Redis call serves many
 concurrent requests, and their bodies are written as bytes (keys are drawn from
 URL-safe alphabets, so they never need JSON escaping). "One ID" is answered by
-``dispenser.single``; ``create_app`` wraps the Starlette app in
-``dispenser.fastpath.FastPath``, which carries that answer before the route table is
-reached (the route here carries the same answer for a request the fast path leaves).
+``dispenser.single``, carried before the route table by ``dispenser.fastpath`` (the
+route here carries the same answer for a request the fast path leaves). The app that
+serves these routes is wired in ``dispenser.app``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
-import os
 import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from importlib import metadata
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.applications import Starlette
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispenser import codes, envelope, mosip, openg2p, single
-from dispenser.clock_hook import arm as arm_clock_hook
-from dispenser.clock_hook import clock_from_environment
+from dispenser.auth import Gate
 from dispenser.codes import BodyTooLarge, ClientGone
-from dispenser.fastpath import FastPath
-from dispenser.metrics import DispenserMetrics, Timing
-from dispenser.openapi import document
-from dispenser.service import Dispenser, Stores
-from dispenser.snowflake import LeaseSource, Snowflakes, redis_leases
-from dispenser.worker_metrics import WorkerMetrics
-from shared.domain.config import Settings
+from dispenser.service import Dispenser
+from dispenser.single import SingleId
 from shared.domain.errors import ConfigError, InvalidInput, KeydispenserError, StoreUnavailable
 from shared.domain.idtypes import IdType
-from shared.domain.leases import lease_wait
-from shared.domain.ports import HotPool, LedgerWrites, Nudges
-from shared.domain.snowflake import Clock, SnowflakeType, build_snowflake_types
-from shared.domain.tiers import Popped
-from shared.leases.holder import LeaseMetrics
-from shared.stores.fence.sync_record import SyncRecord
-from shared.stores.groups import Groups, SyncRecords, dispenser_ports
-from shared.stores.hot.hot_store import HotStore
-from shared.stores.hot.wake import WakeChannel
-from shared.stores.ledger.reader import LedgerReader, not_issued
-from shared.stores.ledger.stream import LedgerStream
-from shared.stores.redis.endpoint import RedisEndpoint
+from shared.domain.snowflake import SnowflakeType
+from shared.domain.tiers import Popped, not_issued
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +43,17 @@ def _dispenser(request: Request) -> Dispenser:
     return found
 
 
+def _gate(request: Request) -> Gate:
+    """The API-key gate: the routes', built with the app (``dispenser.app``)."""
+    found: Gate = request.app.state.gate
+    return found
+
+
 async def allocate_one(request: Request) -> Response:
+    """ "One ID" for a request the fast path left to the router (``dispenser.fastpath``)."""
     segment = request.path_params["id_type"]
-    return envelope.response(await single.answer(_dispenser(request), segment, request.headers))
+    answered: SingleId = request.app.state.single
+    return envelope.response(await answered.answer(segment, request.headers))
 
 
 async def allocate_batch(request: Request) -> Response:
@@ -76,7 +62,7 @@ async def allocate_batch(request: Request) -> Response:
     raw = request.query_params.get("count", "1")
     maximum = dispenser.settings.dispenser.max_batch
     # Rate limits are charged per key asked for; a malformed count is refused after auth.
-    client = dispenser.gate.admit(request.headers, name, cost=_parsed_count(raw, maximum) or 1)
+    client = _gate(request).admit(request.headers, name, cost=_parsed_count(raw, maximum) or 1)
     count = _count(raw, maximum)
     idempotency_key = single.idempotency_key(request.headers)
     if idempotency_key is not None:  # a retry with the key gets the keys back
@@ -142,7 +128,7 @@ def _count(raw: str, maximum: int) -> int:
 async def validate(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    dispenser.gate.admit(request.headers, name)
+    _gate(request).admit(request.headers, name)
     id_type = dispenser.any_type(name)
     value = request.path_params["id_value"]
     return envelope.ok({"id": value, "valid": id_type.validate(value)})
@@ -152,7 +138,7 @@ async def decode(request: Request) -> Response:
     """Time, machine ID and sequence of a snowflake ID (any well-formed one)."""
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    dispenser.gate.admit(request.headers, name)
+    _gate(request).admit(request.headers, name)
     id_type = dispenser.any_type(name)
     if not isinstance(id_type, SnowflakeType):
         raise InvalidInput(
@@ -175,7 +161,7 @@ async def mark_used(request: Request) -> Response:
     updation worker would otherwise retry a 409 forever)."""
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
+    client, admin = _gate(request).admit_with_rights(request.headers, name)
     id_type = dispenser.any_type(name)
     value = _well_formed(id_type, request.path_params["id_value"])
     if not isinstance(id_type, IdType) or not id_type.config.ledger:
@@ -189,7 +175,7 @@ async def mark_used(request: Request) -> Response:
 async def mark_used_batch(request: Request) -> Response:
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
+    client, admin = _gate(request).admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
     raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
     keys = _keys_body(raw, dispenser.settings.dispenser.max_batch)
@@ -245,7 +231,7 @@ async def lookup(request: Request) -> Response:
     """
     dispenser = _dispenser(request)
     name = dispenser.canonical(request.path_params["id_type"])
-    client, admin = dispenser.gate.admit_with_rights(request.headers, name)
+    client, admin = _gate(request).admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
     key = request.path_params["key"]
     id_type.core(key)  # refuses values that cannot be keys of any type
@@ -266,24 +252,24 @@ def _mosip_type(request: Request, path: str) -> str:
 
 async def mosip_uin(request: Request) -> Response:
     """MOSIP's ``GET`` (one UIN) and ``PUT`` (a UIN's status) on one path."""
-    dispenser, name = _dispenser(request), _mosip_type(request, "uin")
+    dispenser, gate, name = _dispenser(request), _gate(request), _mosip_type(request, "uin")
     if request.method == "GET":
-        return envelope.response(await mosip.get_uin(dispenser, name, request.headers))
+        return envelope.response(await mosip.get_uin(dispenser, gate, name, request.headers))
     if request.method != "PUT":
         return envelope.response(mosip.method_not_allowed("GET, PUT"))
     try:
         raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
     except BodyTooLarge as exc:
         return envelope.response(mosip.body_refused(exc))
-    return envelope.response(await mosip.put_uin(dispenser, name, request.headers, raw))
+    return envelope.response(await mosip.put_uin(dispenser, gate, name, request.headers, raw))
 
 
 async def mosip_vid(request: Request) -> Response:
-    dispenser, name = _dispenser(request), _mosip_type(request, "vid")
+    dispenser, gate, name = _dispenser(request), _gate(request), _mosip_type(request, "vid")
     if request.method != "GET":
         return envelope.response(mosip.method_not_allowed("GET"))
     expiry = request.query_params.get(mosip.VID_EXPIRY_PARAM)
-    return envelope.response(await mosip.get_vid(dispenser, name, request.headers, expiry))
+    return envelope.response(await mosip.get_vid(dispenser, gate, name, request.headers, expiry))
 
 
 async def health(request: Request) -> Response:
@@ -306,14 +292,14 @@ async def health(request: Request) -> Response:
 
 
 async def version(request: Request) -> Response:
-    _dispenser(request).gate.admit(request.headers)
+    _gate(request).admit(request.headers)
     build: dict[str, str] = request.app.state.build
     return envelope.ok({"version": build["service_version"], **build})
 
 
 async def config(request: Request) -> Response:
     dispenser = _dispenser(request)
-    dispenser.gate.admit(request.headers)
+    _gate(request).admit(request.headers)
     types = {name: openg2p.type_config(id_type) for name, id_type in dispenser.id_types.items()}
     types |= {n: openg2p.snowflake_config(t) for n, t in dispenser.snowflakes.types.items()}
     described = openg2p.global_rules_type(dispenser.id_types)
@@ -328,7 +314,7 @@ async def config(request: Request) -> Response:
 
 
 def _observability(request: Request) -> None:
-    gate = _dispenser(request).gate
+    gate = _gate(request)
     if gate.protect_observability:
         gate.admit(request.headers)
 
@@ -463,94 +449,3 @@ ROUTES = [
     WholeRoute("/readyz", readyz, methods=["GET"]),
     WholeRoute("/openapi.json", openapi, methods=["GET"]),
 ]
-
-
-# How long start-up waits for the first machine-ID lease of each snowflake type (requests
-# are answered 503 IDG-016 until it is held).
-FIRST_LEASE_WAIT_S = 2.0
-
-
-def _on_store(hot: HotStore) -> Callable[[str], tuple[RedisEndpoint, str]]:
-    """Every machine-ID pool on the given store's server and namespace."""
-
-    def place(_: str) -> tuple[RedisEndpoint, str]:
-        return hot.endpoint, hot.namespace
-
-    return place
-
-
-def create_app(
-    settings: Settings,
-    hot: HotStore | None = None,
-    leases: LeaseSource | None = None,
-    clock: Clock | None = None,
-) -> FastPath:
-    """The dispenser's ASGI app. ``leases`` gives snowflake types their machine-ID leases
-    (default: leased in the hot tier's Redis); ``clock`` is the minters' clock (ms;
-    default: the wall clock, or the drill's test hook when its variable is set)."""
-    minting_clock = clock or clock_from_environment(os.environ)
-    metrics = DispenserMetrics(CollectorRegistry())
-    lease_metrics = LeaseMetrics(metrics.registry)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        groups = Groups(settings)
-        if hot is not None:  # one key group, on the store given
-            store: HotPool = hot
-            wake: Nudges = WakeChannel(hot.endpoint, hot.namespace)
-            stream: LedgerWrites = LedgerStream(hot.endpoint, hot.namespace)
-            place = _on_store(hot)
-            records = SyncRecords.single(SyncRecord(hot.endpoint, hot.namespace))
-        else:  # every key group (one, unless a cluster holds each type in its own slot)
-            router, wake, stream = dispenser_ports(groups)
-            store, place = router, groups.place
-            records = SyncRecords(groups.each(SyncRecord), groups.types)
-        source = leases or redis_leases(place, lease_metrics, lease_wait(settings))
-        snowflakes = Snowflakes(build_snowflake_types(settings), source, metrics, minting_clock)
-        arm_clock_hook(minting_clock)
-        stores = Stores(
-            hot=store,
-            # The wake lists and the ledger streams share the hot stores' connections.
-            wake=wake,
-            ledger_stream=stream,
-            # Ledger reads are judged against each group's fence record (the guard off,
-            # a drill's control: not judged).
-            ledger=LedgerReader(
-                settings.postgres_dsn, records if settings.postgres_fence else None
-            ),
-        )
-        app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)
-        await dispenser.gate.start()  # the identity providers' keys, when OIDC is on
-        await snowflakes.start(FIRST_LEASE_WAIT_S)
-        app.state.openapi = document(settings, metadata.version("keydispenser"))
-        app.state.build = openg2p.build_info(os.environ)
-        # One of several worker processes: /metrics answers for all of them.
-        app.state.worker_metrics = workers = WorkerMetrics.from_environment(metrics.registry)
-        snapshots = asyncio.ensure_future(workers.keep_writing()) if workers else None
-        dispenser.announce_exposure()
-        fast_path.serve(dispenser)
-        gc.freeze()  # start-up objects never become garbage: keep them out of collections
-        log.info("dispenser_started", extra={"pid": os.getpid()})
-        try:
-            yield
-        finally:
-            if snapshots is not None:
-                snapshots.cancel()
-                await asyncio.gather(snapshots, return_exceptions=True)
-            fast_path.serve(None)
-            await dispenser.close()
-            await (hot if hot is not None else router).close()  # its lines, then endpoints
-            await groups.close()
-            log.info("dispenser_stopped", extra={"pid": os.getpid()})
-
-    app = Starlette(
-        routes=ROUTES,
-        lifespan=lifespan,
-        middleware=[
-            Middleware(Guard),
-            Middleware(Timing, metrics=metrics, self_timed=frozenset({single.ALLOCATE_ONE})),
-        ],
-        exception_handlers={KeydispenserError: on_domain_error, HTTPException: on_http_error},
-    )
-    fast_path = FastPath(app)
-    return fast_path

@@ -1,24 +1,28 @@
 """Every answer to "one ID" (``POST /v1/idgenerator/{id_type}/id``), decided here.
 
-``answer`` takes the path's type segment and the request's headers and gives the whole
-answer (status, headers, body): the API-key check, the Idempotency-Key, the key itself
-(prefetched, minted or popped), the envelope, the error answers, the latency and error
-metrics. It does no I/O of its own beyond the service's, so a unit test drives it
-without a server. Three adapters carry its answer, a few lines each: over RSGI and
-over ASGI in ``dispenser.fastpath`` (before Starlette's stack), and the Starlette
-route in ``dispenser.app`` (for a path the fast path leaves to the router).
+``SingleId.answer`` takes the path's type segment and the request's headers and gives
+the whole answer (status, headers, body): the API-key check, the Idempotency-Key, the
+key itself from the type's source (``dispenser.sources``: prefetched, minted or popped),
+the envelope, the error answers, the latency and error metrics. The request flows one
+way: route, this decision, the type's source, the store. It does no I/O of its own
+beyond the source's, so a unit test drives it without a server. Three adapters carry
+its answer, a few lines each: over RSGI and over ASGI in ``dispenser.fastpath`` (before
+Starlette's stack), and the Starlette route in ``dispenser.routes`` (for a path the
+fast path leaves to the router).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Final
 
 from dispenser import envelope
-from dispenser.auth import HeaderLookup
+from dispenser.auth import Gate, HeaderLookup
 from dispenser.envelope import JSON, Answer, ok_id
-from dispenser.service import Dispenser
+from dispenser.metrics import DispenserMetrics
+from dispenser.sources import Source
 from shared.domain.errors import InvalidInput, KeydispenserError
 from shared.domain.names import ALIAS
 
@@ -65,29 +69,78 @@ def checked_idempotency_key(raw: str) -> str:
     return str(raw)
 
 
-async def answer(dispenser: Dispenser, segment: str, headers: HeaderLookup) -> Answer:
-    """The answer to a request for one ID of the type ``segment`` names (its name or an
-    alias). Never raises: a refusal or a crash is an error answer, logged and counted."""
-    started = perf_counter()
-    try:
-        route = dispenser.route(segment)  # an alias resolves to its type, once
-        client = dispenser.gate.admit(headers, route.name)
-        once = headers.get("idempotency-key")
-        if once is None:
-            key = dispenser.take_ready(route)  # at hand: answered without waiting
+class SingleId:
+    """The single-ID route's decision: the type a path segment names (resolved once, at
+    start-up, to its source), the API-key gate, the key from the type's source.
+
+    ``at_hand`` answers without waiting when it can (a key of the stock or a snowflake
+    ID minted now, for a service open to anonymous callers), with no coroutine;
+    ``answer`` is the whole of it, awaited when a key must be waited for, an API key or
+    token checked, or an Idempotency-Key looked up."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, Source],
+        gate: Gate,
+        metrics: DispenserMetrics,
+        unknown: Callable[[str], Source],
+    ) -> None:
+        """``sources``: each path segment that names a served type (its name and its
+        aliases) -> the type's source; ``unknown(segment)``: the source of any other
+        segment, which refuses it (after the API-key check: a caller without a key is
+        not told which names exist)."""
+        self._sources = dict(sources)
+        self._gate = gate
+        self._open = not gate.enabled  # no API keys, no tokens: every caller is anonymous
+        self._metrics = metrics
+        self._timed = metrics.latency.of(ALLOCATE_ONE)
+        self._unknown = unknown
+
+    def at_hand(self, segment: str, headers: HeaderLookup) -> Answer | None:
+        """The answer when a key is at hand for an anonymous caller (nothing to check,
+        nothing to wait for); else None, and ``answer`` gives it. Never raises."""
+        started = perf_counter()
+        source = self._sources.get(segment)
+        if source is None or not self._open or headers.get("idempotency-key") is not None:
+            return None
+        try:
+            key = source.ready()
             if key is None:
-                key = await dispenser.take_one(route, client)
+                return None
             result: Answer = (200, _OK, ok_id(key))
-        else:
-            once = checked_idempotency_key(once)
-            popped = await dispenser.take(route.name, 1, client, once)
-            result = (200, _REPLAYED if popped.replayed else _OK, ok_id(popped.keys[0]))
-    except KeydispenserError as exc:
-        result = envelope.refusal(exc, headers, dispenser.metrics, _path(segment))
-    except Exception:
-        result = envelope.crashed(headers, _path(segment))
-    dispenser.metrics.latency.observe(ALLOCATE_ONE, perf_counter() - started)
-    return result
+        except KeydispenserError as exc:  # a snowflake type without its lease
+            result = envelope.refusal(exc, headers, self._metrics, _path(segment))
+        except Exception:
+            result = envelope.crashed(headers, _path(segment))
+        self._timed(perf_counter() - started)
+        return result
+
+    async def answer(self, segment: str, headers: HeaderLookup) -> Answer:
+        """The answer to a request for one ID of the type ``segment`` names (its name or
+        an alias). Never raises: a refusal or a crash is an error answer, logged and
+        counted."""
+        started = perf_counter()
+        try:
+            source = self._sources.get(segment)
+            if source is None:
+                source = self._unknown(segment)
+            client = self._gate.admit(headers, source.name)
+            once = headers.get("idempotency-key")
+            if once is None:
+                key = source.ready()  # at hand: answered without waiting
+                if key is None:
+                    key = await source.one(client)
+                result: Answer = (200, _OK, ok_id(key))
+            else:
+                once = checked_idempotency_key(once)
+                popped = await source.take(1, client, once)
+                result = (200, _REPLAYED if popped.replayed else _OK, ok_id(popped.keys[0]))
+        except KeydispenserError as exc:
+            result = envelope.refusal(exc, headers, self._metrics, _path(segment))
+        except Exception:
+            result = envelope.crashed(headers, _path(segment))
+        self._timed(perf_counter() - started)
+        return result
 
 
 def _path(segment: str) -> str:

@@ -29,14 +29,13 @@ class HotPool(Protocol):
     """The dispenser's view of the hot tier: it pops keys and reads depths."""
 
     async def pop(
-        self,
-        name: str,
-        count: int,
-        clients: Sequence[str] = (),
-        ledger: bool = False,
-        *,
-        on_line: bool = False,
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
     ) -> Popped: ...
+
+    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        """``pop`` for a type's one coalescing caller: at most one in flight per type."""
 
     async def pop_once(
         self,

@@ -128,3 +128,8 @@ class KeyStatus:
     client: str | None = None  # the client it was issued to
     reissued: bool = False
     idempotency_key: str | None = None  # the Idempotency-Key it was issued under
+
+
+def not_issued(name: str, key: str) -> dict[str, Any]:
+    """The lookup answer for a key the ledger holds no issue of."""
+    return {"id_type": name, "key": key, "issued": False, "used": False}

@@ -107,13 +107,12 @@ class MemoryHot:
         self.exhausted_types.add(name)
 
     async def pop(
-        self,
-        name: str,
-        count: int,
-        clients: Sequence[str] = (),
-        ledger: bool = False,
-        *,
-        on_line: bool = False,
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        return self._pop(name, count, clients, ledger)
+
+    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
     ) -> Popped:
         return self._pop(name, count, clients, ledger)
 

@@ -64,3 +64,20 @@ def test_a_run_lasts_what_the_load_generator_runs(monkeypatch: pytest.MonkeyPatc
     assert LoadGenerator(0.3, "wrk").duration == 1.0
     assert LoadGenerator(2.6, "wrk").duration == 3.0
     assert LoadGenerator(0.3, "bundled").duration == 0.3
+
+
+async def test_each_measure_is_the_best_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--rounds N``: the load runs N times and the round with most requests/s is kept."""
+    measured = iter([100.0, 300.0, 200.0])
+    calls: list[str] = []
+
+    async def bundled(self: LoadGenerator, url: str, headers: dict[str, str]) -> dict[str, float]:
+        calls.append(url)
+        rps = next(measured)
+        return {"rps": rps, "p50_ms": 1.0, "p99_ms": 1000 / rps, "requests": rps, "non_2xx": 0}
+
+    monkeypatch.setattr(LoadGenerator, "_bundled", bundled)
+    load = LoadGenerator(1.0, "bundled", rounds=3)
+    best = await load.run("http://127.0.0.1:1/x")
+    assert len(calls) == 3
+    assert best["rps"] == 300.0 and best["p99_ms"] == pytest.approx(1000 / 300)

@@ -7,7 +7,7 @@ import asyncio
 
 from starlette.types import Message
 
-from dispenser.app import disconnected
+from dispenser.routes import disconnected
 
 
 def replies(*messages: Message) -> object:

@@ -1,15 +1,25 @@
-"""Coalescing: concurrent requests share pops; every request gets its own key or none."""
+"""A type's pool (``dispenser.sources.Pool``): concurrent requests share pops, every
+request gets its own key or none; the prefetch stock."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import cast
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from dispenser.coalesce import Coalescer
+from dispenser.metrics import DispenserMetrics
+from dispenser.sources import LedgerBacklog, Pool
 from shared.domain.apikeys import ANONYMOUS
+from shared.domain.config import load_settings
 from shared.domain.errors import StoreUnavailable
+from shared.domain.idtypes import build_id_types
+from shared.domain.ports import HotPool
 from shared.domain.tiers import Popped
+from shared.stores.memory import MemoryHot, MemoryLedger, MemoryNudges
+from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 
 class FakePool:
@@ -20,8 +30,10 @@ class FakePool:
         self.calls: list[tuple[int, list[str]]] = []
         self.fail = False
 
-    async def pop_many(self, name: str, count: int, clients: list[str]) -> Popped:
-        self.calls.append((count, clients))
+    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        self.calls.append((count, list(clients)))
         await asyncio.sleep(0.001)
         if self.fail:
             raise StoreUnavailable("redis", "down")
@@ -29,174 +41,202 @@ class FakePool:
         return Popped(taken, len(self.keys), exhausted=False)
 
 
+def pool_of(
+    fake: FakePool,
+    max_batch: int,
+    ahead: int = 0,
+    lost: list[tuple[str, int]] | None = None,
+    name: str = "t",
+) -> Pool:
+    """Pool ``name`` popping from ``fake`` (a stock of ``ahead`` keys); keys it counts
+    lost are appended to ``lost``."""
+    settings = load_settings(
+        EMPTY_CONFIG,
+        permutation_key=TEST_SECRET,
+        id_types={name: {"kind": "numeric", "length": 10, "prefetch": ahead}},
+        dispenser={"max_batch": max_batch},
+    )
+    metrics = DispenserMetrics(CollectorRegistry())
+    stream = MemoryLedger(MemoryHot())
+    id_type = build_id_types(settings, generating=False)[name]
+    pool = Pool(
+        id_type,
+        cast(HotPool, fake),
+        MemoryNudges(),
+        stream,
+        LedgerBacklog(stream, metrics, settings.dispenser),
+        metrics,
+        settings.dispenser,
+    )
+    if lost is not None:
+        pool.lost = lambda count: lost.append((name, count))  # type: ignore[method-assign]
+    return pool
+
+
 async def test_concurrent_requests_share_pops_and_get_distinct_keys() -> None:
-    pool = FakePool(1_000)
-    coalescer = Coalescer(pool.pop_many, max_batch=1_000)
-    results = await asyncio.gather(*(coalescer.take("t", "c") for _ in range(200)))
+    hot = FakePool(1_000)
+    pool = pool_of(hot, max_batch=1_000)
+    results = await asyncio.gather(*(pool.join("c") for _ in range(200)))
     keys = [key for key, _ in results if key is not None]
     assert sorted(keys) == sorted(f"k{i}" for i in range(200))
-    assert len(pool.calls) < 10  # the first pop takes one, the next the ones that queued
-    assert sum(count for count, _ in pool.calls) == 200
+    assert len(hot.calls) < 10  # the first pop takes one, the next the ones that queued
+    assert sum(count for count, _ in hot.calls) == 200
 
 
 async def test_batches_never_exceed_max_batch() -> None:
-    pool = FakePool(1_000)
-    coalescer = Coalescer(pool.pop_many, max_batch=16)
-    await asyncio.gather(*(coalescer.take("t", "c") for _ in range(100)))
-    assert max(count for count, _ in pool.calls) <= 16
+    hot = FakePool(1_000)
+    pool = pool_of(hot, max_batch=16)
+    await asyncio.gather(*(pool.join("c") for _ in range(100)))
+    assert max(count for count, _ in hot.calls) <= 16
 
 
 async def test_requests_beyond_the_pool_get_none() -> None:
-    pool = FakePool(5)
-    coalescer = Coalescer(pool.pop_many, max_batch=100)
-    results = await asyncio.gather(*(coalescer.take("t", "c") for _ in range(8)))
+    hot = FakePool(5)
+    pool = pool_of(hot, max_batch=100)
+    results = await asyncio.gather(*(pool.join("c") for _ in range(8)))
     keys = [key for key, _ in results]
     assert sorted(k for k in keys if k is not None) == [f"k{i}" for i in range(5)]
     assert keys.count(None) == 3
 
 
 async def test_clients_are_named_per_key_or_once_for_all() -> None:
-    pool = FakePool(100)
-    coalescer = Coalescer(pool.pop_many, max_batch=100)
-    await coalescer.take("t", "only")
-    await asyncio.gather(coalescer.take("t", "a"), coalescer.take("t", "a"))
-    await asyncio.gather(*(coalescer.take("t", name) for name in ("a", "b", "c")))
-    assert pool.calls[0] == (1, ["only"])
-    assert (2, ["a"]) in pool.calls
-    assert (3, ["a", "b", "c"]) in pool.calls
+    hot = FakePool(100)
+    pool = pool_of(hot, max_batch=100)
+    await pool.join("only")
+    await asyncio.gather(pool.join("a"), pool.join("a"))
+    await asyncio.gather(*(pool.join(name) for name in ("a", "b", "c")))
+    assert hot.calls[0] == (1, ["only"])
+    assert (2, ["a"]) in hot.calls
+    assert (3, ["a", "b", "c"]) in hot.calls
 
 
 async def test_a_failed_pop_fails_its_waiters_and_the_next_pop_recovers() -> None:
-    pool = FakePool(100)
-    coalescer = Coalescer(pool.pop_many, max_batch=100)
-    pool.fail = True
+    hot = FakePool(100)
+    pool = pool_of(hot, max_batch=100)
+    hot.fail = True
     with pytest.raises(StoreUnavailable):
-        await coalescer.take("t", "c")
-    pool.fail = False
-    key, _ = await coalescer.take("t", "c")
+        await pool.join("c")
+    hot.fail = False
+    key, _ = await pool.join("c")
     assert key == "k0"
 
 
 async def test_types_are_coalesced_separately() -> None:
-    pool = FakePool(100)
-    coalescer = Coalescer(pool.pop_many, max_batch=100)
-    await asyncio.gather(coalescer.take("a", "c"), coalescer.take("b", "c"))
-    assert len(pool.calls) == 2
+    hot = FakePool(100)
+    a, b = pool_of(hot, max_batch=100, name="a"), pool_of(hot, max_batch=100, name="b")
+    await asyncio.gather(a.join("c"), b.join("c"))
+    assert len(hot.calls) == 2
 
 
 async def test_keys_popped_for_a_waiter_that_is_gone_are_counted() -> None:
-    pool = FakePool(10)
+    hot = FakePool(10)
     lost: list[tuple[str, int]] = []
-    coalescer = Coalescer(pool.pop_many, max_batch=100, lost=lambda n, c: lost.append((n, c)))
-    first = asyncio.ensure_future(coalescer.take("t", "c"))
-    gone = asyncio.ensure_future(coalescer.take("t", "c"))
+    pool = pool_of(hot, max_batch=100, lost=lost)
+    first = asyncio.ensure_future(pool.join("c"))
+    gone = asyncio.ensure_future(pool.join("c"))
     await asyncio.sleep(0)  # both queued; the pop is in flight
     gone.cancel()
     key, _ = await first
     assert key == "k0"
     assert lost == [("t", 1)]  # k1 was popped for the cancelled waiter
-    assert pool.keys == [f"k{i}" for i in range(2, 10)]
+    assert hot.keys == [f"k{i}" for i in range(2, 10)]
 
 
 # The prefetch stock (``ahead``): keys popped ahead of requests, handed out without a pop.
 
 
-async def stocked_coalescer(
-    keys: int, ahead: int = 8
-) -> tuple[FakePool, Coalescer, list[tuple[str, int]]]:
-    """A coalescer whose first pop has shown a plentiful list, so its stock fills."""
-    pool = FakePool(keys)
+async def stocked_pool(keys: int, ahead: int = 8) -> tuple[FakePool, Pool, list[tuple[str, int]]]:
+    """A pool whose first pop has shown a plentiful list, so its stock fills."""
+    hot = FakePool(keys)
     lost: list[tuple[str, int]] = []
-    coalescer = Coalescer(
-        pool.pop_many, max_batch=100, lost=lambda n, c: lost.append((n, c)), ahead={"t": ahead}
-    )
-    key, _ = await coalescer.take("t", "c")  # the first pop takes only for its waiter
-    assert key == "k0" and pool.calls == [(1, [ANONYMOUS])] and coalescer.stocked() == {"t": 0}
-    return pool, coalescer, lost
+    pool = pool_of(hot, max_batch=100, ahead=ahead, lost=lost)
+    key, _ = await pool.join("c")  # the first pop takes only for its waiter
+    assert key == "k0" and hot.calls == [(1, [ANONYMOUS])] and pool.stocked() == 0
+    return hot, pool, lost
 
 
 async def test_a_stock_fills_with_the_next_pop_and_answers_without_one() -> None:
-    pool, coalescer, _ = await stocked_coalescer(1_000)
-    key, _ = await coalescer.take("t", "c")  # its pop takes the stock too
-    assert key == "k1" and pool.calls[-1] == (1 + 8, [ANONYMOUS])
-    assert coalescer.stocked() == {"t": 8}
-    calls = len(pool.calls)
-    assert [coalescer.ready("t") for _ in range(4)] == ["k2", "k3", "k4", "k5"]
-    assert len(pool.calls) == calls  # handed out with no pop
-    assert coalescer.handed_out() == {"t": 4}  # counted as issued by the coalescer
+    hot, pool, _ = await stocked_pool(1_000)
+    key, _ = await pool.join("c")  # its pop takes the stock too
+    assert key == "k1" and hot.calls[-1] == (1 + 8, [ANONYMOUS])
+    assert pool.stocked() == 8
+    calls = len(hot.calls)
+    assert [pool.ready() for _ in range(4)] == ["k2", "k3", "k4", "k5"]
+    assert len(hot.calls) == calls  # handed out with no pop
+    assert pool.handed_out() == 4  # counted as issued by the pool
 
 
 async def test_a_stock_down_to_half_is_refilled_by_a_pop_of_its_own() -> None:
-    pool, coalescer, _ = await stocked_coalescer(1_000)
-    await coalescer.take("t", "c")
+    hot, pool, _ = await stocked_pool(1_000)
+    await pool.join("c")
     for _ in range(4):  # 8 -> 4: half
-        coalescer.ready("t")
+        pool.ready()
     await asyncio.sleep(0.01)  # the refill pop runs in the background
-    assert pool.calls[-1] == (4, [ANONYMOUS]) and coalescer.stocked() == {"t": 8}
+    assert hot.calls[-1] == (4, [ANONYMOUS]) and pool.stocked() == 8
 
 
 async def test_a_near_empty_list_gets_no_stock_taken_from_it() -> None:
     # 30 keys: under PLENTY (4) x 8 after the first pop; each request pops for itself.
-    pool, coalescer, _ = await stocked_coalescer(30)
-    await asyncio.gather(*(coalescer.take("t", "c") for _ in range(5)))
-    assert all(count <= 5 for count, _ in pool.calls) and coalescer.stocked() == {"t": 0}
-    assert sum(count for count, _ in pool.calls) == 6
+    hot, pool, _ = await stocked_pool(30)
+    await asyncio.gather(*(pool.join("c") for _ in range(5)))
+    assert all(count <= 5 for count, _ in hot.calls) and pool.stocked() == 0
+    assert sum(count for count, _ in hot.calls) == 6
 
 
 async def test_stock_and_pops_never_hand_out_a_key_twice() -> None:
-    pool, coalescer, _ = await stocked_coalescer(2_000, ahead=16)
+    hot, pool, _ = await stocked_pool(2_000, ahead=16)
     handed = ["k0"]
 
     async def one() -> None:
-        key = coalescer.ready("t")
+        key = pool.ready()
         if key is None:
-            key, _ = await coalescer.take("t", "c")
+            key, _ = await pool.join("c")
         assert key is not None
         handed.append(key)
 
     for _ in range(20):
         await asyncio.gather(*(one() for _ in range(37)))
     assert len(handed) == len(set(handed)) == 1 + 20 * 37
-    left = set(pool.keys) | set(coalescer._stock["t"])
+    left = set(hot.keys) | set(pool._stock or ())
     assert not left & set(handed) and len(left) + len(handed) == 2_000
 
 
 async def test_a_waiter_that_is_gone_gives_its_key_to_the_stock() -> None:
-    _pool, coalescer, lost = await stocked_coalescer(1_000)
-    await coalescer.take("t", "c")  # stock: 8
+    _hot, pool, lost = await stocked_pool(1_000)
+    await pool.join("c")  # stock: 8
     for _ in range(8):
-        coalescer.ready("t")
+        pool.ready()
     await asyncio.sleep(0.01)  # refilled to 8 meanwhile? drain it again
-    while coalescer.ready("t") is not None:
+    while pool.ready() is not None:
         pass
-    first = asyncio.ensure_future(coalescer.take("t", "c"))
-    gone = asyncio.ensure_future(coalescer.take("t", "c"))
+    first = asyncio.ensure_future(pool.join("c"))
+    gone = asyncio.ensure_future(pool.join("c"))
     await asyncio.sleep(0)
     gone.cancel()
     await first
     assert lost == []  # not lost: stocked, for the next request
-    assert coalescer.stocked()["t"] >= 1
+    assert pool.stocked() >= 1
 
 
 async def test_a_stopping_process_counts_its_stock_as_lost() -> None:
-    _pool, coalescer, lost = await stocked_coalescer(1_000)
-    await coalescer.take("t", "c")
-    coalescer.ready("t")
-    coalescer.drop_stock()
-    assert lost == [("t", 7)] and coalescer.stocked() == {"t": 0}
-    assert coalescer.ready("t") is None
-    assert coalescer.handed_out() == {"t": 1}  # the dropped keys were not issued
+    _hot, pool, lost = await stocked_pool(1_000)
+    await pool.join("c")
+    pool.ready()
+    pool.drop_stock()
+    assert lost == [("t", 7)] and pool.stocked() == 0
+    assert pool.ready() is None
+    assert pool.handed_out() == 1  # the dropped keys were not issued
 
 
 async def test_a_failed_refill_leaves_the_error_to_the_next_request() -> None:
-    pool, coalescer, _ = await stocked_coalescer(1_000)
-    await coalescer.take("t", "c")
-    pool.fail = True
+    hot, pool, _ = await stocked_pool(1_000)
+    await pool.join("c")
+    hot.fail = True
     for _ in range(8):
-        assert coalescer.ready("t") is not None  # the refills fail in the background
+        assert pool.ready() is not None  # the refills fail in the background
     await asyncio.sleep(0.01)
     with pytest.raises(StoreUnavailable):
-        await coalescer.take("t", "c")
-    pool.fail = False
-    key, _ = await coalescer.take("t", "c")
+        await pool.join("c")
+    hot.fail = False
+    key, _ = await pool.join("c")
     assert key is not None

@@ -54,4 +54,4 @@ def test_retry_after_is_the_time_to_the_next_batch(
 ) -> None:
     refill = None if rate is None else Refill(rate=rate, at=time.time() - age_s)
     popped = Popped([], 0, exhausted=False, refill=refill)
-    assert dispenser.retry_after(dispenser.id_types["farmer"], popped) == expected
+    assert dispenser.pools["farmer"].retry_after(popped) == expected

@@ -47,7 +47,7 @@ def _router(cls: type) -> tuple[Any, dict[str, _Recorder]]:
 
 
 def test_the_routed_operations_are_the_ports_own_that_name_a_type_first() -> None:
-    assert routed_operations(HotPool) == ("pop", "pop_once", "depth", "exhausted")
+    assert routed_operations(HotPool) == ("pop", "pop_coalesced", "pop_once", "depth", "exhausted")
     assert routed_operations(Nudges) == ("nudge",)
     assert "backlog" in routed_operations(LedgerWrites)
     assert "refuse_eviction" not in routed_operations(HotPool)  # names no type

@@ -20,9 +20,11 @@ from dispenser.fastpath import FastPath
 from dispenser.metrics import DispenserMetrics
 from dispenser.rsgi import HTTPProtocol, asgi_scope, serve_asgi
 from dispenser.rsgi import Scope as RsgiScope
-from dispenser.service import Dispenser, Route
+from dispenser.single import SingleId
+from dispenser.sources import Unknown
 from shared.domain.config import AuthConfig
 from shared.domain.errors import PoolEmpty
+from shared.domain.tiers import Popped
 
 
 class FakeHeaders:
@@ -198,30 +200,35 @@ async def test_an_app_that_returns_without_answering_gets_an_empty_500() -> None
     assert protocol.answers == [("empty", 500, [], b"")]
 
 
-class StubDispenser:
-    """What the fast path uses of the service; ``take_one`` answers with ``outcome``."""
+class StubSource:
+    """A type's source whose ``one`` answers with ``outcome``."""
 
     def __init__(self, outcome: str | Exception) -> None:
+        self.name = "farmer"
         self.outcome = outcome
-        self.segments = {"farmer": "farmer"}
-        self.gate = Gate(AuthConfig())
-        self.metrics = DispenserMetrics(CollectorRegistry())
 
-    def route(self, segment: str) -> Route:
-        return Route(self.segments.get(segment, segment))
-
-    def take_ready(self, route: Route) -> None:
+    def ready(self) -> None:
         return None
 
-    async def take_one(self, route: Route, client: str) -> str:
+    async def one(self, client: str) -> str:
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return self.outcome
 
+    async def take(self, count: int, client: str, once: str | None) -> Popped:
+        raise AssertionError("not asked")
+
+
+def stub_single(outcome: str | Exception) -> SingleId:
+    metrics = DispenserMetrics(CollectorRegistry())
+    return SingleId(
+        {"farmer": StubSource(outcome)}, Gate(AuthConfig()), metrics, lambda n: Unknown(n, ())
+    )
+
 
 async def allocate_one(outcome: str | Exception, path: str = "/v1/idgenerator/farmer/id") -> Any:
     fast_path = FastPath(Starlette())
-    fast_path.serve(cast(Dispenser, StubDispenser(outcome)))
+    fast_path.serve(stub_single(outcome))
     protocol = FakeProtocol()
     scope = FakeScope(path=path, headers=FakeHeaders([("x-request-id", "req-1")]))
     await fast_path.__rsgi__(cast(RsgiScope, scope), cast(HTTPProtocol, protocol))

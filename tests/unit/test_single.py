@@ -1,17 +1,20 @@
-"""Every answer to "one ID", decided by ``dispenser.single.answer`` and driven here
+"""Every answer to "one ID", decided by ``dispenser.single.SingleId`` and driven here
 without a server: a real service (``Dispenser``) on the in-memory ports."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from dispenser import single
+from dispenser.auth import Gate
 from dispenser.metrics import DispenserMetrics
 from dispenser.service import Dispenser, Stores
+from dispenser.sources import Pool, Unknown
 from shared.domain.apikeys import digest, new_api_key
 from shared.domain.config import load_settings
 from shared.domain.ports import (
@@ -47,9 +50,35 @@ def dispenser(**dispenser_settings: Any) -> tuple[Dispenser, MemoryHot]:
     return Dispenser(settings, stores, DispenserMetrics(CollectorRegistry())), hot
 
 
+# Each service's single-ID answer, with its gate (whose rate limits hold across a test).
+_ANSWERS: WeakKeyDictionary[Dispenser, single.SingleId] = WeakKeyDictionary()
+
+
+def answers(service: Dispenser) -> single.SingleId:
+    """The single-ID route's decision over ``service``'s sources, as ``create_app`` wires it."""
+    found = _ANSWERS.get(service)
+    if found is None:
+        gate = Gate(service.settings.dispenser.auth, service.segments)
+        found = _ANSWERS[service] = single.SingleId(
+            service.by_segment(), gate, service.metrics, service.source
+        )
+    return found
+
+
 async def ask(service: Dispenser, segment: str = "farmer", **headers: str) -> Any:
-    status, answer_headers, body = await single.answer(service, segment, Headers(headers))
+    """One request, the way the fast path asks: what is at hand, else the whole answer."""
+    decision, lookup = answers(service), Headers(headers)
+    answer = decision.at_hand(segment, lookup) or await decision.answer(segment, lookup)
+    status, answer_headers, body = answer
     return status, dict(answer_headers), json.loads(body)
+
+
+async def stocked(service: Dispenser, hot: MemoryHot) -> None:
+    """``farmer``'s stock filled from a plentiful list (two pops: the first learns it is)."""
+    hot.fill("farmer", [f"{i:010d}" for i in range(5_000)])
+    for _ in range(2):
+        await service.pools["farmer"].one("setup")
+    assert service.pools["farmer"].stocked() > 0
 
 
 def test_the_in_memory_adapters_are_the_ports() -> None:
@@ -146,16 +175,41 @@ async def test_api_keys_are_checked_before_anything_is_popped() -> None:
     assert await hot.depth("farmer") == 1
 
 
-def test_a_type_is_resolved_once_into_the_route_the_path_uses() -> None:
-    """Its name and each alias resolve to one Route, built at start-up, carrying the
-    type the rest of the path uses; a segment that names none resolves to a Route of
-    neither kind (refused where it is used, after the API-key check)."""
+async def test_a_stocked_key_is_not_handed_to_a_caller_without_an_api_key() -> None:
+    key, _ = new_api_key()
+    client = {"name": "registry", "sha256": digest(key), "id_types": ["*"]}
+    service, hot = dispenser(auth={"api_keys": [client]})
+    await stocked(service, hot)
+    held = service.pools["farmer"].stocked()
+    status, _, body = await ask(service)
+    assert status == 401 and body["errors"][0]["errorCode"] == "IDG-008"
+    assert service.pools["farmer"].stocked() == held  # nothing handed out
+    status, _, body = await ask(service, **{"x-api-key": key})
+    assert status == 200 and service.pools["farmer"].stocked() == held - 1
+
+
+async def test_an_idempotent_retry_is_replayed_though_a_key_is_at_hand() -> None:
+    service, hot = dispenser()
+    await stocked(service, hot)
+    first = await ask(service, **{"idempotency-key": "order-1"})
+    again = await ask(service, **{"idempotency-key": "order-1"})
+    assert first[0] == again[0] == 200
+    assert again[2]["response"] == first[2]["response"]
+    assert again[1]["idempotent-replayed"] == "true"
+
+
+def test_a_type_is_resolved_once_into_the_source_the_path_uses() -> None:
+    """Its name and each alias resolve to one source, built at start-up, carrying the
+    type the rest of the path uses; a name that is no type resolves to a source that
+    refuses it (where it is used, after the API-key check)."""
     service, _ = dispenser()
-    route = service.route("farmer")
-    assert service.route("beneficiary") is route
-    assert route.id_type is service.id_types["farmer"] and route.minter is None
-    unknown = service.route("nosuch")
-    assert (unknown.name, unknown.id_type, unknown.minter) == ("nosuch", None, None)
+    sources = service.by_segment()
+    farmer = sources["farmer"]
+    assert sources["beneficiary"] is farmer
+    assert isinstance(farmer, Pool) and farmer.id_type is service.id_types["farmer"]
+    assert "nosuch" not in sources
+    unknown = service.source("nosuch")
+    assert isinstance(unknown, Unknown) and unknown.name == "nosuch"
 
 
 async def test_a_caller_without_a_key_is_not_told_which_types_exist() -> None:
@@ -188,7 +242,7 @@ async def test_an_unexpected_failure_is_a_500_logged_with_its_request_id(
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    hot.pop = broken  # type: ignore[method-assign]
+    hot.pop = hot.pop_coalesced = broken  # type: ignore[method-assign]
     status, headers, body = await ask(service, **{"x-request-id": "req-9"})
     assert status == 500 and body["errors"][0]["errorCode"] == "IDG-500"
     assert "boom" not in json.dumps(body)  # the detail goes to the log only

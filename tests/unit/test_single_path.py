@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.routing import Route
 
-from dispenser.app import ROUTES
+from dispenser.routes import ROUTES
 from dispenser.single import ALLOCATE_ONE, ALLOCATE_ONE_PATH, path_pattern
 from shared.domain.names import ALIAS, ID_TYPE_NAME
 

@@ -38,6 +38,7 @@ class Options:
     types: int = 1  # pipeline: ID types served at once
     existing_rows: int = 0  # ledger, lifecycle: ledger rows loaded before measuring
     spent: float = 0.0  # keygen: the fraction of each keyspace spent before measuring
+    rounds: int = 1  # dispense: each measure made this many times, the best kept
 
 
 async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:

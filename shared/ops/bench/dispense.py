@@ -99,8 +99,9 @@ log = logging.getLogger(__name__)
 class LoadGenerator:
     """wrk when present, else the bundled client; same connections and duration."""
 
-    def __init__(self, seconds: float, choice: str = "auto") -> None:
+    def __init__(self, seconds: float, choice: str = "auto", rounds: int = 1) -> None:
         self.seconds = seconds
+        self.rounds = rounds  # each measure made this many times, the best kept
         self.wrk = shutil.which("wrk") if choice != "bundled" else None
         # How long each run lasts: wrk takes whole seconds, at least one.
         self.duration = float(max(1, round(seconds))) if self.wrk else seconds
@@ -122,10 +123,18 @@ class LoadGenerator:
             )
 
     async def run(self, url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+        """The best of ``rounds`` measures (by requests/s) of ``url``."""
         self.announce()
-        if self.wrk:
-            return await asyncio.to_thread(self._wrk, url, headers or {})
-        return await self._bundled(url, headers or {})
+        best: dict[str, float] | None = None
+        for _ in range(self.rounds):
+            if self.wrk:
+                result = await asyncio.to_thread(self._wrk, url, headers or {})
+            else:
+                result = await self._bundled(url, headers or {})
+            if best is None or result["rps"] > best["rps"]:
+                best = result
+        assert best is not None
+        return best
 
     def _wrk(self, url: str, headers: dict[str, str]) -> dict[str, float]:
         with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
@@ -329,11 +338,12 @@ class Bench:
         work: Path,
         load: str,
         servers: tuple[str, ...] = SERVERS,
+        rounds: int = 1,
     ) -> None:
         self.settings = settings
         self.with_granian = "granian" in servers
         self.seconds = seconds
-        self.load = LoadGenerator(seconds, load)
+        self.load = LoadGenerator(seconds, load, rounds)
         self.load_choice = load
         # c. for at most BATCH_SECONDS: its keys must all be in Redis before it starts.
         self.batch_seconds = min(seconds, BATCH_SECONDS)
@@ -431,7 +441,7 @@ class Bench:
     async def single(
         self, client: aioredis.Redis, server: str, workers: int, token: str | None = None
     ) -> Any:
-        keys = int(60_000 * workers * self.seconds) + 100_000
+        keys = int(60_000 * workers * self.seconds * self.load.rounds) + 100_000
         path = f"/v1/idgenerator/{DISPENSE_TYPE}/id"
         return await self.dispenser(client, workers, path, keys, server, token=token)
 
@@ -513,6 +523,7 @@ class Bench:
         report: dict[str, Any] = {
             "benchmark": "dispense",
             "load_generator": self.load.name,
+            "rounds": self.load.rounds,  # each measure the best of this many
             "connections": CONNECTIONS,
             "seconds_each": self.seconds,
             "batch_seconds": self.batch_seconds,
@@ -600,4 +611,4 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
     if "uvicorn" not in servers or unknown:
         raise ConfigError("bench dispense --servers: uvicorn, optionally with granian")
     with tempfile.TemporaryDirectory(prefix="kd-bench-") as work:
-        return await Bench(settings, seconds, Path(work), load, servers).run()
+        return await Bench(settings, seconds, Path(work), load, servers, options.rounds).run()

@@ -49,7 +49,15 @@ SELECT_AVAILABLE = (
 MARK_ASSIGNED = (
     f"UPDATE {BASELINE_TABLE} SET status = 'ASSIGNED', assigned_at = now() WHERE id_value = $1"
 )
-BODY = {"id": "openg2p.idgenerator", "version": "1.0", "response": {"id": "0000000000"}}
+# Shaped like the dispenser's answer to "one ID" (the same fields and length), so a bare
+# app and the dispenser write the same bytes per request.
+BODY = {
+    "id": "openg2p.idgenerator",
+    "version": "1.0",
+    "responsetime": "2026-01-01T00:00:00.000Z",
+    "response": {"id": "0000000000"},
+    "errors": [],
+}
 
 
 async def constant(request: Request) -> Response:

@@ -151,22 +151,26 @@ class HotStore(RedisPort):
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def pop(
-        self,
-        name: str,
-        count: int,
-        clients: Sequence[str] = (),
-        ledger: bool = False,
-        *,
-        on_line: bool = False,
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
     ) -> Popped:
         """Take up to ``count`` keys from the type's hot list. Never retried.
 
         With ``ledger``, the same script records the issue in the ledger stream, with
         ``clients`` naming the API client of each key (or one name for all).
-        ``on_line``: over the type's own connection (``ScriptLine``), for a caller with
-        one pop of the type in flight at a time (the coalescer); others' pops would
-        queue there, so they go through the client's pool.
         """
+        return await self._pop(name, count, clients, ledger, on_line=False)
+
+    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        """``pop`` over the type's own connection (``ScriptLine``): its caller has one
+        pop of the type in flight at a time (a pool's coalesced pop); others' pops would
+        queue there, so they go through the client's pool."""
+        return await self._pop(name, count, clients, ledger, on_line=True)
+
+    async def _pop(
+        self, name: str, count: int, clients: Sequence[str], ledger: bool, *, on_line: bool
+    ) -> Popped:
         args = [count, name if ledger else "", *(clients or (ANONYMOUS,))]
         keys = self._pop_keys.get(name)
         if keys is None:

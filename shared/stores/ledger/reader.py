@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from shared.domain.errors import ConfigError, KeydispenserError, SchemaError, StoreUnavailable
-from shared.domain.tiers import KeyStatus
+from shared.domain.tiers import KeyStatus, not_issued
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.sync_record import Record
 from shared.stores.fence.verdict import ClockRow, verdict
@@ -39,11 +39,6 @@ CONFIRM_WAIT_S = 1.0
 CONFIRM_POLL_S = 0.01
 # How long /readyz waits for PostgreSQL to answer.
 PROBE_TIMEOUT_S = 1.0
-
-
-def not_issued(name: str, key: str) -> dict[str, Any]:
-    """The lookup answer for a key the ledger holds no issue of."""
-    return {"id_type": name, "key": key, "issued": False, "used": False}
 
 
 class LedgerReader:
