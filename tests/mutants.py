@@ -380,7 +380,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_replicated_ledger_type_answers_before_its_record_is_copied",
-        "dispenser/service.py",
+        "dispenser/sources.py",
         '        if config.ledger_durability == "async" or not popped.keys:',
         "        if True:",
         ("tests/integration/test_ledger_durability.py",),
@@ -401,7 +401,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_reissuing_types_retry_outlives_its_release",
-        "shared/domain/config/idtypes.py",
+        "shared/domain/config/id_types.py",
         "        if self.ledger and self.reissue_released:",
         "        if False:",
         ("tests/unit/test_ledger_parse.py",),
@@ -481,17 +481,17 @@ MUTANTS: Final = (
     ),
     Mutant(
         "stock_refilled_from_a_nearly_empty_list",
-        "dispenser/coalesce.py",
-        "plenty = self._seen.get(name, 0) >= PLENTY * ahead",
+        "dispenser/sources.py",
+        "plenty = self._seen >= PLENTY * ahead",
         "plenty = True",
-        ("tests/unit/test_coalesce.py", "tests/acceptance/test_servers.py"),
+        ("tests/unit/test_pool.py", "tests/acceptance/test_servers.py"),
     ),
     Mutant(
         "stock_dropped_uncounted",
-        "dispenser/coalesce.py",
-        "                self._lost(name, len(stock))",
-        "                pass",
-        ("tests/unit/test_coalesce.py",),
+        "dispenser/sources.py",
+        "            self.lost(len(stock))\n            self._dropped",
+        "            self._dropped",
+        ("tests/unit/test_pool.py",),
     ),
     Mutant(
         "keysync_pushes_before_its_commit_point",
@@ -543,8 +543,8 @@ MUTANTS: Final = (
     Mutant(
         "request_latency_counts_a_bound_in_the_next_bucket",
         "dispenser/metrics.py",
-        "counts[bisect_left(self._bounds, seconds)] += 1",
-        'counts[__import__("bisect").bisect_right(self._bounds, seconds)] += 1',
+        "counts[bisect_left(bounds, seconds)] += 1",
+        'counts[__import__("bisect").bisect_right(bounds, seconds)] += 1',
         ("tests/unit/test_route_latency.py",),
     ),
     Mutant(
@@ -594,7 +594,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_type_may_be_named_like_the_fences_registry",
-        "shared/domain/config/idtypes.py",
+        "shared/domain/config/id_types.py",
         "        if name in redis_keys.RESERVED_TYPE_NAMES:",
         "        if False:",
         ("tests/unit/test_settings.py",),
@@ -619,6 +619,20 @@ MUTANTS: Final = (
         "_INV = (0, 4, 3, 2, 1, 5, 6, 7, 8, 9)",
         "_INV = (0, 3, 4, 2, 1, 5, 6, 7, 8, 9)",
         CHECKDIGIT_TESTS,
+    ),
+    Mutant(
+        "a_numeric_key_validates_without_its_check_digit",
+        "shared/domain/formats/numeric.py",
+        "        if self._verhoeff and not verhoeff_valid(core):",
+        "        if False:",
+        ("tests/unit/test_idtypes.py",),
+    ),
+    Mutant(
+        "a_fingerprint_records_another_alphabet",
+        "shared/domain/idtypes.py",
+        "            alphabet=self.format.alphabet,",
+        "            alphabet=self.format.alphabet[:10],",
+        ("tests/unit/test_formats.py",),
     ),
     Mutant(
         "postgres_guard_passes_a_server_behind_on_the_same_timeline",
@@ -776,10 +790,24 @@ MUTANTS: Final = (
         ("tests/integration/test_plans.py",),
     ),
     Mutant(
+        "a_key_at_hand_skips_the_api_key_check",
+        "dispenser/single.py",
+        'if source is None or not self._open or headers.get("idempotency-key") is not None:',
+        'if source is None or headers.get("idempotency-key") is not None:',
+        ("tests/unit/test_single.py",),
+    ),
+    Mutant(
+        "a_key_at_hand_answers_an_idempotent_retry_anew",
+        "dispenser/single.py",
+        'if source is None or not self._open or headers.get("idempotency-key") is not None:',
+        "if source is None or not self._open:",
+        ("tests/unit/test_single.py",),
+    ),
+    Mutant(
         "an_alias_is_not_routed_on_the_single_id_path",
         "dispenser/service.py",
-        "self.routes = {s: served[n] for s, n in self.segments.items() if n in served}",
-        "self.routes = {s: served[n] for s, n in self.segments.items() if s == n}",
+        "return {s: self.sources[n] for s, n in self.segments.items() if n in self.sources}",
+        "return {s: self.sources[n] for s, n in self.segments.items() if s == n}",
         ("tests/unit/test_single.py",),
     ),
     Mutant(
@@ -1211,6 +1239,19 @@ MUTANTS: Final = (
         "        headers = {MAX_COUNT_HEADER: str(exc.burst)}",
         "        headers = None",
         ("tests/integration/test_isolation.py", "tests/integration/test_client.py"),
+    ),
+    Mutant(
+        "a_busy_metrics_port_waits_for_postgres",
+        "shared/startup.py",
+        "    serve_metrics(start.registry, host, port, start.heartbeat, setting)\n"
+        "    cold = await _connected(settings, stop)\n"
+        "    if cold is None:\n"
+        "        return\n",
+        "    cold = await _connected(settings, stop)\n"
+        "    if cold is None:\n"
+        "        return\n"
+        "    serve_metrics(start.registry, host, port, start.heartbeat, setting)\n",
+        ("tests/acceptance/test_fail_fast.py::test_a_busy_metrics_port_names_the_port",),
     ),
     Mutant(
         "a_snowflake_lease_wait_said_at_every_attempt",

@@ -24,7 +24,8 @@ from shared.ops.processes import run_cli
 from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.postgres import sql
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 NAMESPACE = "kd"
 READY_S = 60.0

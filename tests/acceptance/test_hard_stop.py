@@ -103,8 +103,8 @@ def test_up_killed_leaves_nothing_and_the_next_up_cleans_what_a_harder_stop_left
     assert not alive(left["postgres"][0]) and not any(alive(pid) for pid in left["redis"])
 
 
-# A test session's servers (tests/conftest.py) and the drill's are these same classes,
-# started by a process that may be killed the same way.
+# A test session's servers (tests/integration/fixtures.py) and the drill's are these same
+# classes, started by a process that may be killed the same way.
 OWNER = """
 import sys, time
 from pathlib import Path

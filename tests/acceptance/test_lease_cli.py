@@ -19,7 +19,8 @@ from shared.domain import redis_keys
 from shared.leases.store import MachineLeases
 from shared.ops.processes import cli_command, run_cli, scrubbed_env
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, Servers
+from tests.conftest import NS
+from tests.integration.fixtures import Servers
 
 pytestmark = pytest.mark.acceptance
 POOL = "cli"

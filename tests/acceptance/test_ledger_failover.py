@@ -32,7 +32,8 @@ from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
-from tests.conftest import NS, Servers, make_settings
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
 DATABASE = "kd_ledger_failover"

@@ -31,7 +31,8 @@ from shared.ops.drill.proxy import standalone
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env
-from tests.conftest import NS, Servers, make_settings
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
 DEADLINE_S = 30.0

@@ -27,7 +27,7 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
 

@@ -32,7 +32,7 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore, translated
 from shared.stores.postgres.connect import connect_each_host
-from tests.conftest import Servers, dispenser_over_http, make_settings
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance
 T = TypeVar("T")

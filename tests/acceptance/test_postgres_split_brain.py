@@ -40,7 +40,7 @@ from shared.stores.groups import SyncRecords
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_key_groups import ClaimFailsOnce
 
 pytestmark = pytest.mark.acceptance

@@ -24,8 +24,8 @@ from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, spawn, stop_process
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import (
-    NS,
+from tests.conftest import NS
+from tests.integration.fixtures import (
     Servers,
     dispenser_process_env,
     make_settings,

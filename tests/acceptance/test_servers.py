@@ -17,12 +17,12 @@ import redis.asyncio as aioredis
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, spawn, stop_process
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import (
+from tests.conftest import small_types
+from tests.integration.fixtures import (
     Servers,
     both_servers,
     dispenser_process_env,
     make_settings,
-    small_types,
     wait_until_serving,
 )
 

@@ -25,7 +25,7 @@ from shared.cli.databases import drop_database, scratch_database
 from shared.ops.embedded import EmbeddedRedis, free_port
 from shared.ops.processes import run_cli
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
 

@@ -16,7 +16,8 @@ from shared.ops.embedded import free_port
 from shared.ops.processes import scrubbed_env
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.acceptance.harness import ChildProcesses, wait_for_http
-from tests.conftest import NS, Servers, end_lease_settling
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, end_lease_settling
 from tests.integration.test_snowflake import EVENTS, EVENTS_CONFIG
 
 pytestmark = pytest.mark.acceptance

@@ -15,7 +15,7 @@ import pytest
 from shared.ops.embedded import free_port
 from shared.ops.redis_cluster import EmbeddedRedisCluster
 from tests.acceptance.test_first_hour import BIN, plain_env, read_stack_env, running_up
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 
 pytestmark = pytest.mark.acceptance
 

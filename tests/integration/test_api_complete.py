@@ -15,14 +15,8 @@ from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
-from tests.conftest import (
-    NS,
-    Servers,
-    both_servers,
-    dispenser_over_http,
-    make_settings,
-    small_types,
-)
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, both_servers, dispenser_over_http, make_settings
 
 
 async def fill(hot: HotStore, name: str, count: int, prefix: str = "k") -> list[str]:

@@ -22,7 +22,8 @@ from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import NS, Servers, make_settings
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, make_settings
 
 TYPE = "shortlink"
 

@@ -33,7 +33,7 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import process_env, write_config
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, Servers, make_settings
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote
 from tests.integration.test_replica_fence import replicaof, synced
 

@@ -22,15 +22,8 @@ from shared.domain.tiers import MAX_KEYS_PER_POP
 from shared.ops.embedded import EmbeddedRedis
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import (
-    EMPTY_CONFIG,
-    NS,
-    TEST_SECRET,
-    Servers,
-    dispenser_over_http,
-    make_settings,
-    small_types,
-)
+from tests.conftest import EMPTY_CONFIG, NS, TEST_SECRET, small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 
 async def test_a_full_batch_with_one_client_per_key_pops_and_records_all(hot: HotStore) -> None:

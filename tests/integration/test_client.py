@@ -26,7 +26,8 @@ from shared.domain import redis_keys
 from shared.domain.apikeys import digest
 from shared.domain.config import Settings
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 DEADLINE_S = 20.0
 RETRY_AFTER_S = 7  # the dispenser's Retry-After for an empty pool, in these tests

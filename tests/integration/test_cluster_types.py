@@ -25,7 +25,8 @@ from shared.domain.config import Settings
 from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.groups import Groups, HotRouter
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 from tests.integration.test_redis_cluster import caught_up, eventually, keys_by_node
 
 NAMESPACE = "kd"

@@ -18,7 +18,8 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import NS, both_servers, dispenser_in_process, dispenser_over_http
+from tests.conftest import NS
+from tests.integration.fixtures import both_servers, dispenser_in_process, dispenser_over_http
 
 RESPONSE_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

@@ -20,12 +20,12 @@ from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import (
+from tests.conftest import small_types
+from tests.integration.fixtures import (
     Servers,
     dispenser_in_process,
     dispenser_over_http,
     make_settings,
-    small_types,
 )
 
 TINY = {

@@ -15,7 +15,8 @@ from shared.cli.status import collect_status
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 
 
 def gauge(keygen_: Keygen, name: str, id_type: str) -> float:

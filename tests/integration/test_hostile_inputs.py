@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from shared.domain.config import Settings
 from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import (
+from tests.conftest import small_types
+from tests.integration.fixtures import (
     Servers,
     both_servers,
     dispenser_in_process,
     dispenser_over_http,
     make_settings,
-    small_types,
 )
 
 LEDGER_KEYS = [f"L{i:06d}" for i in range(50)]

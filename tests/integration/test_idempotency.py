@@ -11,7 +11,7 @@ import pytest
 
 from shared.domain.config import Settings
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import dispenser_over_http
+from tests.integration.fixtures import dispenser_over_http
 
 
 @pytest.fixture

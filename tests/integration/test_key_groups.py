@@ -31,7 +31,8 @@ from shared.stores.fence.verdict import combined
 from shared.stores.groups import SyncRecords
 from shared.stores.postgres import sql
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, Servers
+from tests.conftest import NS
+from tests.integration.fixtures import Servers
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
 
 FARMER_NS, SHORTLINK_NS = f"{NS}-farmer", f"{NS}-shortlink"

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from tests.conftest import NS, Servers, end_lease_settling
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, end_lease_settling
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("keygen", "keysync", "dispenser", "asyncpg", "starlette", "uvicorn", "numpy")

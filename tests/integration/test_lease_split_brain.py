@@ -27,7 +27,8 @@ from shared.domain.leases import LeaseWait
 from shared.leases.holder import lease_machine_id
 from shared.ops.embedded import EmbeddedRedis
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, end_lease_settling
+from tests.conftest import NS
+from tests.integration.fixtures import end_lease_settling
 from tests.integration.test_replica_fence import replicaof, synced
 
 TTL_S, RENEW_S = 2.0, 0.4

@@ -21,7 +21,8 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.ledger.table import Applied, apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 KEYS = [f"L{i:06d}" for i in range(100)]  # well-formed base62 keys of length 7
 

@@ -30,8 +30,9 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, small_types
 from tests.integration import test_replica_fence
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 from tests.integration.test_replica_fence import Pair, caught_up, replicaof
 
 pair = test_replica_fence.pair  # a fixture: an embedded primary and its replica

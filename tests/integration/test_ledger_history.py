@@ -36,7 +36,8 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote
 
 HIGH_COUNTER = 900_000_000  # far above anything a keygen leases here

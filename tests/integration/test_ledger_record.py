@@ -27,7 +27,8 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerEntry, LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote
 
 # Counters far above anything a test's keygen leases: the keys tests issue by hand.

@@ -24,7 +24,8 @@ from shared.leases import holder as leasing
 from shared.leases.holder import LeaseMetrics, SyncMachineLease, lease_machine_id
 from shared.leases.store import MachineLeases
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import NS, Servers
+from tests.conftest import NS
+from tests.integration.fixtures import Servers
 
 TTL_MS = 400
 WAIT_DEADLINE_S = 5.0

@@ -26,7 +26,8 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 RESPONSE_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 WRAPPER_FIELDS = ["id", "version", "responsetime", "metadata", "response", "errors"]

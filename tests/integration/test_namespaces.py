@@ -9,7 +9,8 @@ import redis.asyncio as aioredis
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 OTHER = "staging"
 

@@ -30,7 +30,8 @@ from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import NS, Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 ISSUER = "https://keycloak.test/realms/mosip"
 AUDIENCE = "keydispenser"

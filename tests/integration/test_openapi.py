@@ -13,15 +13,15 @@ import redis.asyncio as aioredis
 from starlette.routing import Route
 
 from dispenser import mosip
-from dispenser.app import ROUTES
+from dispenser.routes import ROUTES
 from shared.domain.apikeys import new_api_key
 from shared.stores.hot.hot_store import HotStore
-from tests.conftest import (
+from tests.conftest import small_types
+from tests.integration.fixtures import (
     Servers,
     dispenser_over_http,
     end_lease_settling,
     make_settings,
-    small_types,
 )
 
 CHECKS = ",".join(

@@ -10,7 +10,7 @@ import pytest
 
 from shared.domain.config import Settings
 from shared.ops.embedded import EmbeddedRedis
-from tests.conftest import Servers, dispenser_over_http, make_settings
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 FILTER_RULES = {
     "sequence_limit": int,

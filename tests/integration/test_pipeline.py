@@ -25,7 +25,8 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import NS, Servers, make_settings, small_types
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, make_settings
 
 
 async def cold_keys(dsn: str, name: str) -> list[str]:

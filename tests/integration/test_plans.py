@@ -22,7 +22,8 @@ from shared.domain.config import Settings
 from shared.stores.ledger import sql as ledger_sql
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 
 ROWS = 20_000  # issue rows added after the statement's first runs
 # One mark of a key that is not there (EXECUTE takes literals, not bound parameters).

@@ -44,7 +44,8 @@ from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 
 KINDS = ["memory", "real"]
 

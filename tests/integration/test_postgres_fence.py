@@ -35,7 +35,8 @@ from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import NS, Servers
+from tests.conftest import NS
+from tests.integration.fixtures import Servers
 
 
 @asynccontextmanager

@@ -26,7 +26,8 @@ from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 T = TypeVar("T")
 NAMESPACE = "kd"

@@ -23,7 +23,8 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, dispenser_over_http, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 MARKS = {
     "range_size": 100,

@@ -8,7 +8,8 @@ from shared.cli.databases import run_migrate
 from shared.ops.bench.registry import load_ledger, spread_key
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 
 ROWS = 5_000
 

@@ -27,7 +27,8 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import process_env, write_config
-from tests.conftest import NS, Servers, make_settings
+from tests.conftest import NS
+from tests.integration.fixtures import Servers, make_settings
 
 MARKS = {
     "range_size": 1_000,

@@ -32,7 +32,8 @@ from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
-from tests.conftest import NS, Servers, make_settings, small_types
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import Servers, make_settings
 
 ROLES = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "roles.sql"
 

@@ -12,7 +12,8 @@ from shared.domain.idtypes import build_id_types
 from shared.stores.fence.sync_record import UNGUARDED
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.schema import check, latest_version, migrate, migration_files
-from tests.conftest import Servers, make_settings, small_types
+from tests.conftest import small_types
+from tests.integration.fixtures import Servers, make_settings
 
 
 async def test_migrate_is_idempotent_and_check_passes(settings: Settings) -> None:

@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.script_line import LineScript, ScriptLine
-from tests.conftest import Servers
+from tests.integration.fixtures import Servers
 
 COUNTER = "kd-test-line-counter"
 INCR = LineScript("return redis.call('INCR', KEYS[1])")
@@ -51,11 +51,11 @@ async def test_a_pop_cancelled_before_its_reply_never_hands_that_reply_to_the_ne
 ) -> None:
     keys = [f"k{i:03d}" for i in range(100)]
     await hot.push("farmer", keys, "b1")
-    first = await hot.pop("farmer", 1, on_line=True)  # the line is connected
+    first = await hot.pop_coalesced("farmer", 1)  # the line is connected
     # The server holds every script call from here on: the next pop's reply never comes.
     await redis_client.client_pause(10_000, all=False)  # writes (and scripts) wait
     try:
-        stuck = asyncio.create_task(hot.pop("farmer", 10, on_line=True))
+        stuck = asyncio.create_task(hot.pop_coalesced("farmer", 10))
         await asyncio.sleep(0.3)
         assert not stuck.done()
         stuck.cancel()
@@ -66,8 +66,8 @@ async def test_a_pop_cancelled_before_its_reply_never_hands_that_reply_to_the_ne
 
     # Had the connection been kept, this pop would read the cancelled pop's reply:
     # ten keys for a request of three.
-    popped = await hot.pop("farmer", 3, on_line=True)
-    rest = await hot.pop("farmer", 1_000, on_line=True)
+    popped = await hot.pop_coalesced("farmer", 3)
+    rest = await hot.pop_coalesced("farmer", 1_000)
     assert len(popped.keys) == 3
     handed = first.keys + popped.keys + rest.keys
     assert len(handed) == len(set(handed))

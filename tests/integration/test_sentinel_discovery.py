@@ -10,7 +10,7 @@ import pytest
 from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.conftest import Servers
+from tests.integration.fixtures import Servers
 
 
 def closed_port() -> int:

@@ -28,7 +28,7 @@ from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import UNGUARDED, SyncRecord
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.schema import migrate
-from tests.conftest import Servers, make_settings
+from tests.integration.fixtures import Servers, make_settings
 
 DOMAIN = 10_000  # numeric length 5: four counter digits and the check digit
 RANGE = 700  # no divisor of a share: the last range of each share is clipped

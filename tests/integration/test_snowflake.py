@@ -23,14 +23,13 @@ from shared.domain.errors import ConfigError
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops.fill import fill
 from shared.stores.postgres import sql
-from tests.conftest import (
-    NS,
+from tests.conftest import NS, small_types
+from tests.integration.fixtures import (
     Servers,
     both_servers,
     dispenser_over_http,
     end_lease_settling,
     make_settings,
-    small_types,
 )
 
 EVENTS = "events"
