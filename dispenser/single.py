@@ -29,6 +29,8 @@ from shared.domain.names import ALIAS
 ALLOCATE_ONE: Final = "/v1/idgenerator/{id_type}/id"
 _OK: Final = [JSON]
 _REPLAYED: Final = [JSON, ("idempotent-replayed", "true")]
+# An answer at hand for one path's requests, from their headers (None: not at hand).
+AtHand = Callable[[HeaderLookup], Answer | None]
 
 
 def path_pattern(template: str, name: re.Pattern[str]) -> re.Pattern[str]:
@@ -99,21 +101,36 @@ class SingleId:
     def at_hand(self, segment: str, headers: HeaderLookup) -> Answer | None:
         """The answer when a key is at hand for an anonymous caller (nothing to check,
         nothing to wait for); else None, and ``answer`` gives it. Never raises."""
-        started = perf_counter()
+        answer_now = self.at_hand_of(segment)
+        return None if answer_now is None else answer_now(headers)
+
+    def at_hand_of(self, segment: str) -> AtHand | None:
+        """``at_hand`` for one path segment, its source looked up once (the fast path
+        keeps it per path); None when no answer is ever at hand for it (a segment that
+        names no served type, or a gate that checks every caller)."""
         source = self._sources.get(segment)
-        if source is None or not self._open or headers.get("idempotency-key") is not None:
+        if source is None or not self._open:
             return None
-        try:
-            key = source.ready()
-            if key is None:
-                return None
-            result: Answer = (200, _OK, ok_id(key))
-        except KeydispenserError as exc:  # a snowflake type without its lease
-            result = envelope.refusal(exc, headers, self._metrics, _path(segment))
-        except Exception:
-            result = envelope.crashed(headers, _path(segment))
-        self._timed(perf_counter() - started)
-        return result
+        ready, timed, metrics, path = source.ready, self._timed, self._metrics, _path(segment)
+
+        def at_hand(headers: HeaderLookup) -> Answer | None:
+            started = perf_counter()
+            if headers.get("idempotency-key") is not None:
+                return None  # its retry is answered with the same key: ``answer`` looks
+            try:
+                key = ready()
+            except KeydispenserError as exc:  # a snowflake type without its lease
+                result = envelope.refusal(exc, headers, metrics, path)
+            except Exception:
+                result = envelope.crashed(headers, path)
+            else:
+                if key is None:
+                    return None
+                result = (200, _OK, ok_id(key))
+            timed(perf_counter() - started)
+            return result
+
+        return at_hand
 
     async def answer(self, segment: str, headers: HeaderLookup) -> Answer:
         """The answer to a request for one ID of the type ``segment`` names (its name or

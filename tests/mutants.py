@@ -792,15 +792,15 @@ MUTANTS: Final = (
     Mutant(
         "a_key_at_hand_skips_the_api_key_check",
         "dispenser/single.py",
-        'if source is None or not self._open or headers.get("idempotency-key") is not None:',
-        'if source is None or headers.get("idempotency-key") is not None:',
+        "        if source is None or not self._open:\n            return None\n        ready,",
+        "        if source is None:\n            return None\n        ready,",
         ("tests/unit/test_single.py",),
     ),
     Mutant(
         "a_key_at_hand_answers_an_idempotent_retry_anew",
         "dispenser/single.py",
-        'if source is None or not self._open or headers.get("idempotency-key") is not None:',
-        "if source is None or not self._open:",
+        '            if headers.get("idempotency-key") is not None:\n                return None',
+        "            if False:\n                return None",
         ("tests/unit/test_single.py",),
     ),
     Mutant(

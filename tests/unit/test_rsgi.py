@@ -272,3 +272,38 @@ def test_granians_protocol_object_has_every_method_this_app_calls() -> None:
     assert {"__aiter__", "response_bytes", "response_empty", "client_disconnect"} <= set(used)
     for name in used:
         assert callable(getattr(granian_protocol, name, None)), name
+
+
+class StockedSource(StubSource):
+    """A source with keys at hand: ``ready`` hands them out, ``one`` is never needed."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(AssertionError("waited although a key was at hand"))
+        self.keys = keys
+        self.asked = 0
+
+    def ready(self) -> str | None:  # type: ignore[override]
+        self.asked += 1
+        return self.keys.pop(0) if self.keys else None
+
+
+async def test_a_key_at_hand_is_answered_on_the_path_the_fast_path_keeps_and_forgets() -> None:
+    """The first request of a path finds its answer at hand through the decision and the
+    fast path keeps it for the path; a new service (or none) forgets it."""
+    source = StockedSource(["3029384756", "3029384757"])
+    metrics = DispenserMetrics(CollectorRegistry())
+    single = SingleId({"farmer": source}, Gate(AuthConfig()), metrics, lambda n: Unknown(n, ()))
+    fast_path = FastPath(Starlette())
+    fast_path.serve(single)
+    bodies = []
+    for _ in range(2):
+        protocol = FakeProtocol()
+        scope = FakeScope(path="/v1/idgenerator/farmer/id", headers=FakeHeaders([]))
+        await fast_path.__rsgi__(cast(RsgiScope, scope), cast(HTTPProtocol, protocol))
+        [(_, status, _, body)] = protocol.answers
+        assert status == 200
+        bodies.append(json.loads(body)["response"]["id"])
+    assert bodies == ["3029384756", "3029384757"] and source.asked == 2
+    assert fast_path._at_hand  # kept for the path
+    fast_path.serve(None)
+    assert not fast_path._at_hand  # no answer outlives its service
