@@ -35,7 +35,8 @@ class FastPath:
         self._lifespan = Lifespan(app)
         self._single: SingleId | None = None
         self._segments: dict[str, str] = {}  # path -> its type segment
-        self._at_hand: dict[str, AtHand] = {}  # path -> its answer at hand (SingleId)
+        # path -> its answer at hand (SingleId), None where none ever is
+        self._at_hand: dict[str, AtHand | None] = {}
 
     def serve(self, single: SingleId | None) -> None:
         """Answer with ``single`` from now on (None: hand every request to the app,
@@ -58,9 +59,7 @@ class FastPath:
             await serve_asgi(self.app, scope, protocol, self._lifespan.state)
             return
         if path not in self._at_hand and len(self._at_hand) < MAX_REMEMBERED:
-            found = single.at_hand_of(segment)
-            if found is not None:
-                self._at_hand[path] = found
+            self._at_hand[path] = single.at_hand_of(segment)  # None: never at hand
         status, headers, body = await single.answer(segment, scope.headers)
         protocol.response_bytes(status, headers, body)
 

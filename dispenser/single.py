@@ -109,7 +109,7 @@ class SingleId:
         keeps it per path); None when no answer is ever at hand for it (a segment that
         names no served type, or a gate that checks every caller)."""
         source = self._sources.get(segment)
-        if source is None or not self._open:
+        if source is None or not self._open or not source.at_hand:
             return None
         ready, timed, metrics, path = source.ready, self._timed, self._metrics, _path(segment)
 

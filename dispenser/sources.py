@@ -73,6 +73,7 @@ class Source(Protocol):
     """A type's keys, as the routes take them."""
 
     name: str
+    at_hand: bool  # whether ``ready`` can ever answer (a pool without a stock: never)
 
     def ready(self) -> str | None:
         """One key at hand now (stocked, or minted), without waiting; else None."""
@@ -88,6 +89,8 @@ class Source(Protocol):
 class Unknown:
     """What a name that is no served type resolves to: refused where it is used (after
     the API-key check: a caller without a key is not told which names exist)."""
+
+    at_hand = False
 
     def __init__(self, name: str, configured: tuple[str, ...]) -> None:
         self.name = name
@@ -110,6 +113,8 @@ class Unknown:
 
 class Mint:
     """A snowflake type's source: IDs minted in this process from its machine-ID lease."""
+
+    at_hand = True
 
     def __init__(self, minter: Minter, metrics: DispenserMetrics) -> None:
         self.name = minter.name
@@ -200,6 +205,8 @@ class Pool:
         self._settings = config
         self._max_batch = config.max_batch
         self.ahead = min(id_type.config.stock, config.max_batch)
+        self.at_hand = self.ahead > 0
+        self._closed = False  # stopping: keys a pop brings now are counted lost
         self._half = self.ahead // 2
         self._stock: deque[str] | None = deque() if self.ahead else None
         # Keys ever put in the stock, and dropped from it: what left it otherwise was
@@ -305,7 +312,7 @@ class Pool:
                 # Only while the hot list held plenty at the last pop: near empty, each
                 # request pops for itself (a stock would hold keys other processes'
                 # requests then go without).
-                plenty = self._seen >= PLENTY * ahead
+                plenty = self._seen >= PLENTY * ahead and not self._closed
                 extra = min(short, self._max_batch - len(batch)) if plenty else 0
                 if not batch and (served or short * 2 < ahead or not extra):
                     return
@@ -356,7 +363,7 @@ class Pool:
             elif index < len(keys):
                 spare.append(keys[index])
         spare.extend(keys[len(batch) :])
-        if self._stock is not None:
+        if self._stock is not None and not self._closed:
             self._stock.extend(spare)
             self._stocked += len(spare)
         elif spare:
@@ -381,6 +388,9 @@ class Pool:
             stock.clear()
 
     async def close(self) -> None:
+        """Stop: the stock is dropped (counted lost), and so are the spare keys of a pop
+        still in flight when it lands."""
+        self._closed = True
         self.drop_stock()
         await asyncio.gather(*self._nudges, return_exceptions=True)
 

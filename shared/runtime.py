@@ -9,7 +9,9 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from shared.domain.errors import StoreUnavailable
@@ -112,3 +114,18 @@ async def connect_with_retry(
         outage.succeeded()
         return result
     return None
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Create ``path`` holding ``text``, mode 0600, atomically: readers see no file or the
+    whole secret, never a partial or group-readable one; the first writer wins (``keydispenser
+    secret --out``, and ``up``'s permutation key)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".secret-")  # 0600
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+        os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another `up` created it first
+            os.link(temporary, path)
+    finally:
+        os.unlink(temporary)

@@ -482,9 +482,16 @@ MUTANTS: Final = (
     Mutant(
         "stock_refilled_from_a_nearly_empty_list",
         "dispenser/sources.py",
-        "plenty = self._seen >= PLENTY * ahead",
+        "plenty = self._seen >= PLENTY * ahead and not self._closed",
         "plenty = True",
         ("tests/unit/test_pool.py", "tests/acceptance/test_servers.py"),
+    ),
+    Mutant(
+        "keys_a_pop_brings_after_the_stop_are_stocked_uncounted",
+        "dispenser/sources.py",
+        "        if self._stock is not None and not self._closed:",
+        "        if self._stock is not None:",
+        ("tests/unit/test_pool.py",),
     ),
     Mutant(
         "stock_dropped_uncounted",
@@ -792,8 +799,8 @@ MUTANTS: Final = (
     Mutant(
         "a_key_at_hand_skips_the_api_key_check",
         "dispenser/single.py",
-        "        if source is None or not self._open:\n            return None\n        ready,",
-        "        if source is None:\n            return None\n        ready,",
+        "if source is None or not self._open or not source.at_hand:",
+        "if source is None or not source.at_hand:",
         ("tests/unit/test_single.py",),
     ),
     Mutant(

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from shared import logs
 from shared.cli import stack
-from shared.cli.plugins import Command, Handler, Unavailable, discover
+from shared.cli.plugins import Command, Handler, Unavailable, declared, discover
 from shared.domain.apikeys import burst_advice, config_entry, new_api_key
 from shared.domain.config import Settings, describe, load_settings
 from shared.domain.config.loader import BUILTIN, config_file, default_config_path
@@ -56,9 +56,9 @@ def run_dispenser(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def run_migrate(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.cli.databases import run_migrate
     from shared.domain.idtypes import build_id_types
     from shared.domain.snowflake import build_snowflake_types
+    from shared.stores.postgres.databases import run_migrate
 
     version = asyncio.run(run_migrate(settings))
     pooled = sorted(build_id_types(settings, generating=False))
@@ -128,7 +128,7 @@ place (migrate refuses a changed one once keys exist)."""
 
 
 def run_secret(settings: Settings, args: argparse.Namespace) -> None:
-    from shared.cli.secrets import write_secret
+    from shared.runtime import write_secret
 
     key = secrets.token_urlsafe(48)
     if args.out:
@@ -182,7 +182,10 @@ def run_lease(settings: Settings, args: argparse.Namespace) -> None:
     sys.exit(main(settings, args))
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line. Plugins are loaded unless ``argv`` names one of the runtime's
+    own commands: a process (``dispenser``, ``keygen``, ...) runs no other package's
+    code, and starts without importing the tooling."""
     top = argparse.ArgumentParser(prog="keydispenser", description=__doc__.split("\n")[0])
     top.add_argument("--config", help="YAML configuration file (default: $KD_CONFIG or built-in)")
     top.add_argument(
@@ -213,7 +216,11 @@ def parser() -> argparse.ArgumentParser:
     )
     _add_retire(commands)
     _add_lease(commands)
-    _add_plugins(commands, discover())
+    words = sys.argv[1:] if argv is None else argv
+    plugin_names = {point.name for point in declared()}  # read, not loaded
+    chosen = next((w for w in words if w in commands.choices or w in plugin_names), None)
+    if chosen is None or chosen not in commands.choices:
+        _add_plugins(commands, discover())
     return top
 
 
@@ -395,7 +402,7 @@ OTHER_VARIABLES = frozenset(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    command_line = parser()
+    command_line = parser(argv)
     args, unknown = command_line.parse_known_args(argv)
     if isinstance(getattr(args, "plugin", None), Unavailable):  # whatever options followed
         args.plugin.run(None, args)

@@ -6,6 +6,10 @@ operator tooling declares ``up``, ``fill``, ``bench`` and ``drill`` so in pyproj
 The wheel and the image keep those declarations but leave the tooling (``shared.ops``)
 out: a command whose plugin cannot be loaded is still listed, and says why when run,
 instead of taking the command line down with it.
+
+A plugin takes from the command line only what this module offers: ``Command`` and,
+for a plugin that runs servers of its own (``up``), ``stack``: the file that says where
+they are, which every other command reads.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, NoReturn, Protocol
 
+from shared.cli import stack as stack  # offered: where a plugin's servers are (below)
 from shared.domain.config import Settings
 
 GROUP = "keydispenser.commands"
@@ -92,7 +97,8 @@ def declared() -> Iterable[Declared]:
 def discover(points: Iterable[Declared] | None = None) -> dict[str, Command | Unavailable]:
     """Each declared command by its name (the first declaration of a name wins)."""
     found: dict[str, Command | Unavailable] = {}
-    for point in declared() if points is None else points:
+    every = declared() if points is None else points
+    for point in sorted(every, key=lambda point: point.name):  # listed in this order
         if point.name not in found:
             found[point.name] = load(point)
     return found

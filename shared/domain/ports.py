@@ -2,7 +2,7 @@
 
 The stores (``shared.stores``) implement them over PostgreSQL and Redis; the in-memory
 adapters (``shared.stores.memory``) implement them for unit tests of the processes'
-logic (the dispenser's service and coalescer, keygen's loop). A port names only what
+logic (the dispenser's service and pools, keygen's loop). A port names only what
 its process calls, and imports only the domain.
 """
 

@@ -22,15 +22,14 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from pydantic import SecretStr
 
-from shared.cli import stack
-from shared.cli.databases import run_migrate
-from shared.cli.secrets import write_secret
+from shared.cli.plugins import stack
 from shared.domain.config import Settings
 from shared.domain.config.loader import BUILTIN
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, runtime_root
 from shared.ops.processes import cli_command, serving, spawn, stop_processes, types_not_serving
-from shared.runtime import pid_alive
+from shared.runtime import pid_alive, write_secret
+from shared.stores.postgres.databases import run_migrate
 from shared.stores.postgres.sql import SELECT_RANGE_STATS
 
 log = logging.getLogger(__name__)

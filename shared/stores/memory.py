@@ -1,5 +1,5 @@
 """In-memory adapters of the ports (``shared.domain.ports``), for unit tests of the
-processes' logic: the dispenser's service and coalescer, keygen's loop, keysync's
+processes' logic: the dispenser's service and pools, keygen's loop, keysync's
 refill. ``tests/integration/test_port_conformance.py`` runs the same cases against
 each of them and the real adapter it stands for (all but ``MemoryNudges``: its port
 only writes).

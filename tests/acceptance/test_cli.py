@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.ops.processes import cli_command, run_cli
+from shared.stores.postgres.databases import drop_database, scratch_database
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
 pytestmark = pytest.mark.acceptance

@@ -23,13 +23,13 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared.cli.databases import run_migrate, scratch_database
 from shared.domain.apikeys import digest, new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.ops.drill.postgres import PostgresPair
 from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
 from tests.conftest import NS

@@ -22,7 +22,6 @@ import pytest
 
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
@@ -32,6 +31,7 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore, translated
 from shared.stores.postgres.connect import connect_each_host
+from shared.stores.postgres.databases import run_migrate
 from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 pytestmark = pytest.mark.acceptance

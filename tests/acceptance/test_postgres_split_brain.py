@@ -25,7 +25,6 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
@@ -39,6 +38,7 @@ from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.groups import SyncRecords
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_key_groups import ClaimFailsOnce

@@ -30,7 +30,6 @@ import uvicorn
 
 from dispenser.app import create_app
 from dispenser.server import uvicorn_options
-from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings, load_settings
 from shared.leases.store import MachineLeases
@@ -39,6 +38,12 @@ from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
 from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.databases import (
+    drop_database,
+    dsn_with_database,
+    run_migrate,
+    scratch_database,
+)
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import EMPTY_CONFIG, NS, TEST_SECRET, small_types
 
@@ -184,7 +189,7 @@ async def dispenser_over_http(
     settings: Settings, server: str = "uvicorn", **app_options: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The dispenser served on a loopback port, and a client for it: uvicorn in this
-    process (``app_options`` go to ``create_app``: a lease source, a clock), or granian
+    process (``app_options`` go to ``create_app``: a clock), or granian
     as a real ``keydispenser dispenser`` process (granian serves only from worker
     processes of its own)."""
     if server == "granian":

@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import (
     Servers,

@@ -22,13 +22,13 @@ import httpx
 import pytest
 
 from keysync.ledger import LedgerDrain
-from shared.cli.databases import run_migrate
 from shared.domain.idtypes import build_id_types
 from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS, small_types
 from tests.integration import test_replica_fence

@@ -20,7 +20,6 @@ import pytest
 
 from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.cli.status import collect_status, format_status, resume_ledger
 from shared.domain import outcomes, redis_keys
 from shared.domain.config import Settings
@@ -36,6 +35,7 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote

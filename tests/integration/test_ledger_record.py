@@ -16,7 +16,6 @@ import pytest
 
 from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import LedgerHalted
 from shared.domain.idtypes import build_id_types
@@ -27,6 +26,7 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerEntry, LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_postgres_fence import clone, cold_at, drop, promote

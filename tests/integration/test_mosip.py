@@ -17,7 +17,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from keysync.ledger import LedgerDrain
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
@@ -26,6 +25,7 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 

@@ -13,7 +13,6 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.domain import redis_keys
 from shared.domain.checkdigit import verhoeff_valid
 from shared.domain.config import Settings
@@ -25,6 +24,7 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import NS, small_types
 from tests.integration.fixtures import Servers, make_settings
 

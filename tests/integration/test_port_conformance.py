@@ -23,7 +23,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from keysync.ledger import LedgerDrain
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.errors import IdempotencyMismatch, KeydispenserError
 from shared.domain.idtypes import IdType, build_id_types
@@ -44,6 +43,7 @@ from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.memory import MemoryCold, MemoryHot, MemoryLedger
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, make_settings
 

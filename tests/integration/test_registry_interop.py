@@ -15,7 +15,6 @@ import httpx
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.guarded import GuardedCold
@@ -23,6 +22,7 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 

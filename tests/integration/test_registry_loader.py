@@ -4,10 +4,10 @@ bench uses for itself left out, and the proportions the docs state."""
 
 from __future__ import annotations
 
-from shared.cli.databases import run_migrate
 from shared.ops.bench.registry import load_ledger, spread_key
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, make_settings
 

@@ -14,7 +14,6 @@ import redis.asyncio as aioredis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
-from shared.cli.databases import run_migrate
 from shared.cli.retire import retire
 from shared.domain import redis_keys
 from shared.domain.config import Settings
@@ -26,6 +25,7 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import run_migrate
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import NS
 from tests.integration.fixtures import Servers, make_settings

@@ -19,7 +19,6 @@ from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
-from shared.cli.databases import drop_database, dsn_with_database, run_migrate, scratch_database
 from shared.cli.status import collect_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
@@ -32,6 +31,12 @@ from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import (
+    drop_database,
+    dsn_with_database,
+    run_migrate,
+    scratch_database,
+)
 from tests.conftest import NS, small_types
 from tests.integration.fixtures import Servers, make_settings
 

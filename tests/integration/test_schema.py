@@ -5,12 +5,12 @@ import hashlib
 import asyncpg
 import pytest
 
-from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.sync_record import UNGUARDED
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, scratch_database
 from shared.stores.postgres.schema import check, latest_version, migrate, migration_files
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, make_settings

@@ -19,7 +19,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.cli.status import collect_status, format_status
 from shared.domain.config import Settings
 from shared.domain.errors import KeyspaceChanged, KeyspaceExhausted
@@ -27,6 +26,7 @@ from shared.domain.idtypes import build_id_types
 from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import UNGUARDED, SyncRecord
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.postgres.schema import migrate
 from tests.integration.fixtures import Servers, make_settings
 

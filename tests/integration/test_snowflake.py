@@ -15,7 +15,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.cli import main as cli
-from shared.cli.databases import run_migrate
 from shared.cli.status import collect_status, format_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
@@ -23,6 +22,7 @@ from shared.domain.errors import ConfigError
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
 from shared.ops.fill import fill
 from shared.stores.postgres import sql
+from shared.stores.postgres.databases import run_migrate
 from tests.conftest import NS, small_types
 from tests.integration.fixtures import (
     Servers,

@@ -5,6 +5,8 @@ command only, saying why."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,3 +218,17 @@ def test_a_plugin_is_refused_a_store_nobody_named(
         cli.main(["probe"])
     assert stop.value.code == 2 and "postgres" in capsys.readouterr().err
     assert calls == []
+
+
+def test_a_runtime_command_loads_no_plugin() -> None:
+    """``keydispenser dispenser`` (and every command of the runtime's own) runs no other
+    package's code: no plugin is loaded, the tooling is never imported."""
+    code = (
+        "import sys\n"
+        "from shared.cli import main\n"
+        "main.parser(['--config', 'up.yaml', 'dispenser'])\n"
+        "assert not [m for m in sys.modules if m.startswith('shared.ops')], 'tooling loaded'\n"
+        "main.parser(['up', '--port', '1'])\n"
+        "assert 'shared.ops.cli' in sys.modules, 'the chosen plugin was not loaded'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from shared.cli.databases import database_of, dsn_with_database
+from shared.stores.postgres.databases import database_of, dsn_with_database
 
 
 def test_dsn_with_database_keeps_credentials_and_options() -> None:

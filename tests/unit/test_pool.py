@@ -240,3 +240,20 @@ async def test_a_failed_refill_leaves_the_error_to_the_next_request() -> None:
     hot.fail = False
     key, _ = await pool.join("c")
     assert key is not None
+
+
+async def test_keys_a_pop_brings_after_the_stop_are_counted_lost() -> None:
+    """A refill still in flight when the process stops: its keys reach no stock (nobody
+    would hand them out) and are counted lost, as the stock itself is."""
+    hot, pool, lost = await stocked_pool(1_000)
+    await pool.join("c")  # stock: 8
+    for _ in range(4):  # down to half: a refill pop starts
+        pool.ready()
+    await asyncio.sleep(0)  # the refill's pop is in flight
+    assert pool._draining and hot.calls[-1] == (4, [ANONYMOUS])
+    await pool.close()  # the stop, while that pop is in flight
+    assert lost == [("t", 4)]  # the stock held
+    await asyncio.sleep(0.01)  # the pop lands
+    assert lost == [("t", 4), ("t", 4)] and pool.stocked() == 0
+    assert pool.handed_out() == 4
+    assert len(hot.calls) == 3  # and no pop after it

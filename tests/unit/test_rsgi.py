@@ -205,6 +205,7 @@ class StubSource:
 
     def __init__(self, outcome: str | Exception) -> None:
         self.name = "farmer"
+        self.at_hand = True
         self.outcome = outcome
 
     def ready(self) -> None:

@@ -39,7 +39,6 @@ import asyncpg
 import redis.asyncio as aioredis
 import yaml
 
-from shared.cli.databases import ensure_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
@@ -49,6 +48,7 @@ from shared.ops.bench.tokens import LocalIssuer
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, listening, scrubbed_env, serving, spawn, stop_process
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.databases import ensure_database
 from shared.stores.redis.endpoint import RedisEndpoint
 
 # The one ID type this bench dispenses (from a hot list it fills itself).

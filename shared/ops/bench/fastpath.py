@@ -3,7 +3,7 @@
 The single-ID route (``dispenser.fastpath`` over RSGI, as granian calls it) is called
 in this process by CALLERS concurrent callers against the Redis at ``redis_url``, with
 no HTTP server and no network in between: what is measured is the dispenser's own
-Python (routing, the coalescer, the fenced pop, the envelope, the metrics) and the
+Python (routing, the pool and its coalesced pops, the fenced pop, the envelope, the metrics) and the
 Redis client, on uvloop as the servers run it. HTTP figures on a small machine shared
 by the load generator, the server and Redis move by a third from run to run; this one
 moves by about a tenth, so it is the one to compare two builds with (alternating them).

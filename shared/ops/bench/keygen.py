@@ -19,12 +19,12 @@ import asyncpg
 from keygen.generation import Generator
 from keygen.headroom import HeadroomWatch
 from keygen.main import Keygen
-from shared.cli.databases import drop_database, scratch_database
 from shared.domain.config import Settings
 from shared.domain.idtypes import IdType, build_id_types
 from shared.ops.bench import Options
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, scratch_database
 from shared.stores.postgres.schema import migrate
 
 # Name in the results -> ID type definition.

@@ -27,7 +27,6 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from keysync.main import Keysync
-from shared.cli.databases import drop_database, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import IdTypeConfig, Settings
 from shared.domain.errors import KeydispenserError
@@ -39,6 +38,7 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, scratch_database
 from shared.stores.postgres.schema import migrate
 
 SYNC_TYPE = "kd_bench_sync"

@@ -40,7 +40,6 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from keysync.ledger import LedgerDrain
-from shared.cli.databases import drop_database, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
@@ -53,6 +52,7 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, scratch_database
 from shared.stores.postgres.schema import migrate
 
 LEDGER_TYPE = "kd_bench_ledger"

@@ -19,7 +19,6 @@ from typing import Any
 import redis.asyncio as aioredis
 import yaml
 
-from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.bench import BENCH_PERMUTATION_KEY
@@ -27,6 +26,7 @@ from shared.ops.bench.dispense import FILL_SCRIPT, BenchServer, LoadGenerator
 from shared.ops.embedded import EmbeddedRedis, free_port
 from shared.ops.processes import cli_command, scrubbed_env
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
 
 BASE = {"kind": "numeric", "length": 10, "hot": {"low": 0, "high": 1}}

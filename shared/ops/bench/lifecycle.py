@@ -34,7 +34,6 @@ import asyncpg
 import redis.asyncio as aioredis
 import yaml
 
-from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
@@ -45,6 +44,7 @@ from shared.ops.bench.scratch import clear, refuse_unless_scratch
 from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, run_cli, scrubbed_env, spawn, stop_process
 from shared.stores.postgres import sql
+from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 
 UIN_TYPE: Final = "kd_bench_uin"
 LENGTH: Final = 10

@@ -45,7 +45,6 @@ import redis.asyncio as aioredis
 import yaml
 from redis.exceptions import RedisError
 
-from shared.cli.databases import drop_database, run_migrate, scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import ClusterConfig, Settings
 from shared.domain.errors import KeydispenserError, StoreUnavailable
@@ -55,6 +54,7 @@ from shared.ops.embedded import free_port
 from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
 
 PIPE_TYPE = "kd_bench_pipe"

@@ -42,7 +42,6 @@ from typing import Any, ClassVar
 import redis
 from redis.crc import key_slot
 
-from shared.cli.databases import scratch_database
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.ops.drill import fault_kinds, lifecycle
@@ -61,6 +60,7 @@ from shared.ops.drill.runner import (
 from shared.ops.embedded import EmbeddedPostgres, EmbeddedServerError, free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
 from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
+from shared.stores.postgres.databases import scratch_database
 
 NAMESPACE = "kd"
 # The types taken beside the drill type with --slot-per type, each placed on a shard of

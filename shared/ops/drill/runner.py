@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import redis
 
-from shared.cli.databases import scratch_database
 from shared.domain.config import Settings
 from shared.ops.drill import fault_kinds, history, leases, lifecycle
 from shared.ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
@@ -35,6 +34,7 @@ from shared.ops.drill.rounds import Round, measure_disruptions
 from shared.ops.drill.topology import MASTER, Topology
 from shared.ops.embedded import free_port
 from shared.ops.processes import run_cli, scrubbed_env, serving
+from shared.stores.postgres.databases import scratch_database
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # normal load between faults

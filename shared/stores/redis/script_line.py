@@ -9,7 +9,7 @@ retry wrapper, and packing every argument, the key names included, on every call
 part of a command (the SHA, the key count and the key names) once per key list: only
 the arguments are packed per call. See docs/benchmarks.md for the figures.
 
-A line is for a caller that has one call in flight at a time (the dispenser's coalescer
+A line is for a caller that has one call in flight at a time (a dispenser pool's coalesced pop
 pops a type once at a time); a lock keeps it so for any other. What the pooled call
 guaranteed still holds:
 - one command at a time on the connection, and a command whose reply was
