@@ -201,22 +201,28 @@ class RouteLatency(Collector):
         self._labels = [floatToGoString(b) for b in buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
         # Per route: a count per bucket (the last is +Inf, not cumulative), then the sum.
         self._routes: dict[str, list[float]] = {}
+        self._observers: dict[str, Callable[[float], None]] = {}  # per route, made once
         registry.register(self)
 
     def observe(self, route: str, seconds: float) -> None:
-        self.of(route)(seconds)
+        observe = self._observers.get(route)
+        if observe is None:
+            observe = self.of(route)
+        observe(seconds)
 
     def of(self, route: str) -> Callable[[float], None]:
-        """``observe`` for one route, its counts looked up once (for the fast path)."""
-        counts = self._routes.get(route)
-        if counts is None:
-            counts = self._routes[route] = [0] * (len(self._bounds) + 2)
+        """``observe`` for one route, its counts looked up once (the fast path holds it)."""
+        found = self._observers.get(route)
+        if found is not None:
+            return found
+        counts = self._routes[route] = [0] * (len(self._bounds) + 2)
         bounds = self._bounds
 
         def observe(seconds: float) -> None:
             counts[bisect_left(bounds, seconds)] += 1  # le: a bound's own value is in
             counts[-1] += seconds
 
+        self._observers[route] = observe
         return observe
 
     def collect(self) -> Iterator[Metric]:

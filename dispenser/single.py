@@ -75,8 +75,9 @@ class SingleId:
     """The single-ID route's decision: the type a path segment names (resolved once, at
     start-up, to its source), the API-key gate, the key from the type's source.
 
-    ``at_hand`` answers without waiting when it can (a key of the stock or a snowflake
-    ID minted now, for a service open to anonymous callers), with no coroutine;
+    ``at_hand_of`` gives a path's answer without waiting when it can (a key of the stock
+    or a snowflake ID minted now, for a service open to anonymous callers), with no
+    coroutine;
     ``answer`` is the whole of it, awaited when a key must be waited for, an API key or
     token checked, or an Idempotency-Key looked up."""
 
@@ -98,16 +99,12 @@ class SingleId:
         self._timed = metrics.latency.of(ALLOCATE_ONE)
         self._unknown = unknown
 
-    def at_hand(self, segment: str, headers: HeaderLookup) -> Answer | None:
-        """The answer when a key is at hand for an anonymous caller (nothing to check,
-        nothing to wait for); else None, and ``answer`` gives it. Never raises."""
-        answer_now = self.at_hand_of(segment)
-        return None if answer_now is None else answer_now(headers)
-
     def at_hand_of(self, segment: str) -> AtHand | None:
-        """``at_hand`` for one path segment, its source looked up once (the fast path
-        keeps it per path); None when no answer is ever at hand for it (a segment that
-        names no served type, or a gate that checks every caller)."""
+        """The answer at hand for one path segment's requests, from their headers (None
+        when a key is not at hand for an anonymous caller: ``answer`` gives it); its source
+        looked up once, the fast path keeps it per path. None when no answer is ever at
+        hand for the segment (it names no served type, its type keeps no stock, or the
+        gate checks every caller)."""
         source = self._sources.get(segment)
         if source is None or not self._open or not source.at_hand:
             return None

@@ -797,6 +797,13 @@ MUTANTS: Final = (
         ("tests/integration/test_plans.py",),
     ),
     Mutant(
+        "a_runtime_command_loads_every_plugin",
+        "shared/cli/main.py",
+        "    if chosen is None or chosen not in commands.choices:",
+        "    if True:",
+        ("tests/unit/test_cli_plugins.py",),
+    ),
+    Mutant(
         "a_key_at_hand_skips_the_api_key_check",
         "dispenser/single.py",
         "if source is None or not self._open or not source.at_hand:",

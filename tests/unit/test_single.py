@@ -68,7 +68,8 @@ def answers(service: Dispenser) -> single.SingleId:
 async def ask(service: Dispenser, segment: str = "farmer", **headers: str) -> Any:
     """One request, the way the fast path asks: what is at hand, else the whole answer."""
     decision, lookup = answers(service), Headers(headers)
-    answer = decision.at_hand(segment, lookup) or await decision.answer(segment, lookup)
+    at_hand = decision.at_hand_of(segment)
+    answer = (at_hand and at_hand(lookup)) or await decision.answer(segment, lookup)
     status, answer_headers, body = answer
     return status, dict(answer_headers), json.loads(body)
 
