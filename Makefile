@@ -11,15 +11,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The Python client is its own distribution (clients/python): `bench client` runs it.
+# The Python client is its own distribution (clients/python): `bench client` runs it. So
+# is the operator tooling (ops/: up, fill, bench, drill), plugged into the command line.
 CLIENT := clients/python
+OPS := ops
 
-$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[ops]' -e $(CLIENT)
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml $(OPS)/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e . -e $(CLIENT) -e $(OPS)
 	touch $@
 
-$(TEST_STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[ops,test]' -e $(CLIENT)
+$(TEST_STAMP): pyproject.toml $(CLIENT)/pyproject.toml $(OPS)/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]' -e $(CLIENT) -e $(OPS)
 	touch $@ $(STAMP)
 
 # make up CONFIG=my-types.yaml ARGS="--port 8081": a configuration file, and options of
@@ -73,12 +75,14 @@ constraints: | $(BIN)/python
 	$(BIN)/python -c "import json; pins = sorted(f\"{i['metadata']['name'].lower()}=={i['metadata']['version']}\" for i in json.load(open('.constraints.json'))['install'] if i['metadata']['name'] != 'keydispenser'); head = [l for l in open('deploy/constraints.txt') if l.startswith('#')]; open('deploy/constraints.txt', 'w').write(''.join(head) + '\\n'.join(pins) + '\\n')"
 	rm -f .constraints.json
 
-# The server's and the client's wheel and sdist, checked as PyPI would (twine check).
+# The server's, the tooling's and the clients' wheels and sdists, checked as PyPI would
+# (twine check).
 dist: | $(BIN)/python
 	$(BIN)/pip install --quiet build twine
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m build --outdir dist $(CLIENT)
+	$(BIN)/python -m build --outdir dist $(OPS)
 	$(BIN)/python -m build --outdir dist clients/leases
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python deploy/check_wheel.py dist/keydispenser-*.whl

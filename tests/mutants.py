@@ -542,7 +542,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "the_drill_reads_no_lease_renewals",
-        "shared/ops/drill/runner.py",
+        "ops/keydispenser_ops/drill/runner.py",
         '    log_levels = {"shared.leases.holder": "DEBUG"}',
         '    log_levels = {"shared.leases.holder": "INFO"}',
         ("tests/acceptance/test_drill.py",),
@@ -594,7 +594,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "embedded_redis_shares_the_terminals_process_group",
-        "shared/ops/embedded.py",
+        "ops/keydispenser_ops/embedded.py",
         'spawn(command, output="discard", own_session=True)',
         'spawn(command, output="discard")',
         ("tests/integration/test_bounds.py",),
@@ -840,7 +840,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_drill_passes_with_a_fault_it_could_not_inject",
-        "shared/ops/drill/report.py",
+        "ops/keydispenser_ops/drill/report.py",
         "            (self.faults_not_injected == 0, f",
         "            (True, f",
         ("tests/unit/test_drill_report.py",),
@@ -1149,14 +1149,14 @@ MUTANTS: Final = (
     ),
     Mutant(
         "up_starts_an_embedded_redis_beside_a_named_cluster",
-        "shared/ops/up.py",
+        "ops/keydispenser_ops/up.py",
         '        if found_by:\n            return dsn, ""\n',
         "",
         ("tests/acceptance/test_up_on_a_cluster.py",),
     ),
     Mutant(
         "up_writes_a_pretty_printed_cluster_setting_as_it_came",
-        "shared/ops/up.py",
+        "ops/keydispenser_ops/up.py",
         'value = json.dumps(json.loads(value), separators=(",", ":"))',
         "pass",
         ("tests/acceptance/test_up_on_a_cluster.py",),
@@ -1276,14 +1276,14 @@ MUTANTS: Final = (
     ),
     Mutant(
         "purge_takes_any_directory_of_known_names_for_a_stack",
-        "shared/ops/up.py",
+        "ops/keydispenser_ops/up.py",
         "    if strangers or not any((data_dir / proof).exists() for proof in STACK_PROOF):",
         "    if strangers:",
         ("tests/unit/test_up.py",),
     ),
     Mutant(
         "purge_removes_the_postgres_data_a_copied_directory_names",
-        "shared/ops/up.py",
+        "ops/keydispenser_ops/up.py",
         "or recorded != str(pgdata):",
         ":",
         ("tests/unit/test_up.py",),

@@ -19,6 +19,7 @@ import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -28,7 +29,14 @@ from redis.exceptions import RedisError
 
 from shared import logs
 from shared.cli import stack
-from shared.cli.plugins import Command, Handler, Unavailable, declared, discover
+from shared.cli.plugins import (
+    MORE_COMMANDS,
+    Command,
+    Handler,
+    Unavailable,
+    declared,
+    discover,
+)
 from shared.domain.apikeys import burst_advice, config_entry, new_api_key
 from shared.domain.config import Settings, describe, load_settings
 from shared.domain.config.loader import BUILTIN, config_file, default_config_path
@@ -186,7 +194,9 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line. Plugins are loaded unless ``argv`` names one of the runtime's
     own commands: a process (``dispenser``, ``keygen``, ...) runs no other package's
     code, and starts without importing the tooling."""
-    top = argparse.ArgumentParser(prog="keydispenser", description=__doc__.split("\n")[0])
+    top = _CommandLine(
+        prog="keydispenser", description=__doc__.split("\n")[0], epilog=f"More: {MORE_COMMANDS}."
+    )
     top.add_argument("--config", help="YAML configuration file (default: $KD_CONFIG or built-in)")
     top.add_argument(
         "--data-dir",
@@ -194,7 +204,9 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="use the stack `keydispenser up --data-dir DIR` runs (default: ./.keydispenser)",
     )
     top.add_argument("--env-file", help="use the settings of this stack file (stack.env)")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = top.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=argparse.ArgumentParser
+    )
     subcommand(commands, "migrate", run_migrate, "create or update the schema (idempotent)")
     subcommand(commands, "keygen", run_keygen, "run a keygen process")
     subcommand(commands, "keysync", run_keysync, "run a keysync process")
@@ -222,6 +234,15 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if chosen is None or chosen not in commands.choices:
         _add_plugins(commands, discover())
     return top
+
+
+class _CommandLine(argparse.ArgumentParser):
+    """The top parser: a command this installation lacks says where more come from."""
+
+    def error(self, message: str) -> NoReturn:
+        if "invalid choice" in message:
+            message = f"{message}; {MORE_COMMANDS}"
+        super().error(message)
 
 
 def _add_plugins(

@@ -1,11 +1,11 @@
-"""Commands other packages add to ``keydispenser``, found as pytest and Flask find their
-plugins: each entry point of the group ``keydispenser.commands`` names a ``Command``,
-and its name is the command's. The runtime's command line names none of them; the
-operator tooling declares ``up``, ``fill``, ``bench`` and ``drill`` so in pyproject.toml.
+"""Commands other distributions add to ``keydispenser``, found as pytest and Flask find
+their plugins: each entry point of the group ``keydispenser.commands`` names a
+``Command``, and its name is the command's. The runtime's command line names none of
+them; the operator tooling (the ``keydispenser-ops`` distribution, ``ops/``) declares
+``up``, ``fill``, ``bench`` and ``drill`` so in its pyproject.toml.
 
-The wheel and the image keep those declarations but leave the tooling (``shared.ops``)
-out: a command whose plugin cannot be loaded is still listed, and says why when run,
-instead of taking the command line down with it.
+A command whose plugin cannot be loaded (a broken installation) is still listed, and says
+why when run, instead of taking the command line down with it.
 
 A plugin takes from the command line only what this module offers: ``Command`` and,
 for a plugin that runs servers of its own (``up``), ``stack``: the file that says where
@@ -66,11 +66,10 @@ class Unavailable:
         sys.exit(1)
 
 
-NOT_INSTALLED = Unavailable(
-    help="operator tooling, not installed here (run it from a checkout)",
-    reason="operator tooling, which this installation leaves out (the image and the wheel "
-    "carry the runtime only): run it from a checkout of the repository (`make up`, or pip "
-    "install -e '.[ops]')",
+# Said of a command this installation does not have: where more commands come from.
+MORE_COMMANDS = (
+    "the operator tooling's commands come with the keydispenser-ops distribution "
+    "(ops/ in a checkout: `make up` installs it, or pip install -e ops)"
 )
 
 
@@ -108,20 +107,11 @@ def load(point: Declared) -> Command | Unavailable:
     """The plugin an entry point names; what stands in for it when it cannot be loaded."""
     try:
         plugin = point.load()
-    except ModuleNotFoundError as exc:
-        if exc.name and _within(point.module, exc.name):
-            return NOT_INSTALLED  # its module is not here: the wheel leaves the tooling out
-        return _broken(point, exc)
     except Exception as exc:  # a broken plugin takes down its own command only
         return _broken(point, exc)
     if not isinstance(plugin, Command):
         return Unavailable("cannot be loaded here", f"{point.value} is not a Command")
     return plugin
-
-
-def _within(module: str, missing: str) -> bool:
-    """Whether the missing module is the plugin's own module or a package holding it."""
-    return module == missing or module.startswith(missing + ".")
 
 
 def _broken(point: Declared, exc: Exception) -> Unavailable:

@@ -7,8 +7,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keydispenser_ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 from shared.domain.config import Settings
-from shared.ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
 
 
 def process_env(settings: Settings, config_path: Path, **extra: str) -> dict[str, str]:

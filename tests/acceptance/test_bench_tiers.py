@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from keydispenser_ops.processes import run_cli
 from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import ApiKeyConfig, AuthConfig, Settings
-from shared.ops.processes import run_cli
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import NS
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from keydispenser_ops.processes import cli_command, run_cli
 from shared.domain.config import Settings
-from shared.ops.processes import cli_command, run_cli
 from shared.stores.postgres.databases import drop_database, scratch_database
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 
@@ -412,7 +412,7 @@ def test_up_announces_itself_only_when_every_type_serves(
     import sys
     import urllib.request
 
-    from shared.ops.embedded import free_port
+    from keydispenser_ops.embedded import free_port
 
     port = free_port()
     env = process_env(settings, write_config(settings, tmp_path / "c.yaml"))

@@ -18,10 +18,10 @@ import asyncpg
 import httpx
 from redis.crc import key_slot
 
+from keydispenser_ops.processes import run_cli
+from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.processes import run_cli
-from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.postgres import sql
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import small_types

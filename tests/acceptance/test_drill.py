@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.ops.drill import runner
-from shared.ops.processes import run_cli
+from keydispenser_ops.drill import runner
+from keydispenser_ops.processes import run_cli
 from tests.conftest import TEST_SECRET
 
 # The drills run alone, after the rest of the suite (`make test`): each measures pauses
@@ -151,7 +151,7 @@ def test_no_key_is_dispensed_twice_through_cluster_shard_faults(
     failed over, killed, failed over while its replica lags, and restarted empty, under
     load from real processes. With types spread, the two types on the other shards are
     answered with a key every time, throughout."""
-    from shared.ops.drill import cluster
+    from keydispenser_ops.drill import cluster
 
     report_path = tmp_path / "cluster.json"
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "KD_PERMUTATION_KEY": TEST_SECRET}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from keydispenser_ops.processes import run_cli
 from shared.domain.config import Settings
-from shared.ops.processes import run_cli
 from shared.stores.hot.hot_store import HotStore
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import small_types

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from keydispenser_ops.embedded import free_port
+from keydispenser_ops.processes import serving, types_not_serving
 from shared.domain.config import default_config_path, load_settings
 from shared.domain.errors import ConfigError
-from shared.ops.embedded import free_port
-from shared.ops.processes import serving, types_not_serving
 
 pytestmark = pytest.mark.acceptance
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,7 +365,7 @@ def test_purge_removes_a_stopped_stacks_data_wherever_postgres_kept_it(tmp_path:
     """A stack killed with its PostgreSQL still running (PGDATA kept outside the data
     directory, as for root): purge stops it and removes both; a directory holding
     anything else is refused."""
-    from shared.ops.embedded import EmbeddedPostgres
+    from keydispenser_ops.embedded import EmbeddedPostgres
 
     home = tmp_path / "home"
     home.mkdir()

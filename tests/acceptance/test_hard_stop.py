@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, children_of, free_port
+from keydispenser_ops.embedded import EmbeddedPostgres, EmbeddedRedis, children_of, free_port
 from tests.acceptance.test_first_hour import plain_env, running_up
 
 pytestmark = pytest.mark.acceptance
@@ -47,7 +47,7 @@ def reapers_of(owner: int) -> list[int]:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"shared.ops.reaper" in argv and str(owner).encode() in argv:
+        if b"keydispenser_ops.reaper" in argv and str(owner).encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
 
@@ -108,7 +108,7 @@ def test_up_killed_leaves_nothing_and_the_next_up_cleans_what_a_harder_stop_left
 OWNER = """
 import sys, time
 from pathlib import Path
-from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis
+from keydispenser_ops.embedded import EmbeddedPostgres, EmbeddedRedis
 postgres, redis = EmbeddedPostgres(Path(sys.argv[1]) / "pg"), EmbeddedRedis(Path(sys.argv[1]) / "r")
 postgres.start()
 redis.start()

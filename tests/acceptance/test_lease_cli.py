@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.processes import cli_command, run_cli, scrubbed_env
 from shared.domain import redis_keys
 from shared.leases.store import MachineLeases
-from shared.ops.processes import cli_command, run_cli, scrubbed_env
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS
 from tests.integration.fixtures import Servers

@@ -23,11 +23,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.drill.postgres import PostgresPair
+from keydispenser_ops.embedded import free_port
 from shared.domain.apikeys import digest, new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.drill.postgres import PostgresPair
-from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint

@@ -22,12 +22,12 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.drill.proxy import standalone
 from keygen.generation import Generator
 from keygen.main import Keygen
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.drill.proxy import standalone
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env

@@ -19,9 +19,9 @@ import aiohttp
 import asyncpg
 import pytest
 
+from keydispenser_ops.processes import kill_process, run_cli
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.processes import kill_process, run_cli
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
@@ -239,6 +239,6 @@ async def test_concurrent_pipeline_never_dispenses_a_key_twice(
 
 
 def _port() -> int:
-    from shared.ops.embedded import free_port
+    from keydispenser_ops.embedded import free_port
 
     return free_port()

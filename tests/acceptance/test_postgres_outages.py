@@ -20,13 +20,13 @@ from typing import TypeVar
 import asyncpg
 import pytest
 
+from keydispenser_ops.embedded import EmbeddedPostgres
 from keygen.generation import Generator
 from keygen.main import Keygen, listen_for_wakes
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import LeasedRange
-from shared.ops.embedded import EmbeddedPostgres
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore, translated

@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.drill.postgres import PostgresPair
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
@@ -30,7 +31,6 @@ from shared.domain.config import Settings
 from shared.domain.errors import FenceHalted, PostgresSuperseded, RangeFenced, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.tiers import Stamp
-from shared.ops.drill.postgres import PostgresPair
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.postgres_fence import settle

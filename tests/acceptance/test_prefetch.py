@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.ops.embedded import free_port
-from shared.ops.processes import cli_command, spawn, stop_process
+from keydispenser_ops.embedded import free_port
+from keydispenser_ops.processes import cli_command, spawn, stop_process
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS

@@ -1,4 +1,4 @@
-"""Children started by shared.ops.processes.spawn: where their output goes."""
+"""Children started by keydispenser_ops.processes.spawn: where their output goes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.ops.processes import spawn
+from keydispenser_ops.processes import spawn
 
 pytestmark = pytest.mark.acceptance
 

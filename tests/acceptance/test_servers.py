@@ -14,8 +14,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared.ops.embedded import free_port
-from shared.ops.processes import cli_command, spawn, stop_process
+from keydispenser_ops.embedded import free_port
+from keydispenser_ops.processes import cli_command, spawn, stop_process
 from shared.stores.hot.hot_store import HotStore
 from tests.conftest import small_types
 from tests.integration.fixtures import (

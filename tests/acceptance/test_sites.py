@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from shared.ops.embedded import EmbeddedRedis, free_port
-from shared.ops.processes import run_cli
+from keydispenser_ops.embedded import EmbeddedRedis, free_port
+from keydispenser_ops.processes import run_cli
 from shared.stores.postgres.databases import drop_database, scratch_database
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
 from tests.integration.fixtures import Servers, make_settings

@@ -11,9 +11,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import free_port
+from keydispenser_ops.processes import scrubbed_env
 from shared.leases.store import MachineLeases
-from shared.ops.embedded import free_port
-from shared.ops.processes import scrubbed_env
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.acceptance.harness import ChildProcesses, wait_for_http
 from tests.conftest import NS

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.ops.embedded import free_port
-from shared.ops.redis_cluster import EmbeddedRedisCluster
+from keydispenser_ops.embedded import free_port
+from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from tests.acceptance.test_first_hour import BIN, plain_env, read_stack_env, running_up
 from tests.integration.fixtures import Servers, make_settings
 

@@ -30,12 +30,12 @@ import uvicorn
 
 from dispenser.app import create_app
 from dispenser.server import uvicorn_options
+from keydispenser_ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from keydispenser_ops.processes import cli_command, scrubbed_env, spawn, stop_process
+from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from shared.domain import redis_keys
 from shared.domain.config import Settings, load_settings
 from shared.leases.store import MachineLeases
-from shared.ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
-from shared.ops.processes import cli_command, scrubbed_env, spawn, stop_process
-from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.databases import (

@@ -19,13 +19,13 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.processes import run_cli
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
 from shared.domain.config import Settings
 from shared.domain.errors import NamespaceBound, StoreUnavailable
 from shared.domain.idtypes import build_id_types
-from shared.ops.processes import run_cli
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.binding import bind
 from shared.stores.fence.guarded import GuardedCold

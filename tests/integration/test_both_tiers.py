@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import EmbeddedRedis
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
-from shared.ops.embedded import EmbeddedRedis
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import EmbeddedRedis
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.domain.tiers import MAX_KEYS_PER_POP
-from shared.ops.embedded import EmbeddedRedis
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import EMPTY_CONFIG, NS, TEST_SECRET, small_types
@@ -151,7 +151,7 @@ async def test_up_waits_for_every_type_through_readyz(
     servers: Servers, database: str, redis_client: aioredis.Redis, hot: HotStore
 ) -> None:
     """What `keydispenser up` waits on before it announces itself."""
-    from shared.ops.processes import types_not_serving
+    from keydispenser_ops.processes import types_not_serving
 
     settings = make_settings(servers, database)
     async with dispenser_over_http(settings) as client:

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
+from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.redis_cluster import EmbeddedRedisCluster
 from shared.stores.groups import Groups, HotRouter
 from shared.stores.hot.hot_store import HotStore
 from tests.conftest import small_types

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import free_port
 from shared.domain import redis_keys
 from shared.domain.config import Settings
-from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from tests.conftest import NS
 from tests.integration.fixtures import both_servers, dispenser_in_process, dispenser_over_http

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from keydispenser_ops.embedded import free_port
 from shared.domain.config import Settings
-from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from tests.conftest import small_types
 from tests.integration.fixtures import (

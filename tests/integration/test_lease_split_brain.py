@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import EmbeddedRedis
 from shared.domain import redis_keys
 from shared.domain.errors import NoMachineIdFree
 from shared.domain.leases import LeaseWait
 from shared.leases.holder import lease_machine_id
-from shared.ops.embedded import EmbeddedRedis
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS
 from tests.integration.fixtures import end_lease_settling

@@ -21,9 +21,9 @@ import asyncpg
 import httpx
 import pytest
 
+from keydispenser_ops.embedded import free_port
 from keysync.ledger import LedgerDrain
 from shared.domain.idtypes import build_id_types
-from shared.ops.embedded import free_port
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql

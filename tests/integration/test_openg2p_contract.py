@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from keydispenser_ops.embedded import EmbeddedRedis
 from shared.domain.config import Settings
-from shared.ops.embedded import EmbeddedRedis
 from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 
 FILTER_RULES = {

@@ -18,11 +18,11 @@ from typing import TypeVar
 import pytest
 from redis.crc import key_slot
 
+from keydispenser_ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.leases.store import MachineLeases
-from shared.ops.redis_cluster import ClusterNode, EmbeddedRedisCluster
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
@@ -203,8 +203,8 @@ async def test_a_killed_shard_primary_is_replaced_and_serving_resumes_without_a_
 
 async def test_the_endpoint_names_every_node_it_could_not_use(tmp_path: Path) -> None:
     """No node answers: the error lists what each given node said."""
+    from keydispenser_ops.embedded import free_port
     from shared.domain.config import ClusterConfig
-    from shared.ops.embedded import free_port
 
     nodes = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
     endpoint = RedisEndpoint(cluster=ClusterConfig(nodes=nodes), key_namespace=TAG)

@@ -1,10 +1,10 @@
-"""The growth benches' registry (``shared.ops.bench.registry``): N ledger rows as a
+"""The growth benches' registry (``keydispenser_ops.bench.registry``): N ledger rows as a
 registry's years leave them, loaded with the primary key back in place, the keys a
 bench uses for itself left out, and the proportions the docs state."""
 
 from __future__ import annotations
 
-from shared.ops.bench.registry import load_ledger, spread_key
+from keydispenser_ops.bench.registry import load_ledger, spread_key
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate

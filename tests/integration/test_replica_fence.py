@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.embedded import EmbeddedRedis
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
 from shared.leases.store import MachineLeases
-from shared.ops.embedded import EmbeddedRedis
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS

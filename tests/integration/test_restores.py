@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.ops.embedded import EmbeddedRedis
+from keydispenser_ops.embedded import EmbeddedRedis
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis.endpoint import RedisEndpoint
 from tests.conftest import NS

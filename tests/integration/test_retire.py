@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.processes import run_cli
 from keygen.generation import Generator
 from keygen.main import Keygen
 from keysync.main import Keysync
@@ -19,7 +20,6 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
-from shared.ops.processes import run_cli
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from keydispenser_ops.drill.topology import MASTER, Topology
 from shared.domain import redis_keys
 from shared.domain.config import SentinelConfig
 from shared.domain.errors import StoreUnavailable
-from shared.ops.drill.topology import MASTER, Topology
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.redis import endpoint as redis_endpoint
 from shared.stores.redis.endpoint import RedisEndpoint

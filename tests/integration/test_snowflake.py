@@ -14,13 +14,13 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from keydispenser_ops.fill import fill
 from shared.cli import main as cli
 from shared.cli.status import collect_status, format_status
 from shared.domain import redis_keys
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
 from shared.domain.snowflake import SnowflakeType, build_snowflake_types, wall_clock_ms
-from shared.ops.fill import fill
 from shared.stores.postgres import sql
 from shared.stores.postgres.databases import run_migrate
 from tests.conftest import NS, small_types

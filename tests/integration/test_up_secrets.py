@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from keydispenser_ops.up import permutation_key, prepare_data_dir
 from shared.domain.config import Settings
-from shared.ops.up import permutation_key, prepare_data_dir
 from tests.conftest import EMPTY_CONFIG
 
 

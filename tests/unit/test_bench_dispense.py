@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from shared.ops.bench import dispense
-from shared.ops.bench.dispense import LoadGenerator, parse_wrk
+from keydispenser_ops.bench import dispense
+from keydispenser_ops.bench.dispense import LoadGenerator, parse_wrk
 
 WRK = """Running 3s test @ http://127.0.0.1:18080/v1/idgenerator/kd_bench/id
   1 threads and 32 connections

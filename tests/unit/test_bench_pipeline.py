@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.ops.bench.pipeline import BATCH, Schedule
+from keydispenser_ops.bench.pipeline import BATCH, Schedule
 
 
 def test_requests_are_due_at_fixed_intervals_from_the_start() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.ops.bench.snowflake import TARGETS, report
+from keydispenser_ops.bench.snowflake import TARGETS, report
 
 
 def run(bare: int, single: int, batch: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from shared.cli import main as cli
 parser = cli.parser()
 parser.parse_args(["bench", "keygen"])
 parser.parse_args(["drill", "--rounds", "1"])
-tooling = ("shared.ops.bench", "shared.ops.drill")
+tooling = ("keydispenser_ops.bench", "keydispenser_ops.drill")
 print(",".join(sorted(m for m in sys.modules if m.startswith(tooling))))
 """
 
@@ -39,10 +39,10 @@ def test_every_bench_the_cli_offers_is_a_module_with_a_run() -> None:
     import importlib
     import inspect
 
-    from shared.ops.catalog import BENCHES
+    from keydispenser_ops.catalog import BENCHES
 
     for name in BENCHES:
-        module = importlib.import_module(f"shared.ops.bench.{name}")
+        module = importlib.import_module(f"keydispenser_ops.bench.{name}")
         assert list(inspect.signature(module.run).parameters) == ["settings", "seconds", "options"]
 
 
@@ -59,7 +59,7 @@ def docstrings(tree: ast.Module) -> set[int]:
 
 
 def test_the_runtime_cli_names_no_tooling_module_nor_command() -> None:
-    """No import of shared.ops, no module loaded by a name in a string, and no string that
+    """No import of keydispenser_ops, no module loaded by a name in a string, and no string that
     is a tooling command's name (a table keyed by one, an `if command == ...`)."""
     commands = {point.name for point in entry_points(group=GROUP)}
     assert {"up", "fill", "bench", "drill"} <= commands  # the check below has names to miss
@@ -68,9 +68,9 @@ def test_the_runtime_cli_names_no_tooling_module_nor_command() -> None:
         skip = docstrings(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("shared.ops") for a in node.names), path
+                assert not any(a.name.startswith("keydispenser_ops") for a in node.names), path
             elif isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith("shared.ops"), path
+                assert not (node.module or "").startswith("keydispenser_ops"), path
                 assert not {a.name for a in node.names} & LOADERS, path
             elif isinstance(node, ast.Attribute | ast.Name):
                 name = node.attr if isinstance(node, ast.Attribute) else node.id
@@ -78,5 +78,5 @@ def test_the_runtime_cli_names_no_tooling_module_nor_command() -> None:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if id(node) in skip:
                     continue
-                assert "shared.ops" not in node.value, f"{path}:{node.lineno}"
+                assert "keydispenser_ops" not in node.value, f"{path}:{node.lineno}"
                 assert node.value not in commands, f"{path}:{node.lineno} {node.value!r}"

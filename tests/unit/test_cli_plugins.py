@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from keydispenser_ops import cli as tooling
 from shared import logs
 from shared.cli import main as cli
 from shared.cli import plugins, stack
-from shared.cli.plugins import GROUP, NOT_INSTALLED, Command, Unavailable, discover, load
+from shared.cli.plugins import GROUP, MORE_COMMANDS, Command, Unavailable, discover, load
 from shared.domain.config import Settings
-from shared.ops import cli as tooling
 
 ROOT = Path(__file__).resolve().parents[2]
 # The least each tooling command parses.
@@ -34,7 +34,8 @@ ARGV = {
 
 
 def declared_in_pyproject() -> dict[str, str]:
-    with (ROOT / "pyproject.toml").open("rb") as file:
+    """The tooling distribution's entry points (ops/pyproject.toml)."""
+    with (ROOT / "ops" / "pyproject.toml").open("rb") as file:
         table: dict[str, str] = tomllib.load(file)["project"]["entry-points"][GROUP]
     return table
 
@@ -78,7 +79,7 @@ def recorder(calls: list[argparse.Namespace]) -> Callable[[Settings, argparse.Na
 def test_every_command_of_the_tooling_is_declared_as_an_entry_point() -> None:
     commands = sorted(name for name, value in vars(tooling).items() if isinstance(value, Command))
     declared = declared_in_pyproject()
-    assert sorted(declared.values()) == [f"shared.ops.cli:{name}" for name in commands]
+    assert sorted(declared.values()) == [f"keydispenser_ops.cli:{name}" for name in commands]
     assert set(declared) == set(ARGV)
 
 
@@ -107,20 +108,14 @@ def test_global_options_still_come_before_a_plugins_command() -> None:
     assert (args.data_dir, args.port) == ("d", 1)
 
 
-def test_a_plugin_whose_module_is_missing_is_tooling_not_installed() -> None:
-    for missing in ("shared.ops", "shared.ops.cli"):
+def test_a_plugin_whose_module_or_dependency_is_missing_is_reported_as_broken() -> None:
+    """A declared plugin that cannot be imported is a broken installation, named as
+    such: its own module missing, or a dependency it lacks."""
+    for missing in ("keydispenser_ops", "keydispenser_ops.cli", "yaml2"):
         error = ModuleNotFoundError(f"No module named '{missing}'", name=missing)
-        assert load(FakePoint("up", "shared.ops.cli:UP", error=error)) is NOT_INSTALLED
-
-
-def test_a_plugin_missing_something_else_is_reported_as_broken() -> None:
-    """Only its own module's absence is the wheel leaving it out; a dependency it lacks
-    (or a package named like its own) is a fault of the plugin, named as such."""
-    for missing in ("yaml2", "shared.op"):
-        error = ModuleNotFoundError(f"No module named '{missing}'", name=missing)
-        found = load(FakePoint("up", "shared.ops.cli:UP", error=error))
-        assert isinstance(found, Unavailable) and found is not NOT_INSTALLED
-        assert "shared.ops.cli:UP" in found.reason and missing in found.reason
+        found = load(FakePoint("up", "keydispenser_ops.cli:UP", error=error))
+        assert isinstance(found, Unavailable)
+        assert "keydispenser_ops.cli:UP" in found.reason and missing in found.reason
 
 
 def test_a_plugin_that_fails_to_load_or_is_no_command_is_unavailable() -> None:
@@ -136,19 +131,16 @@ def test_a_command_is_loaded_as_it_is_and_the_first_declaration_wins() -> None:
     assert found == {"x": first}
 
 
-def test_a_command_not_installed_is_listed_and_says_where_it_lives(
+def test_a_command_this_installation_lacks_says_where_more_come_from(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    missing = ModuleNotFoundError("No module named 'shared.ops'", name="shared.ops")
-    offer(monkeypatch, FakePoint("up", "shared.ops.cli:UP", error=missing))
-    assert NOT_INSTALLED.help in listing_of(cli.parser())
-    # A configuration file that is not there: answered before any setting is read.
+    offer(monkeypatch)  # the runtime installed alone: no plugin declared
+    assert MORE_COMMANDS in listing_of(cli.parser())
     with pytest.raises(SystemExit) as stop:
         cli.main(["--config", "nowhere.yaml", "up", "--port", "1"])
-    assert stop.value.code == 1
+    assert stop.value.code == 2
     said = capsys.readouterr().err
-    assert said.startswith("keydispenser up: operator tooling, which this installation leaves")
-    assert "checkout" in said and "pip install -e '.[ops]'" in said
+    assert "invalid choice: 'up'" in said and MORE_COMMANDS in said
 
 
 def test_a_broken_plugin_leaves_the_other_commands_alone(
@@ -227,8 +219,8 @@ def test_a_runtime_command_loads_no_plugin() -> None:
         "import sys\n"
         "from shared.cli import main\n"
         "main.parser(['--config', 'up.yaml', 'dispenser'])\n"
-        "assert not [m for m in sys.modules if m.startswith('shared.ops')], 'tooling loaded'\n"
+        "assert not [m for m in sys.modules if m.startswith('keydispenser_ops')], 'loaded'\n"
         "main.parser(['up', '--port', '1'])\n"
-        "assert 'shared.ops.cli' in sys.modules, 'the chosen plugin was not loaded'\n"
+        "assert 'keydispenser_ops.cli' in sys.modules, 'the chosen plugin was not loaded'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

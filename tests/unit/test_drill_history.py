@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.ops.drill import history
-from shared.ops.drill.history import check_ledger, fail_closed_seconds, loss_spans
+from keydispenser_ops.drill import history
+from keydispenser_ops.drill.history import check_ledger, fail_closed_seconds, loss_spans
 
 
 def test_a_record_is_charged_to_a_fault_by_its_time_never_by_a_window() -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.ops.drill.leases import (
+from keydispenser_ops.drill.leases import (
     SNOWFLAKE_TYPE,
     SNOWFLAKE_TYPE_CONFIG,
     Interval,
@@ -15,7 +15,7 @@ from shared.ops.drill.leases import (
     overlaps,
     read_intervals,
 )
-from shared.ops.drill.load import SnowflakeLoad
+from keydispenser_ops.drill.load import SnowflakeLoad
 
 
 def line(event: str, owner: str, machine_id: int = 1, **times: float) -> str:

@@ -3,8 +3,8 @@ history and names what a broken one did."""
 
 from __future__ import annotations
 
-from shared.ops.drill.history import LossSpan
-from shared.ops.drill.lifecycle import (
+from keydispenser_ops.drill.history import LossSpan
+from keydispenser_ops.drill.lifecycle import (
     Change,
     Issue,
     LifecycleLoad,

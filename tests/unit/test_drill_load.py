@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.ops.drill.load import RecordingLoad
+from keydispenser_ops.drill.load import RecordingLoad
 
 
 def load_with(events: list[tuple[float, bool]]) -> RecordingLoad:

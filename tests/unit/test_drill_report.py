@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from shared.ops.drill.leases import LeaseReport
-from shared.ops.drill.runner import DrillReport, format_table
+from keydispenser_ops.drill.leases import LeaseReport
+from keydispenser_ops.drill.runner import DrillReport, format_table
 
 LEASES = LeaseReport(
     lease_intervals=4,
@@ -100,7 +100,7 @@ def test_each_broken_check_is_named() -> None:
 
 
 def test_the_cluster_drill_makes_the_same_checks() -> None:
-    from shared.ops.drill.cluster import ClusterDrillReport
+    from keydispenser_ops.drill.cluster import ClusterDrillReport
 
     report = ClusterDrillReport(
         faults=[],

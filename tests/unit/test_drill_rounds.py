@@ -3,7 +3,7 @@ and none of the private clock readings."""
 
 from __future__ import annotations
 
-from shared.ops.drill.rounds import Round
+from keydispenser_ops.drill.rounds import Round
 
 
 def test_a_rounds_row_shows_its_figures_inline_and_its_wall_time() -> None:

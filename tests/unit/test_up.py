@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from keydispenser_ops.up import dispenser_port, first_keys_note, greeting
 from shared.domain.config import Settings, load_settings
-from shared.ops.up import dispenser_port, first_keys_note, greeting
 from tests.conftest import EMPTY_CONFIG
 
 BASE = "http://127.0.0.1:8080"
@@ -56,7 +56,7 @@ def test_up_serves_on_the_port_given_else_the_configurations(
 
 
 def test_progress_says_keys_made_and_the_rate_since_the_line_before() -> None:
-    from shared.ops.up import progress_line
+    from keydispenser_ops.up import progress_line
 
     assert progress_line("mosip_vid", 6_600, None, 10.0) == "  mosip_vid: 6,600 keys made"
     line = progress_line("mosip_vid", 16_600, (10.0, 6_600), 15.0)
@@ -66,8 +66,8 @@ def test_progress_says_keys_made_and_the_rate_since_the_line_before() -> None:
 def test_purge_removes_only_a_stacks_own_entries_and_refuses_what_is_not_one(
     tmp_path: Path,
 ) -> None:
+    from keydispenser_ops.up import purge
     from shared.domain.errors import ConfigError
-    from shared.ops.up import purge
 
     bare = tmp_path / "bare"
     (bare / "redis").mkdir(parents=True)  # only names up uses: no proof of a stack
@@ -92,8 +92,8 @@ def test_purge_removes_postgres_data_outside_only_where_this_directory_maps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A copied data directory names its original's PGDATA: never removed."""
+    from keydispenser_ops.up import _pgdata_outside
     from shared.domain.errors import ConfigError
-    from shared.ops.up import _pgdata_outside
 
     runtime = tmp_path / "runtime"
     monkeypatch.setenv("KD_EMBEDDED_RUNTIME", str(runtime))

@@ -1,0 +1,113 @@
+"""A PostgreSQL primary and an asynchronous streaming replica on loopback, for drills.
+
+The processes reach them through one multi-host DSN with
+``target_session_attrs=read-write``, as operators run behind Patroni without a proxy:
+whichever server is primary answers. After a failover the dead primary's port is
+reused for a fresh replica of the new one, so the DSN never changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from keydispenser_ops.embedded import EmbeddedPostgres, free_port
+
+CATCH_UP_S = 30.0
+
+
+@dataclass
+class PostgresPair:
+    base: Path
+    primary: EmbeddedPostgres | None = None
+    replica: EmbeddedPostgres | None = None
+    failovers: int = 0
+
+    def start(self) -> None:
+        self.primary = EmbeddedPostgres(self.base / "postgres-a", free_port())
+        self.primary.start()
+        self.replica = EmbeddedPostgres(self.base / "postgres-b", free_port())
+        self.replica.start_replica_of(self.primary)
+
+    def dsn(self, database: str) -> str:
+        """Every server of the pair; connections go to whichever is the primary."""
+        assert self.primary is not None and self.replica is not None
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sorted(self.pair(), key=_port))
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def pair(self) -> tuple[EmbeddedPostgres, EmbeddedPostgres]:
+        assert self.primary is not None and self.replica is not None
+        return self.primary, self.replica
+
+    async def pause_replication(self) -> None:
+        """The replica stops receiving WAL: commits from now on exist on the primary only."""
+        replica = await asyncpg.connect(self.pair()[1].dsn())
+        try:
+            await replica.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            await replica.execute("SELECT pg_reload_conf()")
+            await _until(replica, "SELECT count(*) = 0 FROM pg_stat_wal_receiver", 10)
+        finally:
+            await replica.close()
+
+    async def promote_replica(self) -> None:
+        """Promote the replica and leave the old primary up and writable: two primaries
+        (a split brain), as when a failover manager promotes a replica it cannot reach
+        the old primary to stop. ``primary`` names the promoted one from then on;
+        ``heal`` rebuilds the old one as its replica."""
+        old, new = self.pair()
+        promoted = await asyncpg.connect(new.dsn())
+        try:
+            await promoted.execute("SELECT pg_promote(true, 60)")
+        finally:
+            await promoted.close()
+        self.primary, self.replica = new, old
+        self.failovers += 1
+
+    async def heal(self) -> None:
+        """After ``promote_replica``: the old primary, still running, is stopped and
+        rebuilt as a replica of the promoted one (its divergent writes are gone)."""
+        old = self.pair()[1]
+        await asyncio.to_thread(old.kill)
+        await asyncio.to_thread(old.start_replica_of, self.pair()[0])
+
+    async def fail_over(self) -> None:
+        """SIGKILL the primary, promote the replica, rebuild the dead one as its replica."""
+        old, new = self.pair()
+        await asyncio.to_thread(old.kill)
+        promoted = await asyncpg.connect(new.dsn())
+        try:
+            await promoted.execute("SELECT pg_promote(true, 60)")
+        finally:
+            await promoted.close()
+        self.primary, self.replica = new, old
+        self.failovers += 1
+        await asyncio.to_thread(old.start_replica_of, new)
+
+    async def wait_for_replica(self) -> None:
+        """The replica streams again (before the next fault)."""
+        primary = await asyncpg.connect(self.pair()[0].dsn())
+        try:
+            query = "SELECT count(*) > 0 FROM pg_stat_replication WHERE state = 'streaming'"
+            await _until(primary, query, CATCH_UP_S)
+        finally:
+            await primary.close()
+
+    def stop(self) -> None:
+        for server in (self.primary, self.replica):
+            if server is not None:
+                server.stop("immediate")
+
+
+def _port(server: EmbeddedPostgres) -> int:
+    return server.port
+
+
+async def _until(conn: asyncpg.Connection, query: str, timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await conn.fetchval(query):
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"postgres: not true after {timeout_s}s: {query}")
+        await asyncio.sleep(0.05)
