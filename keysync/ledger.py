@@ -31,6 +31,7 @@ import asyncpg
 from shared.domain.errors import LedgerHalted, PostgresBehind
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import Stamp
+from shared.runtime import FaultPoint, no_fault
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.postgres_fence import settle
@@ -82,6 +83,7 @@ class LedgerDrain:
         guard: GuardedCold | None = None,
         retain_s: float = 300.0,
         sync: SyncRecord | None = None,
+        fault: FaultPoint = no_fault,
     ) -> None:
         self._stream = stream
         self._cold = cold
@@ -92,6 +94,7 @@ class LedgerDrain:
         self._guard = guard if guard is not None and guard.guarded else None
         self._retain_ms = int(retain_s * 1000)
         self._sync = sync
+        self._fault = fault  # test-only fault points (KD_FAULT_POINT)
         # The type whose key group's record the transactions are judged against (one
         # group per drain: its types share it).
         self._lane_type = next(iter(sorted(types)), "")
@@ -120,6 +123,7 @@ class LedgerDrain:
         )
         if not entries:
             return None
+        self._fault("keysync.ledger_read")  # a batch read, nothing applied yet
         batch = parse(entries, self._types)
         applied = await self._transact(lambda conn: apply(conn, batch), [e for e, _ in entries])
         for name, keys in applied.duplicates.items():

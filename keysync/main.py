@@ -460,6 +460,7 @@ async def _sync(
             guard=guarded,
             retain_s=settings.keysync.ledger_retain_s,
             sync=sync.records.get(namespace) if sync is not None else None,
+            fault=faults,
         )
         if drain.enabled:
             with contextlib.suppress(StoreUnavailable):

@@ -18,7 +18,8 @@ from shared.domain.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-FAULT_POINT_ENV = "KD_FAULT_POINT"  # test-only: the fault point at which to die
+FAULT_POINT_ENV = "KD_FAULT_POINT"  # test-only: the fault point at which to die (or stop)
+FAULT_ARMED_ENV = "KD_FAULT_ARMED"  # test-only: a file whose presence arms it, once
 FaultPoint = Callable[[str], None]
 
 
@@ -27,21 +28,39 @@ def no_fault(point: str) -> None:
 
 
 def fault_points_from_environ() -> FaultPoint:
-    """Test-only: a hook that kills the process (as SIGKILL would) at the named point.
+    """Test-only: a hook that kills the process (as SIGKILL would) at the named point,
+    or freezes it there (as SIGSTOP would) with ``:stop`` after the name.
 
     ``KD_FAULT_POINT=keysync.committed`` makes keysync die right after its first
-    batch's DELETE commits and before the push. Unset (production): ``no_fault``.
+    batch's DELETE commits and before the push; ``keysync.ledger_read:stop`` freezes it
+    just after it read a ledger batch, until a SIGCONT. With ``KD_FAULT_ARMED`` (a file's
+    path) the point fires only while that file exists, once (it is removed): a test
+    chooses the moment. Unset (production): ``no_fault``.
     """
-    target = os.environ.get(FAULT_POINT_ENV, "")
+    target, _, action = os.environ.get(FAULT_POINT_ENV, "").partition(":")
     if not target:
         return no_fault
+    armed = os.environ.get(FAULT_ARMED_ENV, "")
 
-    def die_at(point: str) -> None:
-        if point == target:
-            log.error("fault_point_reached", extra={"point": point})
-            os._exit(137)
+    def fault_at(point: str) -> None:
+        if point != target or (armed and not _disarmed(armed)):
+            return
+        log.error("fault_point_reached", extra={"point": point, "action": action or "die"})
+        if action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        os._exit(137)
 
-    return die_at
+    return fault_at
+
+
+def _disarmed(path: str) -> bool:
+    """Whether the arming file was there (and is now gone: the point fires once)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def instance_name() -> str:

@@ -285,6 +285,15 @@ MUTANTS: Final = (
         (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
+        # A second promotion's fence restores only up to the record's head (the first
+        # fenced server's own), not the restore the first fence found needed.
+        "a_second_promotion_forgets_the_pending_restore",
+        "shared/stores/fence/postgres_fence.py",
+        "    target = record.restore_from or record.head\n",
+        "    target = record.head\n",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
         "an_outcome_decided_again",
         "shared/stores/ledger/table.py",
         "        if rows:\n            found[name] =",

@@ -412,6 +412,7 @@ OTHER_VARIABLES = frozenset(
     {
         "KD_CONFIG",
         "KD_FAULT_POINT",
+        "KD_FAULT_ARMED",
         "KD_EMBEDDED_RUNTIME",
         "KD_MACHINE_ID",
         "KD_MACHINE_ID_POOL",

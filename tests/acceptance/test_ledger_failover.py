@@ -56,9 +56,10 @@ def pair() -> Iterator[PostgresPair]:
 
 
 @dataclass
-class Stack:
+class Mosip:
+    """MOSIP's API of a dispenser, as each client calls it."""
+
     settings: Settings
-    pair: PostgresPair
     http: httpx.AsyncClient
     keys: dict[str, str]  # client -> its API key
 
@@ -103,9 +104,6 @@ class Stack:
             await asyncio.sleep(0.2)
         return found
 
-    async def on_both_servers(self) -> None:
-        await replayed(self.pair)
-
     async def in_the_ledger(self, uin: str, client: str) -> None:
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -114,6 +112,14 @@ class Stack:
                 return
             assert time.monotonic() < deadline, f"{uin} not in the ledger under {client}"
             await asyncio.sleep(0.1)
+
+
+@dataclass
+class Stack(Mosip):
+    pair: PostgresPair
+
+    async def on_both_servers(self) -> None:
+        await replayed(self.pair)
 
 
 async def replayed(pair: PostgresPair) -> None:
@@ -208,7 +214,7 @@ async def stack(
         children.spawn("dispenser", env, "dispenser")
         await asyncio.to_thread(wait_for_http, f"http://127.0.0.1:{port}/healthz")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            yield Stack(settings, pair, http, keys)
+            yield Stack(settings, http, keys, pair)
     finally:
         children.close()
 

@@ -376,6 +376,52 @@ async def test_control_without_the_guard_a_repeated_put_gets_the_opposite(
     assert await ledger.outcome(assigned) == outcomes.ASSIGNED  # the release was answered
 
 
+# --- two promotions in a row -------------------------------------------------------
+
+
+async def test_a_second_promotion_keeps_the_restore_the_first_one_found_needed(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """A keysync reads A's repeated PUT ASSIGNED, then two replicas are promoted one
+    after the other (the second never saw the first one's fence), each fenced by another
+    process. The second fence leaves pending on its server the restore the first found
+    needed (the record's ``restore_from``; the record's head is by then the first
+    fenced server's own, which the second holds): the keysync's transaction waits for
+    that restore instead of deciding the repeat on a history lacking the UIN's issue
+    ("not found" after A was answered ASSIGNED)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    other = ledger.farmer.generate(HIGH_COUNTER + 100, HIGH_COUNTER + 200)[0][:1]
+    await hot.push("farmer", other, "b2")
+    await ledger.pop("client-b")  # a link both replicas hold
+    await ledger.applied()
+    second = f"{database}_replica2"
+    await promotion.replica_copies_now()
+    await clone(servers, database, second)  # the cascaded replica, as far behind
+    try:
+        key = await ledger.pop("client-a")
+        assigned = await ledger.change("used", key, "client-a")
+        await ledger.applied()
+        assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+        repeat = await ledger.change("used", key, "client-a")
+        # The keysync that read the repeat (its turn's look at the record is behind it).
+        entries = await ledger.stream.read("keysync-1", 10, 10, 30_000)
+        assert [entry for entry, _ in entries] == [repeat]
+        batch = parse(entries, build_id_types(ledger.settings))
+        await promotion.promote()
+        await refill(ledger)  # another process reaches the promoted server: fenced
+        assert (await sync.read()).restore_from
+        await promote(servers, database, second)  # the next replica, behind that fence
+        await refill(ledger)  # fenced in turn
+        async with cold(ledger.settings) as store:
+            stale = ledger.drain(store)
+            await stale._transact(lambda conn: apply(conn, batch), [repeat])
+        assert await ledger.outcome(repeat) == outcomes.ASSIGNED  # as first answered
+        looked = await ledger.lookup(key)
+        assert looked["client"] == "client-a" and looked["used"] is True
+    finally:
+        await drop(servers, second)
+
+
 # --- decisions, lookups, halts ------------------------------------------------------
 
 

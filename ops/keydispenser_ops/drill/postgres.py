@@ -9,7 +9,7 @@ reused for a fresh replica of the new one, so the DSN never changes.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -111,3 +111,69 @@ async def _until(conn: asyncpg.Connection, query: str, timeout_s: float) -> None
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(f"postgres: not true after {timeout_s}s: {query}")
         await asyncio.sleep(0.05)
+
+
+@dataclass
+class PostgresChain:
+    """A primary and a chain of asynchronous streaming replicas on loopback, each
+    replicating from the one before it (cascading): ``servers[0]`` is the primary,
+    ``servers[1]`` its replica, ``servers[2]`` the replica of ``servers[1]``, ... A test
+    stops each link on its own (``pause``) and promotes down the chain, so that each
+    promoted server lacks commits of the one before it."""
+
+    base: Path
+    length: int = 3
+    servers: list[EmbeddedPostgres] = field(default_factory=list)
+
+    def start(self) -> None:
+        for index in range(self.length):
+            server = EmbeddedPostgres(self.base / f"postgres-{index}", free_port())
+            if self.servers:
+                server.start_replica_of(self.servers[-1])
+            else:
+                server.start()
+            self.servers.append(server)
+
+    def dsn(self, database: str) -> str:
+        """Every server of the chain; connections go to whichever is a primary."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sorted(self.servers, key=_port))
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    async def pause(self, index: int) -> None:
+        """``servers[index]`` stops receiving WAL from the server before it."""
+        conn = await asyncpg.connect(self.servers[index].dsn())
+        try:
+            await conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            await conn.execute("SELECT pg_reload_conf()")
+            await _until(conn, "SELECT count(*) = 0 FROM pg_stat_wal_receiver", 10)
+        finally:
+            await conn.close()
+
+    async def caught_up(self, index: int) -> None:
+        """Until ``servers[index]`` has replayed all its upstream server has written."""
+        upstream = await asyncpg.connect(self.servers[index - 1].dsn())
+        try:
+            recovering = await upstream.fetchval("SELECT pg_is_in_recovery()")
+            position = "pg_last_wal_replay_lsn()" if recovering else "pg_current_wal_lsn()"
+            target = await upstream.fetchval(f"SELECT {position}::text")
+        finally:
+            await upstream.close()
+        conn = await asyncpg.connect(self.servers[index].dsn())
+        try:
+            await _until(conn, f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn", CATCH_UP_S)
+        finally:
+            await conn.close()
+
+    async def promote(self, index: int) -> None:
+        """SIGKILL every server before ``servers[index]`` that still runs, then promote it."""
+        for server in self.servers[:index]:
+            await asyncio.to_thread(server.kill)
+        conn = await asyncpg.connect(self.servers[index].dsn())
+        try:
+            await conn.execute("SELECT pg_promote(true, 60)")
+        finally:
+            await conn.close()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop("immediate")

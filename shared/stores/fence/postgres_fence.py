@@ -367,18 +367,26 @@ async def _fence(
 
 
 async def _restore_target(conn: Any, row: ClockRow, sync: SyncRecord, record: Record) -> str:
-    """The ledger link this server must be restored up to for ``sync``'s lane ("" when
-    it holds the record's head): one pending already (nothing was restored since, and
-    its target covers more), else the record's head when this history lacks it.
-    Marked pending in this (the fence's) transaction."""
+    """The ledger link this server must be restored up to for ``sync``'s lane, marked
+    pending in this (the fence's) transaction; "" when it holds that link already.
+
+    The target is the newest history anyone may have been answered from: a restore this
+    server has pending, else the one the record has pending (a restore no server has
+    done yet: a second promotion before it ran), else the record's head. The record's
+    pending restore comes before its head: after a fence the head is the fenced
+    server's own, older than what that fence found missing, and a server promoted next
+    that holds the head but not the pending target would otherwise be left to decide
+    on a history lacking what was answered (docs/reliability.md, "The ledger's one
+    history")."""
     lane = sync.namespace
     pending = row.restores.get(lane, "")
     if pending:
         return pending
-    if not record.head or await conn.fetchval(ledger_sql.HOLDS_LINK, record.head):
+    target = record.restore_from or record.head
+    if not target or await conn.fetchval(ledger_sql.HOLDS_LINK, target):
         return ""
-    await conn.execute(ledger_sql.MARK_RESTORE, lane, record.head)
-    return record.head
+    await conn.execute(ledger_sql.MARK_RESTORE, lane, target)
+    return target
 
 
 async def _settle_releases(conn: Any) -> dict[str, int]:
