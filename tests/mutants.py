@@ -1295,6 +1295,13 @@ MUTANTS: Final = (
         "        if True:",
         ("tests/unit/test_keysync_push.py",),
     ),
+    Mutant(
+        "the_dispenser_loads_the_fence_procedure",
+        "shared/metrics.py",
+        "from shared.domain.tiers import FenceReport\n",
+        "from shared.stores.fence.postgres_fence import FenceReport\n",
+        ("tests/unit/test_dispenser_imports.py",),
+    ),
 )
 
 
