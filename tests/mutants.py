@@ -129,8 +129,8 @@ MUTANTS: Final = (
     Mutant(
         "a_routed_operation_reaches_the_first_group",
         "shared/stores/groups.py",
-        "        return await getattr(self.of(name), op)(name, *args, **kwargs)",
-        "        return await getattr(next(iter(self.ports.values())), op)(name, *args, **kwargs)",
+        "        return self.ports[self._groups.settings.key_namespace_of(name)]",
+        "        return next(iter(self.ports.values()))",
         (*SHARD_TESTS, "tests/unit/test_routers.py"),
     ),
     Mutant(
@@ -1301,6 +1301,19 @@ MUTANTS: Final = (
         "from shared.domain.tiers import FenceReport\n",
         "from shared.stores.fence.postgres_fence import FenceReport\n",
         ("tests/unit/test_dispenser_imports.py",),
+    ),
+    Mutant(
+        "a_router_forgets_the_coalesced_pop",
+        "shared/stores/groups.py",
+        """    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        \"\"\"Pops for type ``name``'s one coalescing caller, on its group's own line
+        (``HotStore.pop_coalesced``): the single-ID request's refill.\"\"\"
+        return await self.of(name).pop_coalesced(name, count, clients, ledger)
+""",
+        "",
+        ("tests/unit/test_routers.py",),
     ),
 )
 
