@@ -1315,6 +1315,34 @@ MUTANTS: Final = (
         "",
         ("tests/unit/test_routers.py",),
     ),
+    Mutant(
+        "crockford32_reads_no_other_spelling",
+        "shared/domain/formats/crockford32.py",
+        "        return super().normalise(core).translate(_READ)",
+        "        return super().normalise(core)",
+        ("tests/unit/test_crockford32.py",),
+    ),
+    Mutant(
+        "a_ledger_lookup_takes_the_key_as_typed",
+        "dispenser/routes.py",
+        '    key = id_type.normalise(request.path_params["key"])',
+        '    key = request.path_params["key"]',
+        ("tests/integration/test_crockford32.py",),
+    ),
+    Mutant(
+        "mosips_put_records_the_uin_as_typed",
+        "dispenser/mosip.py",
+        "    uin = id_type.normalise(given)",
+        "    uin = given",
+        ("tests/integration/test_crockford32.py",),
+    ),
+    Mutant(
+        "a_mark_of_use_records_the_key_as_typed",
+        "dispenser/routes.py",
+        "    return id_type.normalise(value) if isinstance(id_type, IdType) else value",
+        "    return value",
+        ("tests/integration/test_crockford32.py",),
+    ),
 )
 
 

@@ -120,6 +120,7 @@ def test_openg2ps_global_rules_describe_a_filtered_type() -> None:
 
 DIGEST = "a29caaf202707a56481234d07a344467"  # of the key derived from SECRET for "farmer"
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CROCKFORD32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 COMMON = {"prefix": "", "suffix": "", "range_size": 1_048_576}
 PERMUTED = {"permutation": "feistel-fmix32-8r-v1", "permutation_key_digest": DIGEST}
 IDENTITY = {"permutation": "identity", "permutation_key_digest": ""}
@@ -155,6 +156,23 @@ PINNED: dict[str, tuple[dict[str, Any], dict[str, Any], list[str]]] = {
         | IDENTITY
         | {"site": {"index": 1, "of": 2}},
         ["00G8", "00G9", "00GA"],
+    ),
+    "crockford32": (
+        {"kind": "crockford32", "length": 9},
+        {"alphabet": CROCKFORD32, "check_digit": "mod37", "counter_domain": 32**8} | PERMUTED,
+        ["XENPAGMM~", "F70ZDSDZJ", "EMWBMDY1A"],
+    ),
+    "crockford32_sequential": (
+        {"kind": "crockford32", "length": 6, "order": "sequential", "prefix": "TK-"},
+        {"alphabet": CROCKFORD32, "check_digit": "mod37", "counter_domain": 32**5}
+        | IDENTITY
+        | {"prefix": "TK-"},
+        ["TK-000Z81", "TK-000Z92", "TK-000ZA3"],
+    ),
+    "crockford32_unchecked": (
+        {"kind": "crockford32", "length": 12, "check_digit": "none"},
+        {"alphabet": CROCKFORD32, "check_digit": "none", "counter_domain": 32**12} | PERMUTED,
+        ["FMT0H2XGX4TE", "2T9W5JGQQTPC", "VCRAJ84GNJBV"],
     ),
 }
 

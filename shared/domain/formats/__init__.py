@@ -22,13 +22,14 @@ from collections.abc import Mapping
 from typing import Literal
 
 from shared.domain.formats.base62 import Base62
+from shared.domain.formats.crockford32 import Crockford32
 from shared.domain.formats.interface import Format
 from shared.domain.formats.numeric import Numeric
 
 # The configuration's ``kind:`` values of pooled types (a discriminator must be a
 # literal), one per format; tests/unit/test_formats.py keeps the two equal.
-PooledKind = Literal["numeric", "base62"]
-FORMATS: Mapping[str, type[Format]] = {f.kind: f for f in (Numeric, Base62)}
+PooledKind = Literal["numeric", "base62", "crockford32"]
+FORMATS: Mapping[str, type[Format]] = {f.kind: f for f in (Numeric, Base62, Crockford32)}
 
 
 def read_characters() -> frozenset[str]:
