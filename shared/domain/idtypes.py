@@ -124,13 +124,15 @@ class IdType:
 
     def core(self, value: str) -> str | None:
         """Returns ``value`` without prefix and suffix, written as the format writes its
-        keys (``Format.normalise``); None when the affixes are missing.
+        keys (``Format.normalise``); None when the affixes are missing (or overlap).
 
         Raises InvalidInput for values that cannot be of this type at all.
         """
         if not value or len(value) > MAX_INPUT:
             raise InvalidInput(f"id_value must be 1..{MAX_INPUT} characters")
         prefix, suffix = self.config.prefix, self.config.suffix
+        if len(value) < len(prefix) + len(suffix):
+            return None  # "X-" with prefix "X-" and suffix "-": no room for a core
         if not value.startswith(prefix) or not value.endswith(suffix):
             return None
         return self.format.normalise(value[len(prefix) : len(value) - len(suffix)])
