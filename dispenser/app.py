@@ -22,7 +22,7 @@ from dispenser import openg2p, routes, single
 from dispenser.auth import Gate
 from dispenser.clock_hook import arm as arm_clock_hook
 from dispenser.clock_hook import clock_from_environment
-from dispenser.fastpath import FastPath
+from dispenser.fastpath import FastPath, Serving
 from dispenser.metrics import DispenserMetrics, Timing
 from dispenser.openapi import document
 from dispenser.service import Dispenser, Stores
@@ -51,6 +51,8 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastPath:
     minting_clock = clock or clock_from_environment(os.environ)
     metrics = DispenserMetrics(CollectorRegistry())
     lease_metrics = LeaseMetrics(metrics.registry)
+    # What the fast path answers "one ID" with: set below once the service is up.
+    serving = Serving()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,7 +87,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastPath:
         app.state.worker_metrics = workers = WorkerMetrics.from_environment(metrics.registry)
         snapshots = asyncio.ensure_future(workers.keep_writing()) if workers else None
         dispenser.announce_exposure()
-        fast_path.serve(answers)
+        serving.serve(answers)
         gc.freeze()  # start-up objects never become garbage: keep them out of collections
         log.info("dispenser_started", extra={"pid": os.getpid()})
         try:
@@ -94,7 +96,7 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastPath:
             if snapshots is not None:
                 snapshots.cancel()
                 await asyncio.gather(snapshots, return_exceptions=True)
-            fast_path.serve(None)
+            serving.serve(None)
             await gate.close()
             await dispenser.close()
             await router.close()  # its lines, then endpoints
@@ -113,5 +115,4 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastPath:
             HTTPException: routes.on_http_error,
         },
     )
-    fast_path = FastPath(app)
-    return fast_path
+    return FastPath(app, serving)

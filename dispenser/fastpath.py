@@ -26,23 +26,37 @@ from dispenser.single import ALLOCATE_ONE_PATH, AtHand, SingleId
 MAX_REMEMBERED: Final = 1_024
 
 
+class Serving:
+    """What answers "one ID" now: the service's ``SingleId`` once start-up has built it
+    (None before and after), and each path's answer at hand under it. The app's lifespan
+    sets it and the fast path reads it, so it is built before either."""
+
+    def __init__(self) -> None:
+        self.single: SingleId | None = None
+        # path -> its answer at hand (SingleId), None where none ever is
+        self.at_hand: dict[str, AtHand | None] = {}
+
+    def serve(self, single: SingleId | None) -> None:
+        """Answer with ``single`` from now on (None: hand every request to the app,
+        whose routes answer while no service is up); no answer outlives its service."""
+        self.single = single
+        self.at_hand.clear()
+
+
 class FastPath:
     """Serves "one ID" itself and hands everything else to ``app``: an ASGI app
     (uvicorn) and an RSGI app (granian) at once."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, serving: Serving | None = None) -> None:
         self.app = app
+        self.serving = Serving() if serving is None else serving
         self._lifespan = Lifespan(app)
-        self._single: SingleId | None = None
         self._segments: dict[str, str] = {}  # path -> its type segment
-        # path -> its answer at hand (SingleId), None where none ever is
-        self._at_hand: dict[str, AtHand | None] = {}
+        self._at_hand = self.serving.at_hand  # the same dict: read first on every request
 
     def serve(self, single: SingleId | None) -> None:
-        """Answer with ``single`` from now on (None: hand every request to the app,
-        whose routes answer while no service is up)."""
-        self._single = single
-        self._at_hand = {}
+        """Answer with ``single`` from now on (``Serving.serve``)."""
+        self.serving.serve(single)
 
     async def __rsgi__(self, scope: RsgiScope, protocol: HTTPProtocol) -> None:
         # A key at hand: answered in the fewest steps (every step here is paid on each
@@ -53,7 +67,7 @@ class FastPath:
             if answer is not None:
                 protocol.response_bytes(*answer)
                 return
-        single, path = self._single, scope.path
+        single, path = self.serving.single, scope.path
         segment = self._segment(scope.method, path)
         if single is None or segment is None:
             await serve_asgi(self.app, scope, protocol, self._lifespan.state)
@@ -64,7 +78,7 @@ class FastPath:
         protocol.response_bytes(status, headers, body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        single = self._single
+        single = self.serving.single
         segment = self._segment(scope["method"], scope["path"]) if scope["type"] == "http" else None
         if single is None or segment is None:
             await self.app(scope, receive, send)

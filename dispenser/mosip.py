@@ -221,8 +221,8 @@ async def put_uin(
     try:
         request = _parsed(raw)
         client, admin = gate.admit_with_rights(headers, name)
-        uin, status = _uin_and_status(request)
-        final = await _change(dispenser, name, uin, status, client, admin)
+        given, status = _uin_and_status(request)
+        uin, final = await _change(dispenser, name, given, status, client, admin)
     except Refused as refused:
         return _error(refused.code, refused.status, refused.headers, request)
     except KeydispenserError as exc:
@@ -266,16 +266,18 @@ def _uin_and_status(request: dict[str, Any]) -> tuple[str, Any]:
 
 
 async def _change(
-    dispenser: Dispenser, name: str, uin: str, status: Any, client: str, admin: bool
-) -> str:
-    """Apply ``status`` to ``uin`` through the ledger; the status MOSIP reports after it.
+    dispenser: Dispenser, name: str, given: str, status: Any, client: str, admin: bool
+) -> tuple[str, str]:
+    """Applies ``status`` to the UIN ``given`` names, through the ledger; returns the
+    UIN as the ledger holds it and the status MOSIP reports after the change.
 
     keysync decides the change once, in the ledger transaction that applies it, and
     publishes the outcome; this answers with that outcome (docs/reliability.md, "The
     ledger's one history"), never with a reading of the ledger made apart from it."""
     id_type = dispenser.ledger_type(name)
-    if not id_type.validate(uin):
+    if not id_type.validate(given):
         raise Refused(UIN_NOT_FOUND)
+    uin = id_type.normalise(given)
     wanted = WANTED.get(status) if isinstance(status, str) else None
     deadline = time.monotonic() + _wait_s(dispenser)
     newest = await dispenser.ledger_stream.newest_entry(name)
@@ -296,7 +298,7 @@ async def _change(
         )
     outcome = await _outcome(dispenser, name, entry, deadline)
     if outcome in REPORTED:
-        return REPORTED[outcome]
+        return uin, REPORTED[outcome]
     raise Refused(UIN_NOT_FOUND if outcome == NOT_FOUND else UIN_NOT_ISSUED)
 
 

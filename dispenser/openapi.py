@@ -6,10 +6,46 @@ from typing import Any
 
 from dispenser import codes
 from shared.domain.config import Settings, path_segments
-from shared.domain.names import ALIAS, ID_TYPE_NAME
+from shared.domain.formats import read_characters
+from shared.domain.idtypes import MAX_INPUT
+from shared.domain.names import AFFIX, ALIAS, ID_TYPE_NAME
 
 Json = dict[str, Any]
-KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,256}$"
+# Characters a JSON Schema (ECMA-262) pattern escapes in a class: its syntax characters
+# and "-". No other may be escaped there (a Unicode pattern refuses "\~").
+_ESCAPED = frozenset("^$\\.*+?()[]{}|/-")
+
+
+def character_class(characters: frozenset[str]) -> str:
+    """A regular expression's class of ``characters`` (printable ASCII), runs of three
+    or more consecutive letters or digits written as ranges, read alike by Python and
+    ECMA-262."""
+    runs: list[list[str]] = []
+    for c in sorted(characters):
+        last = runs[-1][-1] if runs else ""
+        if c.isalnum() and last.isalnum() and ord(c) == ord(last) + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    parts = [
+        f"{run[0]}-{run[-1]}" if len(run) >= 3 else "".join(_escaped(c) for c in run)
+        for run in runs
+    ]
+    return "[" + "".join(parts) + "]"
+
+
+def _escaped(c: str) -> str:
+    return f"\\{c}" if c in _ESCAPED else c
+
+
+def key_pattern() -> str:
+    """A key as a request may write it: its affixes' characters and those its format
+    reads (``Format.read_characters``, every format's), up to ``MAX_INPUT`` of them."""
+    affixes = frozenset(c for c in map(chr, range(33, 127)) if AFFIX.fullmatch(c))
+    return f"^{character_class(affixes | read_characters())}{{1,{MAX_INPUT}}}$"
+
+
+KEY_PATTERN = key_pattern()
 
 
 def _ref(name: str) -> Json:

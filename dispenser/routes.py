@@ -149,9 +149,11 @@ async def decode(request: Request) -> Response:
 
 
 def _well_formed(id_type: IdType | SnowflakeType, value: str) -> str:
+    """The key ``value`` names, as the type writes it (``IdType.normalise``); InvalidInput
+    when it is none of the type's keys."""
     if not id_type.validate(value):
         raise InvalidInput(f"'{value}' is not a valid {id_type.name} key")
-    return value
+    return id_type.normalise(value) if isinstance(id_type, IdType) else value
 
 
 async def mark_used(request: Request) -> Response:
@@ -178,9 +180,8 @@ async def mark_used_batch(request: Request) -> Response:
     client, admin = _gate(request).admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
     raw = await bounded_body(request, dispenser.settings.dispenser.max_body_bytes)
-    keys = _keys_body(raw, dispenser.settings.dispenser.max_batch)
-    for key in keys:
-        _well_formed(id_type, key)
+    given = _keys_body(raw, dispenser.settings.dispenser.max_batch)
+    keys = [_well_formed(id_type, key) for key in given]
     await dispenser.ledger_open(id_type)
     await dispenser.ledger_stream.record_used(name, keys, client, admin)
     return JSONResponse({"accepted": len(keys)}, status_code=202)
@@ -233,8 +234,8 @@ async def lookup(request: Request) -> Response:
     name = dispenser.canonical(request.path_params["id_type"])
     client, admin = _gate(request).admit_with_rights(request.headers, name)
     id_type = dispenser.ledger_type(name)
-    key = request.path_params["key"]
-    id_type.core(key)  # refuses values that cannot be keys of any type
+    # As the ledger holds it; refuses values that cannot be keys of the type at all.
+    key = id_type.normalise(request.path_params["key"])
     entry = await dispenser.ledger.lookup(name, key)
     if entry["issued"] and entry["client"] != client and not admin:
         entry = not_issued(name, key)

@@ -30,7 +30,7 @@ from shared.domain.errors import (
     PostgresSuperseded,
     RangeFenced,
 )
-from shared.stores.fence.postgres_fence import FenceReport
+from shared.domain.tiers import FenceReport
 
 # What the PostgreSQL fence refuses with: keygen and keysync keep retrying (with
 # back-off, saying why) rather than exit; each resumes by itself, or after the one

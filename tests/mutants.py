@@ -129,8 +129,8 @@ MUTANTS: Final = (
     Mutant(
         "a_routed_operation_reaches_the_first_group",
         "shared/stores/groups.py",
-        "        return await getattr(self.of(name), op)(name, *args, **kwargs)",
-        "        return await getattr(next(iter(self.ports.values())), op)(name, *args, **kwargs)",
+        "        return self.ports[self._groups.settings.key_namespace_of(name)]",
+        "        return next(iter(self.ports.values()))",
         (*SHARD_TESTS, "tests/unit/test_routers.py"),
     ),
     Mutant(
@@ -1303,6 +1303,54 @@ MUTANTS: Final = (
         "        if name not in self._empty:  # once per spell, not at every poll while it lasts",
         "        if True:",
         ("tests/unit/test_keysync_push.py",),
+    ),
+    Mutant(
+        "the_dispenser_loads_the_fence_procedure",
+        "shared/metrics.py",
+        "from shared.domain.tiers import FenceReport\n",
+        "from shared.stores.fence.postgres_fence import FenceReport\n",
+        ("tests/unit/test_dispenser_imports.py",),
+    ),
+    Mutant(
+        "a_router_forgets_the_coalesced_pop",
+        "shared/stores/groups.py",
+        """    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        \"\"\"Pops for type ``name``'s one coalescing caller, on its group's own line
+        (``HotStore.pop_coalesced``): the single-ID request's refill.\"\"\"
+        return await self.of(name).pop_coalesced(name, count, clients, ledger)
+""",
+        "",
+        ("tests/unit/test_routers.py",),
+    ),
+    Mutant(
+        "crockford32_reads_no_other_spelling",
+        "shared/domain/formats/crockford32.py",
+        "        return super().normalise(core).translate(_READ)",
+        "        return super().normalise(core)",
+        ("tests/unit/test_crockford32.py",),
+    ),
+    Mutant(
+        "a_ledger_lookup_takes_the_key_as_typed",
+        "dispenser/routes.py",
+        '    key = id_type.normalise(request.path_params["key"])',
+        '    key = request.path_params["key"]',
+        ("tests/integration/test_crockford32.py",),
+    ),
+    Mutant(
+        "mosips_put_records_the_uin_as_typed",
+        "dispenser/mosip.py",
+        "    uin = id_type.normalise(given)",
+        "    uin = given",
+        ("tests/integration/test_crockford32.py",),
+    ),
+    Mutant(
+        "a_mark_of_use_records_the_key_as_typed",
+        "dispenser/routes.py",
+        "    return id_type.normalise(value) if isinstance(id_type, IdType) else value",
+        "    return value",
+        ("tests/integration/test_crockford32.py",),
     ),
 )
 

@@ -1,4 +1,4 @@
-"""ID types: counters -> keyed permutation -> the type's format (encoding, check digit,
+"""ID types: counters -> keyed permutation -> the type's format (encoding, check scheme,
 filters), and validation. Each format lives in ``shared.domain.formats``."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from shared.domain.formats import FORMATS
 from shared.domain.formats.text import to_strings
 from shared.domain.permutation import FeistelPermutation, derive_key, key_digest
 
-_MAX_INPUT = 256
+MAX_INPUT = 256  # the longest value read as a key (the API's key pattern says so too)
 IDENTITY = "identity"  # the fingerprint's permutation of sequential types
 
 
@@ -61,7 +61,6 @@ class IdType:
             self._key_digest = key_digest(key)
             self._permutation = FeistelPermutation(key, config.domain_size)
         self.format = FORMATS[config.kind](config, self.rules, key)
-        self._alphabet = frozenset(self.format.alphabet)
 
     @property
     def domain_size(self) -> int:
@@ -104,30 +103,43 @@ class IdType:
         return to_strings(chars, self.config.prefix, self.config.suffix), stop - start
 
     def validate(self, value: str) -> bool:
-        """True when ``value`` is a well-formed key of this type (affixes, check digit, filters)."""
+        """True when ``value`` is a well-formed key of this type, as a client may write
+        it (affixes, length, check scheme, filters)."""
         core = self.core(value)
         if core is None or len(core) != self.config.length:
             return False
         return self.format.valid(core)
 
-    def core(self, value: str) -> str | None:
-        """``value`` without prefix/suffix; None when they are missing.
+    def normalise(self, value: str) -> str:
+        """Returns the key ``value`` names, as this type writes its keys (what the stores
+        hold): its core in the format's spelling, its affixes as they are; ``value``
+        itself when its affixes are not this type's (it names none of its keys).
 
         Raises InvalidInput for values that cannot be of this type at all.
         """
-        if not value or len(value) > _MAX_INPUT:
-            raise InvalidInput(f"id_value must be 1..{_MAX_INPUT} characters")
+        core = self.core(value)
+        if core is None:
+            return value
+        return self.config.prefix + core + self.config.suffix
+
+    def core(self, value: str) -> str | None:
+        """Returns ``value`` without prefix and suffix, written as the format writes its
+        keys (``Format.normalise``); None when the affixes are missing (or overlap).
+
+        Raises InvalidInput for values that cannot be of this type at all.
+        """
+        if not value or len(value) > MAX_INPUT:
+            raise InvalidInput(f"id_value must be 1..{MAX_INPUT} characters")
         prefix, suffix = self.config.prefix, self.config.suffix
+        if len(value) < len(prefix) + len(suffix):
+            return None  # "X-" with prefix "X-" and suffix "-": no room for a core
         if not value.startswith(prefix) or not value.endswith(suffix):
             return None
-        core = value[len(prefix) : len(value) - len(suffix)]
-        if not self._alphabet.issuperset(core):
-            raise InvalidInput(f"id_value must use the {self.config.kind} alphabet")
-        return core
+        return self.format.normalise(value[len(prefix) : len(value) - len(suffix)])
 
 
 def build_id_types(settings: Settings, *, generating: bool = True) -> dict[str, IdType]:
-    """The pooled types (numeric, base62): those keygen, keysync and the hot tier serve.
+    """The pooled types (each of a format): those keygen, keysync and the hot tier serve.
     Snowflake types are minted by dispensers instead (``shared.domain.snowflake``)."""
     pooled = {n: c for n, c in settings.id_types.items() if isinstance(c, IdTypeConfig)}
     if not pooled:

@@ -29,9 +29,9 @@ from shared.domain.errors import (
 )
 from shared.domain.formats.base62 import ALPHABET as BASE62_ALPHABET
 from shared.domain.formats.text import radix_columns, to_strings
+from shared.domain.idtypes import MAX_INPUT
 
 Clock = Callable[[], int]
-_MAX_INPUT = 256
 BASE62_WIDTH = 11  # 62**11 > 2**63
 DECIMAL_WIDTH = len(str((1 << SNOWFLAKE_BITS) - 1))
 _BASE62_VALUE = {c: i for i, c in enumerate(BASE62_ALPHABET)}
@@ -131,8 +131,8 @@ class Layout:
     def parse(self, text: str) -> int | None:
         """The ID ``text`` is the canonical text of; None when it is none (wrong length,
         leading zeros, out of 63 bits). InvalidInput when it cannot be one at all."""
-        if not text or len(text) > _MAX_INPUT:
-            raise InvalidInput(f"id_value must be 1..{_MAX_INPUT} characters")
+        if not text or len(text) > MAX_INPUT:
+            raise InvalidInput(f"id_value must be 1..{MAX_INPUT} characters")
         if self.text == "decimal":
             if not (text.isascii() and text.isdigit()):
                 raise InvalidInput("id_value must use the decimal alphabet")

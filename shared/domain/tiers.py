@@ -1,11 +1,11 @@
 """The values the tiers hand the processes: what a pop, a push, a depth read, a range
-lease and a guarded statement give back. Plain data, shared by the ports
+lease, a guarded statement and a PostgreSQL fence give back. Plain data, shared by the ports
 (``shared.domain.ports``), the stores that implement them and the processes."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # The most keys one pop hands back. The pop script takes one API-client name per key as
@@ -116,6 +116,27 @@ def column(row: Any, name: str) -> Any:
 
 
 NO_STAMP = Stamp(0, 0, 0)  # not recorded (the guard is switched off)
+
+
+@dataclass(frozen=True)
+class FenceReport:
+    """What a PostgreSQL fence did (``postgres_fence.settle``): why it ran, the cold keys
+    it discarded per type, where each type's next lease starts, and the history it
+    claimed. keygen's and keysync's fence metrics count it."""
+
+    reason: str
+    keys_discarded: dict[str, int]
+    next_starts: dict[str, int]  # type -> where its next lease starts
+    stamp: Stamp
+    # type -> releases settled instead of requeued (their keys never go back): an
+    # operator's fence only (an automatic one restores the ledger exactly instead)
+    releases_settled: dict[str, int] = field(default_factory=dict)
+    # lane -> the ledger link keysync restores this server up to
+    ledger_restores: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_discarded(self) -> int:
+        return sum(self.keys_discarded.values())
 
 
 @dataclass(frozen=True)

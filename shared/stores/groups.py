@@ -17,14 +17,15 @@ per group (``keysync.main``), or per type against its group's record (``SyncReco
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
+from shared.domain.apikeys import ANONYMOUS
 from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.ports import HotPool, LedgerWrites, Nudges
+from shared.domain.tiers import Popped
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.hot.wake import WakeChannel
@@ -74,48 +75,18 @@ class Groups:
         self._endpoints.clear()
 
 
-def routed_operations(port: type) -> tuple[str, ...]:
-    """The operations of ``port`` (a Protocol) that name a type first: those a router
-    forwards to the group that holds it."""
-    found = []
-    for op, member in vars(port).items():
-        if op.startswith("_") or not inspect.iscoroutinefunction(member):
-            continue
-        params = list(inspect.signature(member).parameters)
-        if params[1:2] == ["name"]:
-            found.append(op)
-    return tuple(found)
-
-
-def _forward(op: str) -> Callable[..., Awaitable[Any]]:
-    async def forward(self: _ByType[Any], name: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self.of(name), op)(name, *args, **kwargs)
-
-    forward.__name__ = forward.__qualname__ = op
-    return forward
-
-
 class _ByType(Generic[P]):
     """Ports of one kind, one per group, chosen by type name.
 
-    A router names the port it serves as a base (``HotPool``): every operation of it
-    that names a type first (``routed_operations``) is forwarded to that type's group,
-    with the port's own signature; the router writes only what spans every group. A
-    router is built by its class method (``open``, ``over``): mypy holds the port's
-    operations abstract on the class, since they are added when the class is made."""
+    A router names the port it serves as a base (``HotPool``) and writes each of its
+    operations out: one that names a type first goes to that type's group (``of``),
+    one that names none spans every group (``_all``). ``tests/unit/test_routers.py``
+    refuses a port operation that names a type first and that the router does not
+    write, and checks each forwarder's signature against the port's."""
 
     def __init__(self, ports: dict[str, P], groups: Groups) -> None:
         self.ports = ports
         self._groups = groups
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # typing marks each Protocol class so (and not the classes that implement one)
-        served = [base for base in cls.__bases__ if getattr(base, "_is_protocol", False)]
-        for port in served:
-            for op in routed_operations(port):
-                if op not in cls.__dict__:
-                    setattr(cls, op, _forward(op))
 
     def of(self, name: str) -> P:
         """The port of the group that holds type ``name``."""
@@ -135,6 +106,40 @@ class HotRouter(_ByType[HotStore], HotPool):
     @classmethod
     def open(cls, groups: Groups) -> HotRouter:
         return cls(groups.each(HotStore), groups)
+
+    async def pop(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        """Pops up to ``count`` keys of type ``name`` from its group (``HotStore.pop``)."""
+        return await self.of(name).pop(name, count, clients, ledger)
+
+    async def pop_coalesced(
+        self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
+    ) -> Popped:
+        """Pops for type ``name``'s one coalescing caller, on its group's own line
+        (``HotStore.pop_coalesced``): the single-ID request's refill."""
+        return await self.of(name).pop_coalesced(name, count, clients, ledger)
+
+    async def pop_once(
+        self,
+        name: str,
+        count: int,
+        idempotency_key: str,
+        ttl_s: int,
+        client: str = ANONYMOUS,
+        ledger: bool = False,
+    ) -> Popped:
+        """Pops keys of type ``name`` under an Idempotency-Key, from its group: a retry
+        gets the same keys (``HotStore.pop_once``)."""
+        return await self.of(name).pop_once(name, count, idempotency_key, ttl_s, client, ledger)
+
+    async def depth(self, name: str) -> int:
+        """Returns the length of type ``name``'s hot list."""
+        return await self.of(name).depth(name)
+
+    async def exhausted(self, name: str) -> bool:
+        """Returns whether keysync marked type ``name``'s keyspace used up."""
+        return await self.of(name).exhausted(name)
 
     async def refuse_eviction(self) -> None:
         """ConfigError when a group's server may evict keys (a cluster's shards each
@@ -174,6 +179,10 @@ class WakeRouter(_ByType[WakeChannel], Nudges):
     def open(cls, groups: Groups) -> WakeRouter:
         return cls(groups.each(WakeChannel), groups)
 
+    async def nudge(self, name: str) -> None:
+        """Wakes keysync for type ``name``, on its group's wake list."""
+        await self.of(name).nudge(name)
+
 
 class LedgerRouter(_ByType[LedgerStream], LedgerWrites):
     """The ledger streams of every group: a type's entries are all in its group's
@@ -182,6 +191,52 @@ class LedgerRouter(_ByType[LedgerStream], LedgerWrites):
     @classmethod
     def over(cls, streams: dict[str, LedgerStream], groups: Groups) -> LedgerRouter:
         return cls(streams, groups)
+
+    async def backlog(self, name: str) -> int:
+        """Returns the length of the stream that holds type ``name``'s entries."""
+        return await self.of(name).backlog(name)
+
+    async def record_used(
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        reply: bool = False,
+    ) -> str:
+        """Records that ``client`` used ``keys`` of type ``name``; the entry's ID
+        (``LedgerStream.record_used``)."""
+        return await self.of(name).record_used(name, keys, client, admin, reply)
+
+    async def record_released(
+        self,
+        name: str,
+        keys: Sequence[str],
+        client: str,
+        admin: bool = False,
+        forget: Sequence[tuple[str, str]] = (),
+        reply: bool = False,
+    ) -> str:
+        """Records that ``client`` gave ``keys`` of type ``name`` back; the entry's ID
+        (``LedgerStream.record_released``)."""
+        return await self.of(name).record_released(name, keys, client, admin, forget, reply)
+
+    async def outcome(self, name: str, entry: str) -> str | None:
+        """Returns what keysync decided for ``entry`` of type ``name``, None until it has."""
+        return await self.of(name).outcome(name, entry)
+
+    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+        """Returns whether type ``name``'s stream holds its last writes as durably as
+        ``durability`` asks, within ``timeout_ms`` (``LedgerStream.confirm``)."""
+        return await self.of(name).confirm(name, durability, replicas, timeout_ms)
+
+    async def newest_entry(self, name: str) -> str | None:
+        """Returns the ID of the newest entry of the stream that holds type ``name``."""
+        return await self.of(name).newest_entry(name)
+
+    async def applied(self, name: str, entry: str) -> bool:
+        """Returns whether keysync has applied type ``name``'s stream up to ``entry``."""
+        return await self.of(name).applied(name, entry)
 
     async def total_backlog(self) -> int:
         """Every stream's length, together (keysync's ``kd_ledger_backlog``)."""

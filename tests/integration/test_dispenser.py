@@ -14,6 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from dispenser.app import create_app
 from keydispenser_ops.embedded import free_port
 from shared.domain import redis_keys
 from shared.domain.config import Settings
@@ -172,6 +173,24 @@ async def test_redis_down_is_503_in_the_envelope(settings: Settings) -> None:
         reply = await http.post("/v1/idgenerator/farmer/id")
     assert_error(reply, 503, "IDG-005")
     assert reply.headers["Retry-After"] == "1"
+
+
+async def test_the_fast_path_answers_while_the_service_is_up(
+    settings: Settings, hot: HotStore
+) -> None:
+    """The app's lifespan hands the fast path its answer once the service is built, and
+    takes it back when it stops: no request is answered by a service that has closed."""
+    await fill(hot, "farmer", ["3029384756"])
+    app = create_app(settings)
+    assert app.serving.single is None  # before start-up: the routes answer
+    starlette = app.app
+    async with starlette.router.lifespan_context(starlette):
+        assert app.serving.single is not None
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as http:
+            reply = await http.post("/v1/idgenerator/farmer/id")
+        assert reply.json()["response"] == {"id": "3029384756"}
+    assert app.serving.single is None
 
 
 @both_servers

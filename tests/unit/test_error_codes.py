@@ -3,6 +3,7 @@ tables, the OpenAPI document and the answers themselves."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -12,9 +13,14 @@ from dispenser import codes, envelope
 from dispenser.auth import CountAboveBurst, RateLimited
 from shared.domain.errors import IdempotencyMismatch, PoolEmpty, StoreUnavailable
 
-API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+ROOT = Path(__file__).resolve().parents[2]
+API_MD = ROOT / "docs" / "api.md"
 ROW = re.compile(r"^\| (\d{3}) \| (IDG-\d{3}) \|", re.M)
 MOSIP_ROW = re.compile(r"^\| `(KER-[A-Z]+-\d{3})`", re.M)
+A_CODE = re.compile(r"\b(IDG|KER-[A-Z]{3})-\d{3}\b")
+# The server's and the tooling's code: every answer they give or expect is read from
+# the table. (The client, a distribution of its own, speaks the protocol by itself.)
+CODE_DIRS = ("dispenser", "keygen", "keysync", "shared", "ops")
 
 
 def test_docs_table_lists_every_code_with_its_status_and_no_other() -> None:
@@ -37,6 +43,47 @@ def test_every_code_is_written_once() -> None:
     assert len(codes.BY_CODE) == len(codes.CODES)
     raised = [kind for entry in codes.CODES for kind in entry.raised_by]
     assert len(raised) == len(set(raised))
+
+
+def written_codes(path: Path) -> list[int]:
+    """The lines of ``path`` where a string (not a docstring) holds an error code."""
+    tree = ast.parse(path.read_text(), str(path))
+    owners = [
+        tree,
+        *(
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        ),
+    ]
+    docs = {
+        id(owner.body[0].value)
+        for owner in owners
+        if owner.body and isinstance(owner.body[0], ast.Expr)
+    }
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str | bytes)
+        and id(node) not in docs
+        and A_CODE.search(node.value if isinstance(node.value, str) else node.value.decode())
+    ]
+
+
+def test_no_code_is_written_outside_the_table() -> None:
+    """An answer a process or the tooling gives or expects names its code through
+    ``dispenser.codes``, never by restating it."""
+    table = ROOT / "dispenser" / "codes.py"
+    assert written_codes(table)  # control: the scan finds the codes where they are
+    restated = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in CODE_DIRS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != table
+        for line in written_codes(path)
+    }
+    assert restated == set()
 
 
 @pytest.mark.parametrize(

@@ -4,16 +4,19 @@ pinned (a changed fingerprint makes existing deployments refuse to start)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, get_args
 
 import pytest
 
+from dispenser.openapi import KEY_PATTERN
 from dispenser.openg2p import global_rules_type
 from shared.domain.config import IdTypeConfig, SnowflakeConfig
-from shared.domain.config.id_types import ID_KINDS, PooledKind
+from shared.domain.config.id_types import ID_KINDS
 from shared.domain.errors import InvalidInput
-from shared.domain.formats import FORMATS
-from shared.domain.idtypes import IdType
+from shared.domain.formats import FORMATS, PooledKind, read_characters
+from shared.domain.idtypes import MAX_INPUT, IdType
+from shared.domain.names import AFFIX
 
 SECRET = b"unit-secret"
 KINDS = sorted(FORMATS)
@@ -50,7 +53,10 @@ def test_a_formats_keys_validate_and_use_its_alphabet(kind: str) -> None:
     keys, candidates = id_type.generate(0, 20_000)
     assert candidates == 20_000 and 0 < len(keys) == len(set(keys))
     assert all(id_type.validate(k) for k in keys)
-    assert set("".join(k[2:] for k in keys)) <= set(FORMATS[kind].alphabet)
+    form = FORMATS[kind]
+    assert set("".join(k[2:] for k in keys)) <= set(form.key_characters)
+    assert set(form.alphabet) <= set(form.key_characters) <= set(form.read_characters)
+    assert all(id_type.normalise(k) == k for k in keys)  # as the stores hold them
     assert not id_type.validate(keys[0][2:])  # affix missing
     with pytest.raises(InvalidInput, match=f"the {kind} alphabet"):
         id_type.validate("X-" + "!" * 8)
@@ -64,11 +70,42 @@ def test_a_formats_domain_is_the_types(kind: str) -> None:
     assert make(kind, length=length).generate(0, 10**6)[1] == config.domain_size
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_formats_check_schemes_are_the_configurations(kind: str) -> None:
+    """Its first is the default; any other value is refused, naming the field, the kind
+    and the schemes it takes."""
+    schemes = FORMATS[kind].check_schemes
+    assert pooled(kind, length=5).check_digit == schemes[0]
+    for scheme in schemes:
+        settings = {"order": "sequential"} if scheme == "none" else {}
+        assert pooled(kind, length=5, check_digit=scheme, **settings).check_digit == scheme
+    for other in {"verhoeff", "none", "luhn"} - set(schemes):
+        with pytest.raises(ValueError, match=f"check_digit: '{other}' is not a check scheme "):
+            pooled(kind, length=5, check_digit=other)
+
+
 def test_a_formats_defaults_apply_unless_given() -> None:
     assert IdTypeConfig(kind="base62", length=5).check_digit == "none"
     assert IdTypeConfig(kind="numeric", length=5).check_digit == "verhoeff"
-    with pytest.raises(ValueError, match="check_digit: base62 types have none"):
+    with pytest.raises(
+        ValueError, match=r"'verhoeff' is not a check scheme of kind base62 \(none\)"
+    ):
         IdTypeConfig(kind="base62", length=5, check_digit="verhoeff")
+
+
+def test_the_apis_key_pattern_admits_what_the_formats_read_and_the_affixes() -> None:
+    """The pattern comes from the formats: a format's own characters (a check symbol, a
+    spelling it reads) are admitted without naming them in the API."""
+    pattern = re.compile(KEY_PATTERN)
+    printable = {chr(c) for c in range(33, 127)}
+    affixes = {c for c in printable if AFFIX.fullmatch(c)}
+    assert {c for c in printable if pattern.fullmatch(c)} == affixes | read_characters()
+    for kind in KINDS:
+        assert pattern.fullmatch(FORMATS[kind].read_characters)
+        keys, _ = make(kind, length=8, prefix="FAR-", suffix=".x").generate(0, 100)
+        assert keys and all(pattern.fullmatch(key) for key in keys)
+    assert pattern.fullmatch("7" * MAX_INPUT) and not pattern.fullmatch("7" * (MAX_INPUT + 1))
+    assert not pattern.fullmatch("7/8") and not pattern.fullmatch("")
 
 
 def test_openg2ps_global_rules_describe_a_filtered_type() -> None:
@@ -83,6 +120,7 @@ def test_openg2ps_global_rules_describe_a_filtered_type() -> None:
 
 DIGEST = "a29caaf202707a56481234d07a344467"  # of the key derived from SECRET for "farmer"
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CROCKFORD32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 COMMON = {"prefix": "", "suffix": "", "range_size": 1_048_576}
 PERMUTED = {"permutation": "feistel-fmix32-8r-v1", "permutation_key_digest": DIGEST}
 IDENTITY = {"permutation": "identity", "permutation_key_digest": ""}
@@ -118,6 +156,23 @@ PINNED: dict[str, tuple[dict[str, Any], dict[str, Any], list[str]]] = {
         | IDENTITY
         | {"site": {"index": 1, "of": 2}},
         ["00G8", "00G9", "00GA"],
+    ),
+    "crockford32": (
+        {"kind": "crockford32", "length": 9},
+        {"alphabet": CROCKFORD32, "check_digit": "mod37", "counter_domain": 32**8} | PERMUTED,
+        ["XENPAGMM~", "F70ZDSDZJ", "EMWBMDY1A"],
+    ),
+    "crockford32_sequential": (
+        {"kind": "crockford32", "length": 6, "order": "sequential", "prefix": "TK-"},
+        {"alphabet": CROCKFORD32, "check_digit": "mod37", "counter_domain": 32**5}
+        | IDENTITY
+        | {"prefix": "TK-"},
+        ["TK-000Z81", "TK-000Z92", "TK-000ZA3"],
+    ),
+    "crockford32_unchecked": (
+        {"kind": "crockford32", "length": 12, "check_digit": "none"},
+        {"alphabet": CROCKFORD32, "check_digit": "none", "counter_domain": 32**12} | PERMUTED,
+        ["FMT0H2XGX4TE", "2T9W5JGQQTPC", "VCRAJ84GNJBV"],
     ),
 }
 

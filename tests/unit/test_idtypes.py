@@ -106,6 +106,14 @@ def test_prefix_and_suffix_are_part_of_every_key_and_checked() -> None:
     assert id_type.fingerprint.prefix == "FAR-"
 
 
+def test_a_value_whose_affixes_overlap_names_no_key() -> None:
+    """The prefix and suffix of "X-" (prefix "X-", suffix "-") share its "-": no core."""
+    id_type = numeric(2, order="sequential", check_digit="none", prefix="X-", suffix="-")
+    assert id_type.core("X-") is None and not id_type.validate("X-")
+    assert id_type.normalise("X-") == "X-"  # looked up as sent: no key of the type
+    assert id_type.normalise("X-07-") == "X-07-" and id_type.validate("X-07-")
+
+
 def test_validate_checks_length_check_digit_and_filters() -> None:
     id_type = numeric()
     assert id_type.validate("3029384756")

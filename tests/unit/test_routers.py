@@ -1,7 +1,8 @@
-"""The routers over key groups (``shared.stores.groups``): each forwards every operation
-of the port it serves that names a type first, to the group that holds that type, and
-writes only what spans every group. The list of operations is the port's own: a new one
-is routed without touching the router, and one that names no type must be written."""
+"""The routers over key groups (``shared.stores.groups``): each writes out every operation
+of the port it serves. One that names a type first (a routed operation) goes to the
+group that holds that type, with every argument it was given; one that names no type
+spans every group. A port operation added without its forwarder fails here, not as a
+silent None from the Protocol's empty body."""
 
 from __future__ import annotations
 
@@ -11,10 +12,38 @@ from typing import Any
 import pytest
 
 from shared.domain.ports import HotPool, LedgerWrites, Nudges
-from shared.stores.groups import HotRouter, LedgerRouter, WakeRouter, routed_operations
+from shared.stores.groups import HotRouter, LedgerRouter, WakeRouter
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.hot.wake import WakeChannel
+from shared.stores.ledger.stream import LedgerStream
 
-ROUTERS = [(HotRouter, HotPool), (WakeRouter, Nudges), (LedgerRouter, LedgerWrites)]
+# Each router, the port it serves, and the adapter it routes to.
+ROUTERS = [
+    (HotRouter, HotPool, HotStore),
+    (WakeRouter, Nudges, WakeChannel),
+    (LedgerRouter, LedgerWrites, LedgerStream),
+]
 WHERE = {"national_id": "ns-a", "vid": "ns-b"}  # type -> its key group
+
+
+def routed_operations(port: type) -> tuple[str, ...]:
+    """The operations of ``port`` (a Protocol) that take a type's name first."""
+    return tuple(
+        op
+        for op, member in vars(port).items()
+        if not op.startswith("_")
+        and inspect.iscoroutinefunction(member)
+        and list(inspect.signature(member).parameters)[1:2] == ["name"]
+    )
+
+
+def operations(port: type) -> tuple[str, ...]:
+    """Every operation of ``port``."""
+    return tuple(
+        op
+        for op, member in vars(port).items()
+        if not op.startswith("_") and inspect.iscoroutinefunction(member)
+    )
 
 
 class _Settings:
@@ -46,32 +75,64 @@ def _router(cls: type) -> tuple[Any, dict[str, _Recorder]]:
     return cls(ports, _Groups()), ports
 
 
+def _arguments(port_op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of ``port_op`` (self left out), by parameter name."""
+    bound = inspect.signature(port_op).bind(None, *args, **kwargs)
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
+
+
 def test_the_routed_operations_are_the_ports_own_that_name_a_type_first() -> None:
+    """Control: the list the tests below walk is the ports' own."""
     assert routed_operations(HotPool) == ("pop", "pop_coalesced", "pop_once", "depth", "exhausted")
     assert routed_operations(Nudges) == ("nudge",)
     assert "backlog" in routed_operations(LedgerWrites)
     assert "refuse_eviction" not in routed_operations(HotPool)  # names no type
 
 
-@pytest.mark.parametrize(("cls", "port"), ROUTERS, ids=lambda c: c.__name__)
-async def test_each_operation_reaches_only_the_group_that_holds_the_type(
-    cls: type, port: type
+@pytest.mark.parametrize(("cls", "port", "adapter"), ROUTERS, ids=lambda c: c.__name__)
+def test_the_router_writes_every_routed_operation_of_its_port(
+    cls: type, port: type, adapter: type
+) -> None:
+    """Written in the router's own body: not inherited from the port's empty stub, not
+    added when the class is made."""
+    source = inspect.getsource(cls)
+    missing = [op for op in routed_operations(port) if f"async def {op}(" not in source]
+    assert missing == [], f"{cls.__name__} lacks forwarders for {missing}"
+    for op in operations(port):
+        assert op in vars(cls), f"{cls.__name__}.{op} is the port's stub"
+
+
+@pytest.mark.parametrize(("cls", "port", "adapter"), ROUTERS, ids=lambda c: c.__name__)
+def test_each_forwarder_has_the_ports_signature(cls: type, port: type, adapter: type) -> None:
+    """The same parameters, in order, of the same kinds; the defaults the port states,
+    or the adapter's where the port leaves them to it (``...``)."""
+    for op in routed_operations(port):
+        written = inspect.signature(getattr(cls, op)).parameters
+        stated = inspect.signature(getattr(port, op)).parameters
+        concrete = inspect.signature(getattr(adapter, op)).parameters
+        assert [(p.name, p.kind) for p in written.values()] == [
+            (p.name, p.kind) for p in stated.values()
+        ], f"{cls.__name__}.{op}"
+        for name, parameter in stated.items():
+            default = parameter.default
+            expected = concrete[name].default if default is Ellipsis else default
+            assert written[name].default == expected, f"{cls.__name__}.{op}({name})"
+
+
+@pytest.mark.parametrize(("cls", "port", "adapter"), ROUTERS, ids=lambda c: c.__name__)
+async def test_each_operation_reaches_only_the_group_that_holds_the_type_with_every_argument(
+    cls: type, port: type, adapter: type
 ) -> None:
     for op in routed_operations(port):
         router, ports = _router(cls)
-        answer = await getattr(router, op)("vid", 3, flag=True)
-        assert answer == f"{op} answered"
-        assert ports["ns-b"].calls == [(op, ("vid", 3), {"flag": True})]
+        params = list(inspect.signature(getattr(port, op)).parameters)[2:]
+        given = {name: object() for name in params}  # one value of its own per argument
+        answer = await getattr(router, op)("vid", **given)
+        assert answer == f"{op} answered" or (answer is None and op == "nudge")
+        [(called, args, kwargs)] = ports["ns-b"].calls
+        assert called == op
+        assert _arguments(getattr(port, op), args, kwargs) == {"name": "vid", **given}
         assert ports["ns-a"].calls == []
-
-
-@pytest.mark.parametrize(("cls", "port"), ROUTERS, ids=lambda c: c.__name__)
-def test_every_operation_of_the_port_is_implemented(cls: type, port: type) -> None:
-    """An operation that names no type is not forwarded: the router must write it (the
-    Protocol's empty body would otherwise answer None)."""
-    for op, member in vars(port).items():
-        if inspect.iscoroutinefunction(member) and not op.startswith("_"):
-            assert getattr(cls, op) is not member, f"{cls.__name__}.{op} is the port's stub"
 
 
 class _Stream:

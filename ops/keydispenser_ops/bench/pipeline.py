@@ -45,6 +45,7 @@ import redis.asyncio as aioredis
 import yaml
 from redis.exceptions import RedisError
 
+from dispenser import codes
 from keydispenser_ops.bench import BENCH_PERMUTATION_KEY, Options
 from keydispenser_ops.bench.scratch import clear, refuse_unless_scratch
 from keydispenser_ops.embedded import free_port
@@ -69,6 +70,7 @@ MIN_PREFILL = 40_000  # short runs (tests) scale the prefill and the hot list do
 SYNC_BATCH = 20_000
 SAMPLE_S = 0.05
 DEFAULT_RATE = 200_000  # keys/s the clients offer together (0: full speed)
+POOL_EMPTY = codes.POOL_EMPTY.code.encode()  # in the body of a 503 that is no fault
 START_DEADLINE_S = 60.0
 TARGETS = {"keys_per_s": 200_000, "hot_ran_dry": False}
 
@@ -161,7 +163,7 @@ async def _client(
             got = body.count(b'","') + 1 if body != b'{"keys":[]}' else 0
             drain.keys += got
             drain.short_batches += got < BATCH
-        elif reply.status == 503 and b"IDG-001" in body:
+        elif reply.status == 503 and POOL_EMPTY in body:
             drain.pool_empty += 1
             # As every client must: wait the Retry-After (spinning would starve keysync).
             retry = float(reply.headers.get("Retry-After", "1"))

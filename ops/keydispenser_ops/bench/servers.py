@@ -26,6 +26,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dispenser import codes
+
 BASELINE_TABLE = "kd_bench_pg_ids"
 BASELINE_DSN_ENV = "KD_BENCH_BASELINE_DSN"
 # $1: how many IDs. A table like the reference's: ID, status, and an index on status.
@@ -106,7 +108,8 @@ async def issue_from_postgres(request: Request) -> Response:
     async with pool.acquire() as conn, conn.transaction():
         value = await conn.fetchval(SELECT_AVAILABLE)
         if value is None:
-            return JSONResponse({"errors": [{"errorCode": "IDG-001"}]}, status_code=503)
+            empty = codes.POOL_EMPTY
+            return JSONResponse({"errors": [{"errorCode": empty.code}]}, status_code=empty.status)
         await conn.execute(MARK_ASSIGNED, value)
     return JSONResponse({**BODY, "response": {"id": value}})
 

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dispenser import codes
 from keydispenser_ops.drill.fleet import Fleet, children
 from keydispenser_ops.drill.load import SnowflakeLoad
+from shared.domain.errors import ClockBehind
 
 log = logging.getLogger(__name__)
 SNOWFLAKE_TYPE = "drill_sf"
@@ -42,7 +44,7 @@ CLOCK_ENV = "KD_TEST_CLOCK_STEP_MS"
 REGRANT_DEADLINE_S = 20.0  # a killed holder's ID is granted again within this
 REACQUIRE_DEADLINE_S = 25.0  # every worker holds a new lease this long after a Redis fault
 CLOCK_OBSERVE_S = 3.0  # clock_back: how long the 503s are counted
-CLOCK_BEHIND = "IDG-015"
+CLOCK_BEHIND = codes.BY_ERROR[ClockBehind].code
 
 
 # `keydispenser lease -- sleep` holders: two processes, two IDs, none spare.

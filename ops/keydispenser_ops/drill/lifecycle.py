@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from dispenser import codes
 from keydispenser_ops.drill.history import LossSpan
 from shared.stores.postgres import sql
 
@@ -69,12 +70,21 @@ RETRY_EVERY = 4  # one request in this many repeats an earlier Idempotency-Key
 PAIR_EVERY = 5  # one UIN taken in this many gets PUT ASSIGNED and UNASSIGNED at once
 REPEAT_EVERY = 7  # one request in this many asks again an acknowledged PUT ASSIGNED
 # What PUT answers when it applied each status (the status MOSIP reports after it);
-# KER-UIG-004: refused, the UIN is not ISSUED any more (the other change came first).
+# NOT_ISSUED: refused, the UIN is not ISSUED any more (the other change came first).
 DONE = {"ASSIGNED": {"ASSIGNED"}, "UNASSIGNED": {"UNASSIGNED", "UNUSED"}}
-NOT_ISSUED = "KER-UIG-004"
+NOT_ISSUED = codes.UIN_NOT_ISSUED.code
 # Every answer that says what the ledger decided (a status, or a refusal: not found,
-# not a status, not ISSUED); KER-UIG-005 (internal: the ledger behind) decides nothing.
-DECIDED = frozenset({"ASSIGNED", "UNASSIGNED", "UNUSED", "KER-UIG-001", "KER-UIG-003", NOT_ISSUED})
+# not a status, not ISSUED); UIN_INTERNAL (the ledger behind) decides nothing.
+DECIDED = frozenset(
+    {
+        "ASSIGNED",
+        "UNASSIGNED",
+        "UNUSED",
+        codes.UIN_NOT_FOUND.code,
+        codes.UIN_STATUS_NOT_FOUND.code,
+        NOT_ISSUED,
+    }
+)
 REISSUE_WAIT_S = 30.0  # the quiet end's longest wait for a UIN issued again
 MOSIP_PUT = {"id": "mosip.kernel.uinservice", "version": "1.0", "metadata": {}}
 

@@ -1,6 +1,6 @@
 """Configuration, by concern: each module holds the models of what it configures.
 
-- ``id_types``: ID types (numeric, base62, snowflake), their names and aliases;
+- ``id_types``: ID types (pooled, of a format; snowflake), their names and aliases;
 - ``dispenser``: the HTTP server, its limits, API keys;
 - ``redis``: one server or Sentinel (with TLS), the namespace, lease replication;
 - ``postgres``: the DSN, the PostgreSQL fence;

@@ -1,5 +1,6 @@
-"""ID types: pooled ones (numeric, base62: keygen generates them, the hot tier holds
-them) and snowflake ones (minted in each dispenser on a leased machine ID)."""
+"""ID types: pooled ones (a format of ``shared.domain.formats``: keygen generates them,
+the hot tier holds them) and snowflake ones (minted in each dispenser on a leased
+machine ID)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,10 @@ from pydantic import Field, field_validator, model_validator
 
 from shared.domain import redis_keys
 from shared.domain.config.base import Strict
-from shared.domain.formats import FORMATS
+from shared.domain.formats import FORMATS, PooledKind
 from shared.domain.leases import MAX_POOL_IDS
 from shared.domain.names import AFFIX, ALIAS, ID_TYPE_NAME
 
-# The pooled formats' ``kind:`` values, one per module of ``shared.domain.formats``
-# (its lengths, defaults, rules and counter domain; a unit test keeps the two equal).
-PooledKind = Literal["numeric", "base62"]
 # 2020-01-01T00:00:00Z in milliseconds since the Unix epoch: the default snowflake epoch.
 SNOWFLAKE_EPOCH_MS = 1_577_836_800_000
 SNOWFLAKE_BITS = 63  # the sign bit of a signed 64-bit integer stays 0
@@ -74,8 +72,8 @@ class IdTypeConfig(Strict):
     # permuted: counters go through the keyed permutation (not guessable); sequential:
     # counter n is key n, zero-padded (FAR-00001 style; anyone can guess the next one).
     order: Literal["permuted", "sequential"] = "permuted"
-    # Default: verhoeff for numeric, none for base62; none needs order: sequential.
-    check_digit: Literal["verhoeff", "none"] = "verhoeff"
+    # The check scheme: one of its format's ``check_schemes``, the first by default.
+    check_digit: str = ""
     # Default: openg2p, or none for sequential types (zero-padded numbers fail openg2p's).
     filter_profile: Literal["openg2p", "mosip", "none"] = "openg2p"
     # Other path segments that name this type (a registry's code, e.g. "FAR-").
@@ -138,13 +136,13 @@ class IdTypeConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _defaults_by_kind_and_order(cls, data: Any) -> Any:
-        """check_digit follows the kind (its format's defaults), filter_profile the order,
-        unless given."""
+        """check_digit follows the kind (its format's first check scheme), filter_profile
+        the order, unless given."""
         if not isinstance(data, dict):
             return data
         kind = data.get("kind")
         if isinstance(kind, str) and kind in FORMATS:
-            data = dict(FORMATS[kind].defaults) | data
+            data = {"check_digit": FORMATS[kind].check_schemes[0]} | data
         if "filter_profile" not in data and data.get("order") == "sequential":
             data = data | {"filter_profile": "none"}
         return data
@@ -154,6 +152,12 @@ class IdTypeConfig(Strict):
         lo, hi = FORMATS[self.kind].length_limits
         if not lo <= self.length <= hi:
             raise ValueError(f"length {self.length} out of range for kind {self.kind} ({lo}..{hi})")
+        schemes = FORMATS[self.kind].check_schemes
+        if self.check_digit not in schemes:
+            raise ValueError(
+                f"check_digit: {self.check_digit!r} is not a check scheme of kind {self.kind} "
+                f"({', '.join(schemes)})"
+            )
         FORMATS[self.kind].check(self)
         for alias in self.aliases:
             if not ALIAS.fullmatch(alias):

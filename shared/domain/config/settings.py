@@ -125,7 +125,7 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
         return (*sources, YamlConfigSettingsSource(settings_cls))
 
     def pooled(self, name: str) -> IdTypeConfig:
-        """The configuration of pooled (numeric or base62) type ``name``."""
+        """The configuration of pooled type ``name`` (of a format, not snowflake)."""
         config = self.id_types[name]
         if not isinstance(config, IdTypeConfig):
             raise ConfigError(f"id_types.{name}: a {config.kind} type, not a pooled one")

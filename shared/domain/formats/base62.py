@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,8 +10,6 @@ from shared.domain.formats.interface import Format
 from shared.domain.formats.text import radix_columns
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from shared.domain.arrays import U64, Cols
     from shared.domain.config import IdTypeConfig
 
@@ -21,15 +19,10 @@ _BYTES = np.frombuffer(ALPHABET.encode(), dtype=np.uint8)
 
 class Base62(Format):
     kind = "base62"
-    alphabet = ALPHABET
+    alphabet = key_characters = read_characters = ALPHABET
+    check_schemes = ("none",)
     length_limits = (1, 10)  # 62**10 counters fit a PostgreSQL bigint sequence
-    defaults: ClassVar[Mapping[str, str]] = {"check_digit": "none"}
     filtered = False
-
-    @classmethod
-    def check(cls, config: IdTypeConfig) -> None:
-        if config.check_digit != "none":
-            raise ValueError("check_digit: base62 types have none")
 
     @classmethod
     def domain_size(cls, config: IdTypeConfig) -> int:

@@ -4,8 +4,9 @@ instance bound to its settings, filter rules and permutation key)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
+
+from shared.domain.errors import InvalidInput
 
 if TYPE_CHECKING:
     from shared.domain.arrays import U64, Cols
@@ -14,23 +15,34 @@ if TYPE_CHECKING:
 
 
 class Format(ABC):
-    """One kind of pooled key: its text, its keyspace, what makes a text one of its keys.
+    """One kind of pooled key: its text, its check scheme, its keyspace, how a client may
+    write one of its keys, and what makes a text one of them.
 
     ``columns`` encodes a whole block of counter values at once (numpy columns), and
-    ``valid`` is one cheap call per request: no per-key Python on the generation path.
+    ``normalise`` and ``valid`` are one cheap call each per request: no per-key Python
+    on the generation path.
     """
 
     kind: ClassVar[str]  # the configuration's ``kind:`` value
-    alphabet: ClassVar[str]  # every character a key's core may hold (in the fingerprint)
+    alphabet: ClassVar[str]  # the symbols a key's counter is written in (in the fingerprint)
+    # Every character a key's core holds as generated: the alphabet, and any check
+    # symbols of its own.
+    key_characters: ClassVar[str]
+    # Every character a client may write a core with, in a lookup or a status change
+    # (``normalise`` reads them as key characters). The API's key pattern
+    # (dispenser/openapi.py) admits these.
+    read_characters: ClassVar[str]
+    # The ``check_digit:`` values this format honours, its default first.
+    check_schemes: ClassVar[tuple[str, ...]]
     length_limits: ClassVar[tuple[int, int]]  # the settable lengths, both ends included
-    defaults: ClassVar[Mapping[str, str]] = {}  # settings whose default differs here
     filtered: ClassVar[bool]  # its keys go through the type's filter profile
 
     @classmethod
-    @abstractmethod
     def check(cls, config: IdTypeConfig) -> None:
-        """Raise ValueError for a setting this format cannot honour (the length is
-        checked against ``length_limits`` before)."""
+        """Raise ValueError for a setting this format cannot honour (the length and the
+        check scheme are checked against ``length_limits`` and ``check_schemes`` before).
+        By default every setting is."""
+        return
 
     @classmethod
     @abstractmethod
@@ -41,12 +53,25 @@ class Format(ABC):
         """``key``: the type's permutation key; None where keys are only validated."""
         self.config = config
         self.rules = rules
+        self._readable = frozenset(self.read_characters)
 
     @abstractmethod
     def columns(self, values: U64) -> Cols:
         """ASCII codes of the cores of the keys that ``values`` (permuted counters, or
         plain ones for a sequential type) make, one column per accepted key, in order."""
 
+    def normalise(self, core: str) -> str:
+        """Returns ``core`` (affixes stripped) written as this format writes its keys:
+        the text the stores hold and ``valid`` reads. A format that reads other
+        spellings (another case, look-alike letters) maps them here; by default a core
+        is written one way only.
+
+        Raises InvalidInput for a character no key of this format is written with.
+        """
+        if not self._readable.issuperset(core):
+            raise InvalidInput(f"id_value must use the {self.kind} alphabet")
+        return core
+
     @abstractmethod
     def valid(self, core: str) -> bool:
-        """True when ``core`` (affixes stripped, alphabet and length checked) is a key."""
+        """True when ``core`` (normalised, its length checked) is one of this format's keys."""

@@ -125,7 +125,8 @@ def counter_digits(config: IdTypeConfig) -> int:
 
 class Numeric(Format):
     kind = "numeric"
-    alphabet = DIGITS
+    alphabet = key_characters = read_characters = DIGITS
+    check_schemes = ("verhoeff", "none")
     length_limits = (2, 32)
     filtered = True
 

@@ -1,8 +1,9 @@
-"""Counter values to text, a block at a time: digit columns in radix 10 or 62, and
+"""Counter values to text, a block at a time: digit columns in any radix up to 62, and
 columns of ASCII codes to strings (used by every format and by snowflake's base62 text)."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,18 @@ import numpy.typing as npt
 
 from shared.domain.arrays import U64, Cols
 
-# _DECIMAL4[:, v] are the 4 digits of v; _BASE62_2[:, v] the 2 base-62 characters.
+# _DECIMAL4[:, v] are the 4 digits of v.
 _DECIMAL4 = np.array([[int(c) for c in f"{v:04d}"] for v in range(10_000)], dtype=np.uint8).T
-_BASE62_2 = np.array([[v // 62, v % 62] for v in range(62 * 62)], dtype=np.uint8).T
+MAX_RADIX = 62
+
+
+@cache
+def digit_pairs(radix: int) -> Cols:
+    """digit_pairs(r)[:, v]: the 2 digits of v in radix ``r`` (v < r**2)."""
+    if not 2 <= radix <= MAX_RADIX:
+        raise ValueError(f"radix must be 2..{MAX_RADIX}, got {radix}")
+    values = np.arange(radix * radix)
+    return np.array([values // radix, values % radix], dtype=np.uint8)
 
 
 def radix_columns(values: U64, width: int, radix: int) -> Cols:
@@ -37,12 +47,12 @@ def radix_columns(values: U64, width: int, radix: int) -> Cols:
 
 
 def _fill_columns(out: Cols, values: npt.NDArray[Any], radix: int) -> None:
-    """Digits of ``values`` (each fits ``out``) via 4-digit/2-char lookup tables.
+    """Digits of ``values`` (each fits ``out``) via 4-digit/2-digit lookup tables.
 
     Written for numpy's speed profile: ``//`` by a scalar is fast, ``%`` is not,
     and gathering one table row at a time beats a 2-D gather.
     """
-    table, chunk = (_DECIMAL4, 4) if radix == 10 else (_BASE62_2, 2)
+    table, chunk = (_DECIMAL4, 4) if radix == 10 else (digit_pairs(radix), 2)
     rest = values
     end = out.shape[0]
     while end > 0:

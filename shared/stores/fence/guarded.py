@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from shared.domain.errors import FenceHalted, PostgresBehind
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import NO_STAMP, LeasedRange, SequenceState, Stamp
+from shared.domain.tiers import NO_STAMP, FenceReport, LeasedRange, SequenceState, Stamp
 from shared.stores.fence import sql as fence_sql
-from shared.stores.fence.postgres_fence import FenceReport, settle
+from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import UNGUARDED, Record, SyncRecord
 from shared.stores.groups import SyncRecords, records_of
 from shared.stores.postgres.cold_store import ColdStore, OpenTake, translated

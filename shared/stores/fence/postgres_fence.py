@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -57,7 +55,7 @@ from shared.domain.errors import (
     StoreUnavailable,
 )
 from shared.domain.idtypes import IdType
-from shared.domain.tiers import Stamp
+from shared.domain.tiers import FenceReport, Stamp
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.fence.verdict import ClockRow, combined, verdict
@@ -75,23 +73,6 @@ SPLIT_HALT_REASON = (
     "redis lost state while two postgres primaries take writes (a split brain): no record "
     "can be rebuilt from either; demote the old one, then fence"
 )
-
-
-@dataclass(frozen=True)
-class FenceReport:
-    reason: str
-    keys_discarded: dict[str, int]
-    next_starts: dict[str, int]  # type -> where its next lease starts
-    stamp: Stamp
-    # type -> releases settled instead of requeued (their keys never go back): an
-    # operator's fence only (an automatic one restores the ledger exactly instead)
-    releases_settled: dict[str, int] = dataclasses.field(default_factory=dict)
-    # lane -> the ledger link keysync restores this server up to
-    ledger_restores: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def total_discarded(self) -> int:
-        return sum(self.keys_discarded.values())
 
 
 class _Moved(Exception):
