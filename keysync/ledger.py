@@ -186,7 +186,7 @@ class LedgerDrain:
         link = str(uuid.uuid4())
         async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
             applied = await work(conn)
-            args = [*record.guard_args(ledger=True), self.lane, link, bool(restored)]
+            args = [*record.guard_args(ledger=True), self.lane, link, restored]
             row = await conn.fetchrow(fence_sql.GUARD_LEDGER, *args)
             if row is None:
                 raise _Refused()
@@ -220,11 +220,18 @@ class LedgerDrain:
     async def _refused(self, record: Record) -> None:
         """Why the guard refused, as this server says, and what comes first: a restore
         pending, the record taken up to this server's timeline, or the fence."""
-        assert self._guard is not None
         state = await self._state()
         if state.restores.get(self.lane) or record.restore_from:
             await self.restore(state.restores.get(self.lane) or record.restore_from)
-        elif verdict(state, record) == "ok" and state.here != record.timeline:
+        else:
+            await self._settle(state, record)
+
+    async def _settle(self, state: ClockRow, record: Record) -> None:
+        """A server whose history covers the record on a newer timeline takes that
+        timeline up (a ledger transaction passes only on the record's own); any other
+        refusal is the fence's to settle."""
+        assert self._guard is not None
+        if verdict(state, record) == "ok" and state.here != record.timeline:
             await settle(self._cold, self._guard.records, adopt=True)
         else:
             await self._guard.fence()
@@ -266,9 +273,34 @@ class LedgerDrain:
         fence found it behind), as the log holds them, in one ledger transaction of its
         own (itself a link: a later promotion that loses it restores it again); the
         lane's pending restore is cleared with it. How many links were restored.
-        LedgerHalted when a link is gone from the log."""
+        LedgerHalted when a link is gone from the log.
+
+        Refused (this server lost its place again, or was promoted again: the fence or
+        the timeline's adoption settles it first), it restores what is pending then: a
+        fence may have replaced the target."""
         assert self._guard is not None
-        chain = await self._chain(target)
+        for _ in range(ATTEMPTS):
+            chain = await self._chain(target)
+            record = await self._guard.record(self._lane_type)
+            try:
+                await self._once(record, self._restoring(chain), [], restored=target)
+                break
+            except _Refused:
+                state = await self._state()
+                await self._settle(state, record)
+                target = (await self._pending(await self._state())) or target
+        else:
+            raise PostgresBehind(f"the ledger restore of lane {self.lane} was refused")
+        self.restored += len(chain)
+        log.warning(
+            "ledger_restored_after_fence",
+            extra={"lane": self.lane, "links": len(chain), "target": target},
+        )
+        return len(chain)
+
+    def _restoring(self, chain: list[Link]) -> Work:
+        """A restore's work: the links' operations written again, in order, and the
+        links recorded as this history's own (INSERT_LINKS)."""
         ops = [op for link in chain for op in link.ops]
         ids, prevs = [link.id for link in chain], [link.prev or None for link in chain]
 
@@ -279,21 +311,12 @@ class LedgerDrain:
                 await conn.execute(ledger_sql.INSERT_LINKS, ids, self.lane, prevs)
             return Applied(ops=ops, restored=len(chain))
 
-        for _ in range(ATTEMPTS):
-            record = await self._guard.record(self._lane_type)
-            try:
-                await self._once(record, work, [], restored=target)
-                break
-            except _Refused:
-                await self._guard.fence()  # this server lost its place again
-        else:
-            raise PostgresBehind(f"the ledger restore of lane {self.lane} was refused")
-        self.restored += len(chain)
-        log.warning(
-            "ledger_restored_after_fence",
-            extra={"lane": self.lane, "links": len(chain), "ops": len(ops), "target": target},
-        )
-        return len(chain)
+        return work
+
+    async def _pending(self, state: ClockRow) -> str:
+        """The restore pending now: the record's, else this server's ("" : none)."""
+        found = await self._sync.read() if self._sync is not None else None
+        return (found.restore_from if found else "") or state.restores.get(self.lane, "")
 
     async def _chain(self, target: str) -> list[Link]:
         """The links from the first one this server lacks up to ``target``, oldest

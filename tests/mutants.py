@@ -294,6 +294,25 @@ MUTANTS: Final = (
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
+        # A fence keeps the restore its server had pending from an earlier fence, though
+        # the record moved past it (a promotion back to that fence's server).
+        "a_fence_keeps_an_older_pending_restore",
+        "shared/stores/fence/postgres_fence.py",
+        "    target = record.restore_from or record.head\n",
+        "    target = row.restores.get(lane) or record.restore_from or record.head\n",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        # A restore refused on a server promoted again without loss only fences (which
+        # finds nothing to do): it never takes the new timeline up, and never passes.
+        "a_refused_restore_never_takes_the_timeline_up",
+        "keysync/ledger.py",
+        "                state = await self._state()\n"
+        "                await self._settle(state, record)\n",
+        "                await self._guard.fence()\n",
+        ("tests/acceptance/test_ledger_two_promotions.py",),
+    ),
+    Mutant(
         "an_outcome_decided_again",
         "shared/stores/ledger/table.py",
         "        if rows:\n            found[name] =",

@@ -56,7 +56,7 @@ UIN = "uin"
 WAIT_S = 40.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def chain() -> Iterator[PostgresChain]:
     with tempfile.TemporaryDirectory(prefix="kd-two-promotions-") as tmp:
         os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
@@ -198,3 +198,30 @@ async def test_a_second_promotion_keeps_the_restore_the_first_one_found_needed(
     assert await service.put("client-a", uin, "ASSIGNED") == "ASSIGNED"
     found = await service.looked_up(uin)
     assert found["client"] == "client-a" and found["used"] is True
+
+
+async def test_a_restore_pending_across_a_promotion_that_lost_nothing_completes(
+    chain: PostgresChain, stack: tuple[Mosip, int, Path]
+) -> None:
+    """A restore left pending by a fence (keysync frozen before it ran), then a
+    switchover to a replica that has every commit (a new timeline, nothing lost): the
+    restore passes the guard only on the record's timeline, so the server's timeline is
+    taken up first. Before, the restore was refused for ever (nothing else wrote there)
+    and every lookup and PUT of the ledger answered 503 until some refill or lease
+    happened to write on the new timeline."""
+    service, keysync, _ = stack
+    for index in (1, 2):
+        await chain.caught_up(index)
+    await chain.pause(1)  # from now on, on the primary only
+    uin = await service.get_uin("client-a")
+    assert uin is not None
+    assert await service.put("client-a", uin, "ASSIGNED") == "ASSIGNED"
+    os.kill(keysync, signal.SIGSTOP)  # the restore waits for it
+    await chain.promote(1)  # lossy: the issue and the PUT are gone
+    await fence(service.settings)  # the restore is pending, on the server and the record
+    await chain.caught_up(2)  # the second replica has the fence, and all the rest
+    await chain.promote(2)  # nothing lost: a new timeline
+    os.kill(keysync, signal.SIGCONT)
+    found = await service.looked_up(uin)
+    assert found["client"] == "client-a" and found["used"] is True
+    assert await service.put("client-a", uin, "ASSIGNED") == "ASSIGNED"

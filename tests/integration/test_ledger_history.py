@@ -422,6 +422,37 @@ async def test_a_second_promotion_keeps_the_restore_the_first_one_found_needed(
         await drop(servers, second)
 
 
+async def test_a_promotion_back_to_an_earlier_fence_restores_what_was_answered_since(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """A is issued a UIN; a replica lacking it is promoted and fenced (the issue's
+    restore left pending on it), and a second replica copies it there. The restore is
+    done and A's PUT ASSIGNED answered. Then the second replica (which holds the fence's
+    pending restore, not the restore nor the PUT) is promoted: its fence restores up to
+    the record's head, past the restore it had pending; keeping that one would bring the
+    issue back, not the answered ASSIGNED."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await promotion.promote()
+    await refill(ledger)  # another process reaches the promoted server: fenced
+    assert (await sync.read()).restore_from
+    second = f"{database}_replica2"
+    await clone(servers, database, second)  # the fence committed, its restore not yet
+    try:
+        await ledger.applied()  # keysync restores the issue, here
+        assigned = await ledger.change("used", key, "client-a")
+        await ledger.applied()
+        assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+        await promote(servers, database, second)
+        await ledger.applied()  # fenced, then restored up to the record's head
+        looked = await ledger.lookup(key)
+        assert looked["client"] == "client-a" and looked["used"] is True
+    finally:
+        await drop(servers, second)
+
+
 # --- decisions, lookups, halts ------------------------------------------------------
 
 

@@ -1,32 +1,52 @@
 /*
  * keydispenser: the ledger's protocol and the PostgreSQL fence, as a model for SPIN.
  *
- * docs/reliability.md ("The ledger's one history") says what is modelled, the bounds,
- * and how each action maps to the code; tests/model/test_ledger_model.py runs it.
+ * The model is the code's protocol: every action below names the file and function it
+ * stands for, takes the steps that code takes, and is checked against the real code by
+ * the simulation (ops/keydispenser_ops/simulation/: the real ledger code under
+ * simulated faults, each run's trace replayed here or in its executable mirror,
+ * ops/keydispenser_ops/simulation/mirror.py). docs/reliability.md ("The protocol as a
+ * model") says what is modelled and the bounds; tests/model/test_ledger_model.py runs
+ * it.
  *
  * One key, K, of a type with a ledger and reissue_released; two API clients, A and B.
  * Every action is one atomic step of the real protocol (a Lua script, a PostgreSQL
- * transaction, an HTTP answer), and SPIN explores every interleaving of them.
+ * transaction, an HTTP answer, a read), and SPIN explores every interleaving of them.
  *
  * PostgreSQL is a tree of commits ("nodes"): each transaction adds a child of the
  * primary's latest node; a promotion makes an ancestor the primary's latest (the
  * replica had replayed up to it: a suffix of commits is lost). A node holds the state
  * after its commit: K's ledger rows, whether K is in the cold table, the ledger chain's
- * head. Redis holds the hot list, the stream of ledger entries, the sync record (the
- * newest stamp recorded, and the ledger head it carried), the ledger log (one entry per
- * ledger transaction: its id, the head before it, and what it wrote) and the outcomes.
+ * head, a restore pending, the operations the transaction wrote (a ledger node). Redis
+ * holds the hot list, the stream of ledger entries and who holds them, the sync record
+ * (the newest stamp recorded, the ledger head it carried, a restore pending), the
+ * ledger log (one entry per ledger transaction: its id, the head before it, what it
+ * wrote) and the published outcomes.
  *
  * Switches (-D):
- *   Workloads, one at a time: W_PAIR, W_REISSUE, W_QUIET, W_MIXED.
+ *   Worlds, one at a time: W_PAIR, W_REISSUE, W_QUIET, W_TWICE, W_REDIS, W_MIXED,
+ *   W_CLAIM, W_LOSS, W_LOOK (each says what it exercises, below).
+ *   Variants, each a mechanism of the design taken out or an earlier design put back
+ *   (tests/model/test_ledger_model.py says what each must break):
  *   REPLAY_REDECIDES         round 4's restore: the lost batches' entries are decided
- *                            again, in stream order, issues first, after the fence
- *                            settled every release (instead of applying what the log
- *                            recorded).
- *   REPLAY_AFTER_NEXT_BATCH  round 4's schedule: nothing waits for the restore (the
- *                            ledger decides and answers meanwhile); it runs after the next
- *                            batch's acknowledgement, which trims the log first.
- *   LOG_AFTER_COMMIT         the log entry is written with the acknowledgement, after
- *                            the commit (not before it): a fence may find a gap.
+ *                            again, in stream order, after the fence settled every
+ *                            release (instead of replaying what the log recorded).
+ *   REPLAY_AFTER_NEXT_BATCH  round 4's schedule: nothing waits for the restore; it runs
+ *                            after the next batch's acknowledgement, trimmed first.
+ *   LOG_AFTER_COMMIT         the log entry is written with the acknowledgement.
+ *   ANY_TIMELINE             a ledger transaction passes on any timeline that covers
+ *                            the record (not only the record's own).
+ *   HEAD_ONLY_TARGET         a fence restores up to the record's head only, not the
+ *                            restore the record has pending (round 6's fence).
+ *   PENDING_FIRST            a fence keeps a restore the server has pending from an
+ *                            earlier fence, even when the record has moved past it.
+ *   ADOPT_ONLY_WITHOUT_RESTORE  a promoted server's timeline is taken up only when no
+ *                            restore is pending (round 6: a restore then never passes).
+ *   TRIM_WHILE_PENDING       the log is trimmed while a restore is pending.
+ *   LOOKUP_NO_WAIT           a lookup answers its snapshot without waiting for the
+ *                            record to cover it.
+ *   REPLAY                   replay one trace (trace.pml, written by the simulation's
+ *                            cross-check): each step is the action the trace names.
  */
 
 #define NONE 0
@@ -38,21 +58,31 @@
 #define REL 3
 
 #define UNREAD 1
-#define ACKED 9                 /* entry states; held by keysync k: 2 + k */
+#define ACKED 9                 /* entry states; held by keysync k: 2 + k; LOST: gone */
+#define LOST 10
 
-#define O_ASSIGNED 1            /* outcomes of a status change (MOSIP's PUT) */
-#define O_RELEASED 2
-#define O_REFUSED 3             /* not ISSUED any more (used, or given back) */
-#define O_NOTFOUND 4
+#define O_ASSIGNED 1            /* outcomes of a status change (shared/domain/outcomes.py) */
+#define O_RELEASED 2            /* UNUSED or UNASSIGNED */
+#define O_REFUSED 3             /* NOT_ISSUED */
+#define O_NOTFOUND 4            /* NOT_FOUND */
 
 #define T_ASSIGNED 1            /* what an answer told a client about its issue */
 #define T_RELEASED 2
 
 #define IDLE 0                  /* keysync states */
-#define HOLDING 1               /* read a batch */
-#define COMMITTED 2             /* committed a ledger transaction, not acknowledged */
-#define TAKEN 3                 /* committed a take of K, not pushed */
-#define ADOPTING 4              /* committed a write on a new timeline, not recorded */
+#define HOLDING 1               /* read a batch (LedgerStream.read) */
+#define BEGUN 2                 /* read the record its transaction is judged against */
+#define COMMITTED 3             /* committed a ledger transaction, not confirmed */
+#define TAKEN 4                 /* committed a take of K, not pushed */
+#define ADOPTING 5              /* committed a write on a new timeline, not recorded */
+#define RQ_BEGUN 6              /* a requeue transaction: read the record */
+
+#define OP_ISSUE 16             /* the operations a ledger node wrote (table.Applied.ops): */
+#define OP_USED 32              /* OP_ISSUE + e: issue row of entry e inserted; */
+#define OP_REL 48               /* OP_USED: K's row used; OP_REL: K's row released */
+#define OP_REQ 64               /* OP_REQ: releases settled; OP_OUT + e: outcome of e */
+#define OP_OUT 80
+#define MAXOPS 4
 
 #define MAXE 8                  /* stream entries 1..7 */
 #define MAXN 18                 /* commit nodes 1..17; node 0: the migrated database */
@@ -62,8 +92,12 @@
 #define VARIANT 1
 #endif
 
-/* ---- workloads: how many of each action the clients and the faults may take ---- */
-#if defined(W_PAIR)
+/* ---- worlds: how many of each action the clients and the faults may take ---- */
+#define LOOKUPS 0
+#define CLAIMS 0
+#define RLOSS_KINDS 1           /* 1: a failover to a lagging replica; 3: also restarts */
+#define RLOSS_MASK 31           /* the newest writes a Redis loss may take (A_RLOSS) */
+#if defined(W_PAIR)             /* two keysyncs, a PUT pair, a repeat, a promotion */
 #define NKS 2
 #define POPS 1
 #define PUTS 0
@@ -74,9 +108,9 @@
 #define REQUEUES 0
 #define TRIMS 0
 #define CLIENTS 1
-#define REDIS_FAILOVERS 0
+#define RLOSSES 0
 #define RETRIES 0
-#elif defined(W_REISSUE)
+#elif defined(W_REISSUE)        /* three pops over two clients, requeues, a promotion */
 #define NKS 1
 #define POPS 3
 #define PUTS 2
@@ -87,9 +121,9 @@
 #define REQUEUES 2
 #define TRIMS 0
 #define CLIENTS 2
-#define REDIS_FAILOVERS 0
+#define RLOSSES 0
 #define RETRIES 0
-#elif defined(W_QUIET)
+#elif defined(W_QUIET)          /* a PUT, a repeat, trims, a promotion */
 #define NKS 1
 #define POPS 1
 #define PUTS 1
@@ -100,35 +134,37 @@
 #define REQUEUES 0
 #define TRIMS 2
 #define CLIENTS 1
-#define REDIS_FAILOVERS 0
+#define RLOSSES 0
 #define RETRIES 0
-#elif defined(W_MIXED)
+#elif defined(W_MIXED)          /* two keysyncs, two clients, a requeue, a trim */
 #define NKS 2
 #define POPS 2
 #define PUTS 2
 #define PAIRS 0
-#define REPEATS 1
+#define REPEATS 0
 #define PROMOTIONS 1
-#define CRASHES 1
+#define CRASHES 0
 #define REQUEUES 1
 #define TRIMS 1
 #define CLIENTS 2
-#define REDIS_FAILOVERS 0
+#define RLOSSES 0
 #define RETRIES 0
-#elif defined(W_TWICE)
+#elif defined(W_TWICE)          /* two promotions, a keysync crash, a repeat */
+#undef LOOKUPS
+#define LOOKUPS 1
 #define NKS 1
-#define POPS 2
-#define PUTS 2
+#define POPS 1
+#define PUTS 1
 #define PAIRS 0
 #define REPEATS 1
 #define PROMOTIONS 2
 #define CRASHES 1
-#define REQUEUES 1
+#define REQUEUES 0
 #define TRIMS 0
-#define CLIENTS 2
-#define REDIS_FAILOVERS 0
+#define CLIENTS 1
+#define RLOSSES 0
 #define RETRIES 0
-#elif defined(W_REDIS)
+#elif defined(W_REDIS)          /* a Redis failover, an Idempotency-Key retry, a promotion */
 #define NKS 1
 #define POPS 2
 #define PUTS 2
@@ -139,24 +175,73 @@
 #define REQUEUES 1
 #define TRIMS 0
 #define CLIENTS 2
-#define REDIS_FAILOVERS 1
+#define RLOSSES 1
 #define RETRIES 1
+#undef RLOSS_MASK
+#define RLOSS_MASK 25           /* an entry, a log entry, the pending restore */
+#elif defined(W_CLAIM)          /* a live keysync's batch claimed by another */
+#undef CLAIMS
+#define CLAIMS 1
+#define NKS 2
+#define POPS 1
+#define PUTS 1
+#define PAIRS 0
+#define REPEATS 1
+#define PROMOTIONS 1
+#define CRASHES 0
+#define REQUEUES 0
+#define TRIMS 0
+#define CLIENTS 1
+#define RLOSSES 0
+#define RETRIES 0
+#elif defined(W_LOSS)           /* Redis restarted empty or from an old snapshot, trims */
+#undef RLOSS_KINDS
+#define RLOSS_KINDS 3
+#undef LOOKUPS
+#define LOOKUPS 1
+#define NKS 1
+#define POPS 1
+#define PUTS 1
+#define PAIRS 0
+#define REPEATS 1
+#define PROMOTIONS 1
+#define CRASHES 0
+#define REQUEUES 0
+#define TRIMS 1
+#define CLIENTS 1
+#define RLOSSES 1
+#define RETRIES 0
+#elif defined(W_LOOK)           /* lookups beside a PUT, a promotion, a trim */
+#undef LOOKUPS
+#define LOOKUPS 2
+#define NKS 1
+#define POPS 1
+#define PUTS 1
+#define PAIRS 0
+#define REPEATS 0
+#define PROMOTIONS 1
+#define CRASHES 0
+#define REQUEUES 0
+#define TRIMS 1
+#define CLIENTS 1
+#define RLOSSES 0
+#define RETRIES 0
 #else
-#error "choose a workload: -DW_PAIR, -DW_REISSUE, -DW_QUIET, -DW_MIXED, -DW_TWICE or -DW_REDIS"
+#error "choose a world: -DW_PAIR, -DW_REISSUE, -DW_QUIET, -DW_TWICE, -DW_REDIS, -DW_MIXED, -DW_CLAIM, -DW_LOSS or -DW_LOOK"
 #endif
 
 /* ---- the stream of ledger entries (Redis) ---- */
 byte eop[MAXE];                 /* ISSUE (a pop), USE (PUT ASSIGNED), REL (PUT UNASSIGNED) */
 byte ecli[MAXE];                /* the client */
 byte eiss[MAXE];                /* a PUT's: the issue (entry) it is about */
-byte est[MAXE];                 /* UNREAD, held by keysync k (2 + k), ACKED */
-bit eans[MAXE];                 /* a PUT answered */
-byte outc[MAXE];                /* its outcome, recorded with the acknowledgement */
+byte est[MAXE];                 /* UNREAD, held by keysync k (2 + k), ACKED, LOST */
+bit eans[MAXE];                 /* a PUT answered (or given up: 503) */
+byte outc[MAXE];                /* its outcome, published by the confirmation */
 byte ne = 1;
-byte nack = 0;                  /* entries acknowledged */
 
 /* ---- PostgreSQL: the commit tree ---- */
 byte par[MAXN];                 /* parent node */
+byte tl[MAXN];                  /* the timeline it was committed on */
 byte live[MAXN];                /* K's live issue row: the entry that issued it (0: none) */
 bit used[MAXN];                 /* the live row is ASSIGNED */
 byte hist[MAXN];                /* issues given back (rows moved to kd_released_issues) */
@@ -164,41 +249,76 @@ byte req[MAXN];                 /* of those, requeued (or settled: never requeue
 bit cold[MAXN];                 /* K is in the cold table */
 byte lhead[MAXN];               /* the ledger chain's head on this branch (a node) */
 byte lprev[MAXN];               /* a ledger node: the head before it */
-byte rest[MAXN];                /* a restore node: the head it restored */
-byte pfrom[MAXN];               /* a fence left a restore pending: the head to restore */
-byte ents[MAXN];                /* a ledger node: the entries it applied */
+int held[MAXN];                 /* the links this branch holds (kd_chain_links): its own
+                                 * ledger nodes and those a restore wrote again */
+byte rest[MAXN];                /* a restore node: the head it restored up to */
+byte pfrom[MAXN];               /* a restore pending on this branch (kd_sync_clock.ledger_restore) */
+byte ents[MAXN];                /* a ledger node: the entries it applied (its log's too) */
+byte app[MAXN];                 /* every entry applied on this branch (what a read shows) */
+byte ops[MAXN * MAXOPS];        /* a ledger node: what it wrote, in order */
+byte nops[MAXN];
+int rlinks[MAXN];               /* a restore node: the links whose writes it wrote again
+                                 * (its log entry holds their operations, in order) */
 bit inlog[MAXN];                /* its log entry is in Redis */
+byte gone[MAXN];                /* why it left the log: 1 trimmed, 2 trimmed while a
+                                 * restore was pending, 3 lost with Redis state */
 bit isfence[MAXN];              /* a fence's commit: a new history starts there */
-typedef Decisions { byte v[MAXE] };
-Decisions dv[MAXN];             /* the decision rows on this branch: a PUT entry's outcome */
-byte dw[MAXN];                  /* the decision rows this node wrote (entries) */
+int dv[MAXN];                   /* the decision rows on this branch (kd_outcomes): entry
+                                 * e's outcome in bits 3e..3e+2 (DV, SETDV) */
+#define DV(n, e) ((dv[n] >> (3 * (e))) & 7)
+#define SETDV(n, e, o) dv[n] = (dv[n] & ~(7 << (3 * (e)))) | ((o) << (3 * (e)))
 byte nn = 1;                    /* next node */
 byte srv = 0;                   /* the primary's latest commit */
-byte tlstart = 0;               /* the first node of the primary's timeline (promotion) */
+byte curtl = 1;                 /* the primary's timeline */
 
 /* ---- Redis: the sync record, the hot list, Idempotency-Key records ---- */
 byte rec = 0;                   /* the newest stamp recorded (a node) */
 byte rhead = 0;                 /* the ledger head that stamp carried */
 byte rfrom = 0;                 /* a restore pending: the head to restore (the claim) */
-bit halted = 0;                 /* the ledger failed closed */
+byte repoch = 0;                /* the record's history: moved by every claim and vouch */
+bit fhalted = 0;                /* the fence halted: both tiers lost state */
+bit lhalted = 0;                /* the ledger failed closed */
 bit hot = 0;                    /* K is in the hot list */
-bit twice = 0;                    /* the duplicate alarm fired */
+bit twice = 0;                  /* the duplicate alarm fired */
 bit untrusted = 0;              /* Redis lost state: the record must be rebuilt (vouch) */
+bit rflost = 0;                 /* a Redis loss took a pending restore with it */
 byte idem[3];                   /* a client's Idempotency-Key record: the issue it replays */
 
-/* ---- keysyncs ---- */
-byte ks[3];                      /* IDLE, HOLDING, COMMITTED, TAKEN */
-byte ksn[3];                    /* the node it committed */
-byte kso[MAXE];                 /* outcomes decided by the batch, until acknowledged */
+/* ---- keysyncs (keysync/ledger.py LedgerDrain, keysync/main.py Keysync) ---- */
+byte ks[3];                     /* IDLE, HOLDING, BEGUN, COMMITTED, TAKEN, ADOPTING, RQ_BEGUN */
+byte kb[3];                     /* the entries of its batch (a bitmask) */
+byte krec[3];                   /* the record its transaction is judged against */
+byte knode[3];                  /* the node it committed */
+byte kso[MAXE];                 /* outcomes decided by the batch, until confirmed */
 #ifdef REPLAY_AFTER_NEXT_BATCH
 bit old[MAXN];                  /* log entries older than the retention */
 #endif
 
 /* ---- clients ---- */
-byte hand[3];              /* the issue of K the client was given last (0: none) */
-byte hold[3];              /* 1: it holds K; 2: it sent K back, not answered yet */
-bit moved[3];              /* K went to another client while its release waited */
+byte hand[3];                   /* the issue of K the client was given last (0: none) */
+byte hold[3];                   /* 1: it holds K; 2: it sent K back, not answered yet;
+                                 * 3: it gave up waiting for that answer (unknown) */
+bit moved[3];                   /* K went to another client while its release waited */
 byte truth[MAXE];               /* per issue: what an answer said (T_ASSIGNED, T_RELEASED) */
+byte pu[3];                     /* a PUT begun: the op; pw: the newest entry it waits for */
+byte pw[3];
+byte lk[3];                     /* a lookup: 1 read the record, 2 took its snapshot */
+byte lr[3];                     /* the record it read, its history (repoch), its snapshot */
+byte lre[3];
+byte ls[3];
+byte lmin[3];                   /* what every lookup answered before it began showed */
+byte lthen[3];                  /* what its client had been answered when it began */
+byte seen = 0;                  /* every entry a lookup's answer showed applied */
+byte lastans[3];                /* the client's last answered PUT (a repeat asks it again) */
+
+/* ---- derived from the state above after every action (derive()), for the guards:
+ *      they tell no two states apart ---- */
+byte frontier = 0;              /* every entry up to it is applied or gone */
+byte answerable = 0;            /* PUT entries whose outcome is published, not answered */
+byte stranded = 0;              /* PUT entries never to be answered (entry or outcome lost) */
+bit unread = 0;                 /* an entry nobody holds */
+bit behind = 0;                 /* the primary's history does not cover the record */
+bit anylog = 0;                 /* the log holds a link */
 
 /* ---- budgets ---- */
 byte b_pop = POPS;
@@ -209,26 +329,80 @@ byte b_prom = PROMOTIONS;
 byte b_crash = CRASHES;
 byte b_req = REQUEUES;
 byte b_trim = TRIMS;
-byte b_rfo = REDIS_FAILOVERS;
+byte b_rloss = RLOSSES;
 byte b_retry = RETRIES;
+byte b_look = LOOKUPS;
+byte b_claim = CLAIMS;
 
 /* scratch: each action sets what it reads, and clears it all when done (CLEAN), so
  * that it never tells two states apart */
-byte t, u, o, i, k, c, m, w, q, e, n;
+byte t, u, o, i, j, k, c, m, w, q, e, n, x;
+int lostset;
 bit r, ok;
-#define CLEAN t = 0; u = 0; o = 0; i = 0; k = 0; c = 0; m = 0; w = 0; q = 0; e = 0; n = 0; r = 0; ok = 0
+#define CLEAN derive(); t = 0; u = 0; o = 0; i = 0; j = 0; k = 0; c = 0; m = 0; w = 0; q = 0; e = 0; n = 0; x = 0; lostset = 0; r = 0; ok = 0
+
+/* ---- replaying a trace (REPLAY): each step must be the action the trace names ----
+ * WHEN(code, cond): the action's guard. Searching, the action is enabled exactly when
+ * it changes something (so that SPIN's timeout means nothing else can happen);
+ * replaying, it is taken when the trace names it, and its condition is asserted.
+ * PICK_C(P)/PICK_K(P): a client or keysync for which P holds (the trace's, replaying). */
+#ifdef REPLAY
+#include "trace.pml"            /* NSTEPS; init_trace() fills tcode[], tp1[], tp2[] */
+short step = 0;
+#define WHEN(code, cond) step < NSTEPS && tcode[step] == code -> assert(cond)
+#define PARAM1(v) v = tp1[step]
+#define PARAM2(v) v = tp2[step]
+#define STEPPED step++; printf("STEP %d\n", step)
+#define PICK_C(P) c = tp1[step]; assert(c >= 1 && c <= CLIENTS && P(c))
+#define PICK_K(P) k = tp1[step]; assert(k >= 1 && k <= NKS && P(k))
+#else
+#define WHEN(code, cond) (cond)
+#define PARAM1(v) skip
+#define PARAM2(v) skip
+#define STEPPED skip
+#define PICK_C(P) if :: P(CA) -> c = CA :: CLIENTS > 1 && P(CB) -> c = CB fi
+#define PICK_K(P) if :: P(1) -> k = 1 :: NKS > 1 && P(2) -> k = 2 fi
+#endif
+#define ANY_C(P) (P(CA) || (CLIENTS > 1 && P(CB)))
+#define ANY_K(P) (P(1) || (NKS > 1 && P(2)))
+
+/* action codes (the simulation's trace names them: simulation/trace.py) */
+#define A_POP 1
+#define A_PUT_BEGIN 2
+#define A_PAIR 3
+#define A_REPEAT 4
+#define A_PUT_APPEND 5
+#define A_ANSWER 6
+#define A_GIVE_UP 7
+#define A_READ 8
+#define A_CLAIM 9
+#define A_BEGIN 10
+#define A_COMMIT 11
+#define A_CONFIRM 12
+#define A_CRASH 13
+#define A_TAKE 14
+#define A_PUSH 15
+#define A_RQ_BEGIN 16
+#define A_RQ_COMMIT 17
+#define A_ADOPT 18
+#define A_ADOPTED 19
+#define A_FENCE 20
+#define A_RESTORE 21
+#define A_TRIM 22
+#define A_RETRY 23
+#define A_RLOSS 24
+#define A_VOUCH 25
+#define A_PROMOTE 26
+#define A_LOOK_RECORD 27
+#define A_LOOK_SNAPSHOT 28
+#define A_LOOK_ANSWER 29
 
 /* ---------------------------------------------------------------------------------- */
 
 inline newnode() {
-  par[nn] = srv; live[nn] = live[srv]; used[nn] = used[srv]; hist[nn] = hist[srv];
-  req[nn] = req[srv]; cold[nn] = cold[srv]; lhead[nn] = lhead[srv];
-  pfrom[nn] = pfrom[srv];
-  t = 1;
-  do
-  :: t < MAXE -> dv[nn].v[t] = dv[srv].v[t]; t++
-  :: t >= MAXE -> break
-  od;
+  par[nn] = srv; tl[nn] = curtl; live[nn] = live[srv]; used[nn] = used[srv];
+  hist[nn] = hist[srv]; req[nn] = req[srv]; cold[nn] = cold[srv]; lhead[nn] = lhead[srv];
+  pfrom[nn] = pfrom[srv]; app[nn] = app[srv]; held[nn] = held[srv]; dv[nn] = dv[srv];
   srv = nn; nn++
 }
 
@@ -242,37 +416,71 @@ inline covers(b, a) {
   od
 }
 
-/* The guard: a guarded write runs only on a primary whose history covers the record. */
-#define GUARD_PASSES (!halted && !untrusted)
-/* A ledger transaction (and the log's trimming) waits for a pending restore; round 4's
- * did not. */
-#ifdef REPLAY_AFTER_NEXT_BATCH
-#define NO_RESTORE_PENDING true
-#else
-#define NO_RESTORE_PENDING (rfrom == 0 && pfrom[srv] == 0)
-#endif
-/* A ledger transaction decides only on the timeline the record follows: a promoted
- * server adopts its timeline first (a write of its own, recorded), so that a stamp from
- * the old primary landing late either fences it or is refused (SAME_TIMELINE off: round
- * 4's guard, which let a newer timeline pass). */
+/* The derived variables (declared above), from the state. */
+inline derive() {
+  frontier = 0; answerable = 0; stranded = 0; unread = 0; anylog = 0;
+  t = 1;
+  do
+  :: t < ne && (est[t] == ACKED || est[t] == LOST) && frontier == t - 1 -> frontier = t; t++
+  :: t < ne && !((est[t] == ACKED || est[t] == LOST) && frontier == t - 1) -> t++
+  :: t >= ne -> break
+  od;
+  t = 1;
+  do
+  :: t < ne ->
+     if :: est[t] == UNREAD -> unread = 1 :: else -> skip fi;
+     if
+     :: eop[t] != ISSUE && !eans[t] && outc[t] != 0 -> answerable = answerable | bitof(t)
+     :: eop[t] != ISSUE && !eans[t] && outc[t] == 0 && (est[t] == LOST || est[t] == ACKED) ->
+        stranded = stranded | bitof(t)
+     :: else -> skip
+     fi;
+     t++
+  :: t >= ne -> break
+  od;
+  t = 1;
+  do
+  :: t < MAXN -> if :: inlog[t] -> anylog = 1; break :: else -> t++ fi
+  :: t >= MAXN -> break
+  od;
+  covers(srv, rec); behind = !r
+}
+
+/* The guard (shared/stores/fence/sql.py GUARD, GUARD_LEDGER): a guarded write runs only
+ * on a primary whose history covers the record it was judged against, and a ledger
+ * transaction only on that record's own timeline (flag 4; ANY_TIMELINE: on any) and
+ * with no restore pending on the server (but for the restore itself). */
+#define GUARD_PASSES (!fhalted && !untrusted)
 #ifdef ANY_TIMELINE
-#define ON_RECORDS_TIMELINE true
+#define ON_TIMELINE(x) true
 #else
-#define ON_RECORDS_TIMELINE (rec >= tlstart)
+#define ON_TIMELINE(x) (curtl == tl[x])
+#endif
+#ifdef REPLAY_AFTER_NEXT_BATCH
+#define NO_RESTORE_HERE true
+#else
+#define NO_RESTORE_HERE (pfrom[srv] == 0)
 #endif
 
-/* A new ledger transaction on the primary's latest node: chained, logged before commit. */
+/* A ledger node on the primary's latest node: chained (GUARD_LEDGER moves the lane's
+ * head), logged before it commits (LedgerStream.add_link in LedgerDrain._once). */
 inline ledger_node() {
   newnode();
-  lprev[srv] = lhead[srv]; lhead[srv] = srv; ents[srv] = 0;
+  lprev[srv] = lhead[srv]; lhead[srv] = srv; ents[srv] = 0; nops[srv] = 0;
+  held[srv] = held[srv] | (1 << srv);
 #ifndef LOG_AFTER_COMMIT
   inlog[srv] = 1;
 #endif
 }
 
-/* Record a stamp (sync_record.lua): a newer commit of the record's history moves it;
- * an older one of the same history (no fence since) leaves it, and is fine; any
- * other is stale (its commit may be lost, or is from before a fence). */
+inline wrote(op) {
+  assert(nops[srv] < MAXOPS);
+  ops[srv * MAXOPS + nops[srv]] = op; nops[srv]++
+}
+
+/* Record a stamp (lua/sync_record.lua record_stamp): a newer commit of the record's
+ * history moves it; an older one of the same history (no fence since) leaves it, and is
+ * fine; any other is stale (its commit may be lost, or is from before a fence). */
 inline record(n, ok) {
   covers(n, rec);
   if
@@ -287,193 +495,271 @@ inline record(n, ok) {
   fi
 }
 
-/* r = 1 when ledger node x is on the primary's ledger chain (the empty start too) */
+/* r = 1 when the primary holds ledger link x (ledger_sql.HOLDS_LINK), or x is empty */
 inline onchain(x) {
-  w = lhead[srv]; r = 0;
-  do
-  :: x == 0 || w == x -> r = 1; break
-  :: x != 0 && w != x && w == 0 -> break
-  :: x != 0 && w != x && w != 0 -> w = lprev[w]
-  od
+  r = (x == 0 || (held[srv] & (1 << x)) != 0)
 }
 
-/* Decide entry e on the primary's latest node; o: a PUT's outcome. A PUT decided on
- * this branch already (its decision row is here) gets that outcome again. */
-inline decide(e) {
-  o = 0;
-  if
-  :: eop[e] != ISSUE && dv[srv].v[e] != 0 -> o = dv[srv].v[e]
-  :: eop[e] != ISSUE && dv[srv].v[e] == 0 -> decide_change(e); dv[srv].v[e] = o; dw[srv] = dw[srv] | bitof(e)
-  :: eop[e] == ISSUE -> decide_issue(e)
-  fi
-}
+/* ---- deciding a batch (shared/stores/ledger/table.py apply) ---------------------- */
 
+/* An issue entry (table._issue, INSERT_LEDGER_ISSUED): inserted unless K's row is taken
+ * (by this entry: applied again; by another: issued twice, the alarm) or this issue was
+ * given back since. */
 inline decide_issue(e) {
   if
-  :: true ->
-     if
-     :: live[srv] == e -> skip                                  /* applied again */
-     :: live[srv] == 0 && (hist[srv] & bitof(e)) == 0 -> live[srv] = e; used[srv] = 0
-     :: live[srv] == 0 && (hist[srv] & bitof(e)) != 0 -> skip   /* released since */
-     :: live[srv] != 0 && live[srv] != e ->
-        twice = 1                                                 /* issued twice */
+  :: live[srv] == e -> skip
+  :: live[srv] == 0 && (hist[srv] & bitof(e)) == 0 -> live[srv] = e; used[srv] = 0; wrote(OP_ISSUE + e)
+  :: live[srv] == 0 && (hist[srv] & bitof(e)) != 0 -> skip
+  :: live[srv] != 0 && live[srv] != e ->
+     twice = 1
 #ifndef VARIANT
-        ; assert(false)
+     ; assert(false)
 #endif
-     fi
   fi
 }
 
-inline decide_change(e) {
+/* A mark (table._marks: UPDATE_LEDGER_USED, RELEASE_TO_HISTORY): applied to K's live
+ * row when it is this client's, neither used nor released, and older than the mark. */
+inline apply_mark(e) {
   if
-  :: live[srv] != 0 && ecli[live[srv]] == ecli[e] && live[srv] < e ->
+  :: live[srv] != 0 && ecli[live[srv]] == ecli[e] && !used[srv] && live[srv] < e ->
      if
-     :: eop[e] == USE -> used[srv] = 1; o = O_ASSIGNED
-     :: eop[e] == REL && !used[srv] ->
-        hist[srv] = hist[srv] | bitof(live[srv]); live[srv] = 0; o = O_RELEASED
-     :: eop[e] == REL && used[srv] -> o = O_REFUSED
+     :: eop[e] == USE -> used[srv] = 1; wrote(OP_USED)
+     :: eop[e] == REL -> hist[srv] = hist[srv] | bitof(live[srv]); live[srv] = 0; wrote(OP_REL)
      fi
-  :: live[srv] != 0 && ecli[live[srv]] == ecli[e] && live[srv] > e ->
-     o = O_REFUSED                                              /* about an earlier issue */
-  :: !(live[srv] != 0 && ecli[live[srv]] == ecli[e]) ->
-     /* no live row of its own: the latest given-back issue of K, if its own */
-     u = 0; t = 1;
+  :: else -> skip
+  fi
+}
+
+/* The outcome of a status change from K's state once the batch is applied
+ * (table._decide, table.key_status, shared/domain/outcomes.py outcome_of). */
+inline outcome_now(e) {
+  if
+  :: live[srv] != 0 && ecli[live[srv]] == ecli[e] ->
+     if
+     :: eop[e] == USE && used[srv] -> o = O_ASSIGNED
+     :: else -> o = O_REFUSED
+     fi
+  :: live[srv] != 0 && ecli[live[srv]] != ecli[e] -> o = O_NOTFOUND
+  :: live[srv] == 0 ->
+     u = 0; t = 1;                                    /* SELECT_RELEASED_ISSUE: the latest */
      do
      :: t < MAXE -> if :: (hist[srv] & bitof(t)) != 0 -> u = t :: else -> skip fi; t++
      :: t >= MAXE -> break
      od;
      if
-     :: u != 0 && ecli[u] == ecli[e] && live[srv] == 0 ->
-        if :: eop[e] == REL -> o = O_RELEASED :: else -> o = O_REFUSED fi
+     :: u != 0 && ecli[u] == ecli[e] && eop[e] == REL -> o = O_RELEASED
+     :: u != 0 && ecli[u] == ecli[e] && eop[e] == USE -> o = O_REFUSED
      :: else -> o = O_NOTFOUND
      fi
   fi
 }
 
-/* What an answer says of issue i must agree with what earlier answers said. */
+/* Decide keysync k's batch on the primary's latest node: issues first, then the marks
+ * not decided before (kd_outcomes), in stream order, then each status change's outcome
+ * (the one decided before, or from K's state now), written beside it. */
+inline decide_batch(k) {
+  e = 1;
+  do
+  :: e < ne -> if :: (kb[k] & bitof(e)) != 0 && eop[e] == ISSUE -> decide_issue(e) :: else -> skip fi; e++
+  :: e >= ne -> break
+  od;
+  e = 1;
+  do
+  :: e < ne -> if :: (kb[k] & bitof(e)) != 0 && eop[e] != ISSUE && DV(srv, e) == 0 -> apply_mark(e) :: else -> skip fi; e++
+  :: e >= ne -> break
+  od;
+  e = 1;
+  do
+  :: e < ne ->
+     if
+     :: (kb[k] & bitof(e)) != 0 && eop[e] != ISSUE && DV(srv, e) != 0 -> kso[e] = DV(srv, e)
+     :: (kb[k] & bitof(e)) != 0 && eop[e] != ISSUE && DV(srv, e) == 0 ->
+        outcome_now(e); kso[e] = o; SETDV(srv, e, o); wrote(OP_OUT + e)
+     :: else -> skip
+     fi;
+     e++
+  :: e >= ne -> break
+  od;
+  ents[srv] = kb[k]; app[srv] = app[srv] | kb[k]
+}
+
+/* What an answer says of issue i must agree with what earlier answers said; "not found"
+ * only when the issue's own entry was lost with Redis state (async durability: stated,
+ * docs/reliability.md). */
 inline answered(i, o) {
   if
   :: o == O_ASSIGNED -> assert(truth[i] != T_RELEASED); truth[i] = T_ASSIGNED
   :: o == O_RELEASED -> assert(truth[i] != T_ASSIGNED); truth[i] = T_RELEASED
   :: o == O_REFUSED && eop[e] == USE -> assert(truth[i] != T_ASSIGNED); truth[i] = T_RELEASED
   :: o == O_REFUSED && eop[e] == REL -> assert(truth[i] != T_RELEASED); truth[i] = T_ASSIGNED
-  :: o == O_NOTFOUND -> assert(o != O_NOTFOUND)   /* the client was given K under issue i */
+  :: o == O_NOTFOUND -> assert(est[i] == LOST)    /* the client was given K under issue i */
   fi
 }
 
-/* Every entry appended so far is acknowledged: a PUT's wait before it appends. */
-#define CAUGHT_UP (nack == ne - 1)
+/* The newest entry still in the stream (LedgerStream.newest_entry): 0 when none. */
+inline newest() {
+  x = 0; t = 1;
+  do
+  :: t < ne -> if :: est[t] != ACKED && est[t] != LOST -> x = t :: else -> skip fi; t++
+  :: t >= ne -> break
+  od
+}
+
 #define REQUEUE_DUE ((hist[srv] & ~req[srv]) != 0)
-#define ANYKS(S) (ks[1] == S || (NKS > 1 && ks[2] == S))
-#define PICKKS(S) if :: ks[1] == S -> k = 1 :: NKS > 1 && ks[2] == S -> k = 2 fi
-
-/* The ledger may be read (a lookup; docs/api.md): nothing pending, the primary's
- * history is the record's and every commit on it is recorded. Then it must say what
- * the answers said, and name whoever holds K. */
-inline readable_checks() {
-#ifdef ANSWERS_ONLY
-  skip
+/* A restore passes the guard only for the target pending on the server, if any
+ * (GUARD_LEDGER's $7): its target is the record's pending restore, else the server's. */
+#define RESTORE_TARGET_PENDING (pfrom[srv] == 0 || rfrom == 0 || pfrom[srv] == rfrom)
+#ifdef ADOPT_ONLY_WITHOUT_RESTORE
+#define ADOPT_PATH (rfrom == 0 && pfrom[srv] == 0)
 #else
-  if
-  :: !halted && rfrom == 0 && pfrom[srv] == 0 && srv == rec ->
-     i = 1;
-     do
-     :: i < MAXE ->
-        if
-        :: truth[i] == T_ASSIGNED -> assert(live[srv] == i && used[srv])
-        :: truth[i] == T_RELEASED -> assert((hist[srv] & bitof(i)) != 0)
-        :: else -> skip
-        fi;
-        i++
-     :: i >= MAXE -> break
-     od;
-     c = 1;
-     do
-     :: c <= CLIENTS ->
-        if
-        :: hold[c] == 1 && est[hand[c]] == ACKED -> assert(live[srv] == hand[c])
-        :: else -> skip
-        fi;
-        c++
-     :: c > CLIENTS -> break
-     od
-  :: else -> skip
-  fi
+#define ADOPT_PATH true
 #endif
-}
 
-/* ---- the restore (one-history design) ------------------------------------------ */
+/* ---- the restore (keysync/ledger.py LedgerDrain.restore, _chain) ----------------- */
 
-/* Walk the log from the pending head back to where it joins the primary's own chain;
- * r = 1 when every link is there (the restore can be exact). */
-inline chain_intact() {
-  m = rfrom;
+/* Walk the log from the target back to a link the primary holds (LedgerDrain._chain);
+ * r = 1 when every link on the way is in the log (the restore can be exact), reaching
+ * the lane's start only on a server with no link of its own; m: where it stopped. */
+inline chain_intact(x) {
+  m = x;
   do
   :: true ->
      onchain(m);
      if
-     :: r -> break
-     :: !r && !inlog[m] -> break
-     :: !r && inlog[m] -> m = lprev[m]
+     :: m == 0 -> r = (lhead[srv] == 0); break
+     :: m != 0 && r -> break
+     :: m != 0 && !r && !inlog[m] -> break
+     :: m != 0 && !r && inlog[m] -> m = lprev[m]
      fi
   od
 }
 
-/* Apply what the lost ledger transactions wrote, as they wrote it: K's rows as the
- * newest of them left them, and every decision row they wrote. */
-inline restore_images() {
-  live[srv] = live[n]; used[srv] = used[n]; hist[srv] = hist[n]; req[srv] = req[n];
-  q = n;
+/* Write again what one lost link wrote, its operations in order (table.apply_ops:
+ * FORCE_ISSUED, FORCE_USED, FORCE_RELEASED_TO_HISTORY, FORCE_REQUEUED,
+ * FORCE_OUTCOMES): nothing is decided. */
+inline replay_link(q) {
+  j = 0;
+  do
+  :: j < nops[q] ->
+     x = ops[q * MAXOPS + j];
+     if
+     :: x >= OP_ISSUE && x < OP_USED -> if :: live[srv] == 0 -> live[srv] = x - OP_ISSUE; used[srv] = 0 :: else -> skip fi
+     :: x == OP_USED -> if :: live[srv] != 0 -> used[srv] = 1 :: else -> skip fi
+     :: x == OP_REL -> if :: live[srv] != 0 -> hist[srv] = hist[srv] | bitof(live[srv]); live[srv] = 0 :: else -> skip fi
+     :: x == OP_REQ -> req[srv] = req[srv] | hist[q]
+     :: x >= OP_OUT -> SETDV(srv, x - OP_OUT, DV(q, x - OP_OUT))
+     fi;
+     j++
+  :: j >= nops[q] -> break
+  od;
+  ents[srv] = ents[srv] | ents[q]; app[srv] = app[srv] | ents[q]
+}
+
+/* The lost links from the one after the first the primary holds up to x, oldest first
+ * (the log is walked newest first; a chain's links are numbered in commit order); a
+ * lost restore stands for the links it wrote again (its log entry holds their writes).
+ * The restore's link holds the links walked from now on (INSERT_LINKS). */
+inline restore_ops(x) {
+  lostset = 0; q = x;
   do
   :: true ->
      onchain(q);
-     if
-     :: r -> break
-     :: else ->
-        t = 1;
-        do
-        :: t < MAXE ->
-           if :: (dw[q] & bitof(t)) != 0 -> dv[srv].v[t] = dv[q].v[t]; dw[srv] = dw[srv] | bitof(t) :: else -> skip fi;
-           t++
-        :: t >= MAXE -> break
-        od;
-        q = lprev[q]
-     fi
+     if :: r -> break :: else -> lostset = lostset | (1 << q); q = lprev[q] fi
+  od;
+  held[srv] = held[srv] | lostset;
+  i = 1;
+  do
+  :: i < nn -> if :: (lostset & (1 << i)) != 0 && rlinks[i] != 0 -> lostset = (lostset & ~(1 << i)) | rlinks[i] :: else -> skip fi; i++
+  :: i >= nn -> break
+  od;
+  rlinks[srv] = lostset;
+  i = 1;
+  do
+  :: i < nn -> if :: (lostset & (1 << i)) != 0 -> replay_link(i) :: else -> skip fi; i++
+  :: i >= nn -> break
   od
 }
 
 #ifdef REPLAY_REDECIDES
 /* round 4: every entry the lost batches applied, decided again: issues first, then
  * the rest, each in stream order */
-inline redecide() {
-  m = 0; q = rfrom;
+inline redecide(x) {
+  m = 0; q = x;
   do
   :: true ->
      onchain(q);
-     if :: r -> break :: else -> m = m | ents[q]; q = lprev[q] fi
+     if :: r -> break :: else -> m = m | ents[q]; held[srv] = held[srv] | (1 << q); q = lprev[q] fi
   od;
   i = 1;
   do
-  :: i < MAXE -> if :: (m & bitof(i)) != 0 && eop[i] == ISSUE -> decide(i) :: else -> skip fi; i++
+  :: i < MAXE -> if :: (m & bitof(i)) != 0 && eop[i] == ISSUE -> decide_issue(i) :: else -> skip fi; i++
   :: i >= MAXE -> break
   od;
   i = 1;
   do
-  :: i < MAXE -> if :: (m & bitof(i)) != 0 && eop[i] != ISSUE -> decide(i) :: else -> skip fi; i++
+  :: i < MAXE ->
+     if
+     :: (m & bitof(i)) != 0 && eop[i] != ISSUE && DV(srv, i) == 0 -> apply_mark(i); outcome_now(i); SETDV(srv, i, o)
+     :: else -> skip
+     fi;
+     i++
   :: i >= MAXE -> break
-  od
+  od;
+  ents[srv] = m; app[srv] = app[srv] | m
 }
 #endif
+
+/* The answer a lookup gives from node s, checked: it shows at least what every
+ * lookup answered before it began (never changed without a later write), and what its
+ * client had been answered before it began (an ASSIGNED holds; a release holds). */
+inline look_answer(c, s) {
+  assert((app[s] & lmin[c]) == lmin[c]);
+  if
+  :: lthen[c] == T_ASSIGNED -> assert(live[s] == hand[c] && used[s])
+  :: lthen[c] == T_RELEASED -> assert(live[s] != hand[c])
+  :: else -> skip
+  fi;
+  seen = seen | app[s]
+}
+
+/* ---- the enabling condition of each action, per client c or keysync k ---- */
+#define CAN_PUT(c) (hold[c] == 1 && pu[c] == 0)
+#define CAN_REPEAT(c) (c == CA && hold[c] == 1 && pu[c] == 0 && lastans[c] != 0 && eiss[lastans[c]] == hand[c])
+#define CAN_APPEND(c) (pu[c] != 0 && pw[c] <= frontier)
+#define CAN_RETRY(c) (idem[c] != 0)
+#define CAN_LOOK(c) (lk[c] == 0 && !lhalted && rfrom == 0 && !untrusted)
+#define IN_LOOK1(c) (lk[c] == 1)
+#define IN_LOOK2(c) (lk[c] == 2)
+#define CAN_READ(k) (ks[k] == IDLE && (unread || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k)))
+#define CAN_BE_CLAIMED(k) (ks[k] >= HOLDING && ks[k] <= COMMITTED && kb[k] != 0 && ks[3 - k] == IDLE)
+#define IS(S, k) (ks[k] == S)
+#define HOLDING_K(k) IS(HOLDING, k)
+#define BEGUN_K(k) IS(BEGUN, k)
+#define COMMITTED_K(k) IS(COMMITTED, k)
+#define TAKEN_K(k) IS(TAKEN, k)
+#define IDLE_K(k) IS(IDLE, k)
+#define RQ_K(k) IS(RQ_BEGUN, k)
+#define ADOPTING_K(k) IS(ADOPTING, k)
+#define BUSY_K(k) (ks[k] != IDLE || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k))
 
 /* ---------------------------------------------------------------------------------- */
 
 active proctype protocol() {
-  cold[0] = 1;
+#ifdef REPLAY
+  init_trace();
+#endif
+  cold[0] = 1; tl[0] = 1;
   do
-  /* ---- a dispenser pops K for client c (pop.lua: the pop and its issue entry) ---- */
-  :: atomic { b_pop > 0 && hot && ne < MAXE ->
-       b_pop--;
+  /* ---- a dispenser pops K for client c (shared/stores/hot/lua/pop.lua with
+   *      ledger.lua: the pop and its issue entry, one script) ---- */
+  :: atomic { WHEN(A_POP, b_pop > 0 && hot && ne < MAXE) ->
+#ifdef REPLAY
+       PARAM1(c); assert(c >= 1 && c <= CLIENTS);
+#else
        if :: c = CA :: CLIENTS > 1 -> c = CB fi;
+#endif
+       b_pop--;
        u = 1;
        do
        :: u <= CLIENTS ->
@@ -484,124 +770,180 @@ active proctype protocol() {
        od;
        hot = 0;
        eop[ne] = ISSUE; ecli[ne] = c; est[ne] = UNREAD;
-       hand[c] = ne; hold[c] = 1; moved[c] = 0; idem[c] = ne;
+       hand[c] = ne; hold[c] = 1; moved[c] = 0; idem[c] = ne; lastans[c] = 0;
        printf("pop: client %d gets K, issue entry %d\n", c, ne);
        ne++;
-       readable_checks();
-       CLEAN }
+       STEPPED; CLEAN }
 
-  /* ---- PUT ASSIGNED / UNASSIGNED by a holder, once every earlier entry is applied ---- */
-  :: atomic { b_put > 0 && ne < MAXE && CAUGHT_UP && (hold[CA] == 1 || hold[CB % 3] == 1) ->
-       if :: hold[CA] == 1 -> c = CA :: CLIENTS > 1 && hold[CB] == 1 -> c = CB fi;
+  /* ---- a PUT begins (dispenser/mosip.py _change): its op, and the newest entry in
+   *      the stream, which it waits for (newest_entry, _caught_up) ---- */
+  :: atomic { WHEN(A_PUT_BEGIN, b_put > 0 && ANY_C(CAN_PUT)) ->
+       PICK_C(CAN_PUT);
        b_put--;
-       if :: eop[ne] = USE :: eop[ne] = REL; hold[c] = 2; idem[c] = 0 fi;
-       ecli[ne] = c; eiss[ne] = hand[c]; est[ne] = UNREAD;
-       printf("put: client %d entry %d op %d (2 assign, 3 unassign)\n", c, ne, eop[ne]);
-       ne++;
-       CLEAN }
+#ifdef REPLAY
+       PARAM2(x); assert(x == USE || x == REL); pu[c] = x;
+#else
+       if :: pu[c] = USE :: pu[c] = REL fi;
+#endif
+       newest(); pw[c] = x;
+       printf("put: client %d begins op %d, waits for entry %d\n", c, pu[c], x);
+       STEPPED; CLEAN }
 
-  /* ---- both at once (sent together: both waited, then both were appended) ---- */
-  :: atomic { b_pair > 0 && ne + 1 < MAXE && hold[CA] == 1 && CAUGHT_UP ->
+  /* ---- a client asks again what it was answered (the same status, same issue) ---- */
+  :: atomic { WHEN(A_REPEAT, b_rep > 0 && CAN_REPEAT(CA)) ->
+       b_rep--; e = lastans[CA]; pu[CA] = eop[e]; newest(); pw[CA] = x;
+       printf("repeat: entry %d again\n", e);
+       STEPPED; CLEAN }
+
+  /* ---- a PUT appends its change once every entry it saw is applied (record_used,
+   *      record_released: the release forgets the Idempotency-Key record) ---- */
+  :: atomic { WHEN(A_PUT_APPEND, ne < MAXE && ANY_C(CAN_APPEND)) ->
+       PICK_C(CAN_APPEND);
+       eop[ne] = pu[c]; ecli[ne] = c; eiss[ne] = hand[c]; est[ne] = UNREAD;
+       if :: pu[c] == REL -> hold[c] = 2; idem[c] = 0 :: else -> skip fi;
+       printf("append: client %d entry %d op %d\n", c, ne, eop[ne]);
+       pu[c] = 0; pw[c] = 0; ne++;
+       STEPPED; CLEAN }
+
+  /* ---- both at once (W_PAIR: sent together: both waited, then both appended) ---- */
+  :: atomic { WHEN(A_PAIR, b_pair > 0 && ne + 1 < MAXE && CAN_PUT(CA) && frontier == ne - 1) ->
        b_pair--;
        hold[CA] = 2; idem[CA] = 0;
+#ifdef REPLAY
+       PARAM1(t);
+       if :: t == 0 -> eop[ne] = USE; eop[ne + 1] = REL :: else -> eop[ne] = REL; eop[ne + 1] = USE fi;
+#else
        if :: eop[ne] = USE; eop[ne + 1] = REL :: eop[ne] = REL; eop[ne + 1] = USE fi;
+#endif
        ecli[ne] = CA; eiss[ne] = hand[CA]; est[ne] = UNREAD;
        ecli[ne + 1] = CA; eiss[ne + 1] = hand[CA]; est[ne + 1] = UNREAD;
        printf("pair: entries %d op %d, %d op %d\n", ne, eop[ne], ne + 1, eop[ne + 1]);
        ne = ne + 2;
-       CLEAN }
+       STEPPED; CLEAN }
 
-  /* ---- a client asks again what it was answered (the same status, same issue) ---- */
-  :: atomic { b_rep > 0 && ne < MAXE && hold[CA] == 1 && CAUGHT_UP ->
-       e = 0; t = 1;
-       do
-       :: t < ne -> if :: eop[t] != ISSUE && eans[t] && eiss[t] == hand[CA] -> e = t :: else -> skip fi; t++
-       :: t >= ne -> break
-       od;
-       if
-       :: e != 0 ->
-          b_rep--;
-          if :: eop[e] == REL -> hold[CA] = 2; idem[CA] = 0 :: else -> skip fi;
-          eop[ne] = eop[e]; ecli[ne] = CA; eiss[ne] = hand[CA]; est[ne] = UNREAD;
-          printf("repeat: entry %d repeats %d\n", ne, e);
-          ne++
-       :: else -> skip
-       fi;
-       CLEAN }
-
-  /* ---- a PUT is answered: the outcome recorded for its entry ---- */
-  :: atomic { true ->
+  /* ---- a PUT is answered with its published outcome (mosip._outcome) ---- */
+  :: atomic { WHEN(A_ANSWER, answerable != 0) ->
+#ifdef REPLAY
+       PARAM1(e); assert(e > 0 && e < ne && (answerable & bitof(e)) != 0);
+#else
        e = 1;
        do
-       :: e < ne && (eop[e] == ISSUE || eans[e] || outc[e] == 0) -> e++
-       :: e < ne && eop[e] != ISSUE && !eans[e] && outc[e] != 0 -> break
+       :: e < ne && (answerable & bitof(e)) == 0 -> e++
+       :: e < ne && (answerable & bitof(e)) != 0 -> break
+       :: e < ne && (answerable & bitof(e)) != 0 && (answerable >> (e + 1)) != 0 -> e++
+       od;
+#endif
+       eans[e] = 1; c = ecli[e];
+       printf("answer: entry %d outcome %d (1 assigned 2 released 3 refused 4 notfound)\n", e, outc[e]);
+       answered(eiss[e], outc[e]);
+       if :: eiss[e] == hand[c] -> lastans[c] = e :: else -> skip fi;
+       if
+       :: eop[e] == REL && hold[c] >= 2 && eiss[e] == hand[c] && outc[e] == O_RELEASED -> hold[c] = 0
+       :: eop[e] == REL && hold[c] >= 2 && eiss[e] == hand[c] && outc[e] != O_RELEASED ->
+          assert(!moved[c]); hold[c] = 1          /* still its: nobody else may have it */
+       :: else -> skip
+       fi;
+       STEPPED; CLEAN }
+
+  /* ---- a PUT gives up (ledger_wait_s: 503, nothing answered): its entry or its
+   *      outcome was lost with Redis state ---- */
+  :: atomic { WHEN(A_GIVE_UP, stranded != 0) ->
+#ifdef REPLAY
+       PARAM1(e); assert(e > 0 && e < ne && (stranded & bitof(e)) != 0);
+#else
+       e = 1;
+       do
+       :: e < ne && (stranded & bitof(e)) == 0 -> e++
+       :: e < ne && (stranded & bitof(e)) != 0 -> break
+       od;
+#endif
+       eans[e] = 1; c = ecli[e];
+       if :: eop[e] == REL && hold[c] == 2 && eiss[e] == hand[c] -> hold[c] = 3 :: else -> skip fi;
+       printf("give up: entry %d\n", e);
+       STEPPED; CLEAN }
+
+  /* ---- a keysync's turn looks at the record (LedgerDrain.watch: a restore pending
+   *      or a halt comes first), then reads a batch (LedgerStream.read: its own pending
+   *      entries first, then the oldest new ones; one or two) ---- */
+  :: atomic { WHEN(A_READ, !lhalted && rfrom == 0 && ANY_K(CAN_READ)) ->
+       PICK_K(CAN_READ);
+       PARAM2(n);
+       kb[k] = 0; e = 1;
+       do
+       :: e < ne -> if :: est[e] == 2 + k -> kb[k] = kb[k] | bitof(e) :: else -> skip fi; e++
        :: e >= ne -> break
        od;
        if
-       :: e < ne ->
-          eans[e] = 1;
-          printf("answer: entry %d outcome %d (1 assigned 2 released 3 refused 4 notfound)\n", e, outc[e]);
-          answered(eiss[e], outc[e]);
-          c = ecli[e];
-          if
-          :: eop[e] == REL && hold[c] == 2 && eiss[e] == hand[c] && outc[e] == O_RELEASED -> hold[c] = 0
-          :: eop[e] == REL && hold[c] == 2 && eiss[e] == hand[c] && outc[e] != O_RELEASED ->
-             assert(!moved[c]); hold[c] = 1          /* still its: nobody else may have it */
-          :: else -> skip
-          fi;
-          readable_checks()
-       :: else -> skip
-       fi;
-       CLEAN }
-
-  /* ---- a keysync reads a batch: the oldest unread entries, one or two ---- */
-  :: atomic { ANYKS(IDLE) ->
-       PICKKS(IDLE);
-       e = 1;
-       do
-       :: e < ne && est[e] != UNREAD -> e++
-       :: e < ne && est[e] == UNREAD -> break
-       :: e >= ne -> break
-       od;
-       if
-       :: e < ne ->
-          est[e] = 2 + k;
-          if
-          :: e + 1 < ne && est[e + 1] == UNREAD -> est[e + 1] = 2 + k
-          :: true -> skip
-          fi;
-          ks[k] = HOLDING;
-          printf("read: keysync %d from entry %d\n", k, e)
-       :: else -> skip
-       fi;
-       CLEAN }
-
-  /* ---- it applies the batch in one guarded transaction (logged before it commits) ---- */
-  :: atomic { ANYKS(HOLDING) && GUARD_PASSES && nn < MAXN && NO_RESTORE_PENDING && ON_RECORDS_TIMELINE ->
-       PICKKS(HOLDING);
-       covers(srv, rec);
-       if
-       :: r ->                                    /* else the guard refuses: fence first */
-          ledger_node();
+       :: kb[k] == 0 ->
           e = 1;
           do
-          :: e < ne ->
-             if :: est[e] == 2 + k -> decide(e); kso[e] = o; ents[srv] = ents[srv] | bitof(e) :: else -> skip fi;
-             e++
-          :: e >= ne -> break
+          :: est[e] != UNREAD -> e++
+          :: est[e] == UNREAD -> break
           od;
-          ks[k] = COMMITTED; ksn[k] = srv;
-          printf("commit: keysync %d node %d (live %d used %d hist %d)\n", k, srv, live[srv], used[srv], hist[srv])
+          est[e] = 2 + k; kb[k] = bitof(e);
+#ifdef REPLAY
+          if
+          :: n == 2 && e + 1 < ne && est[e + 1] == UNREAD -> est[e + 1] = 2 + k; kb[k] = kb[k] | bitof(e + 1)
+          :: else -> assert(n != 2)
+          fi
+#else
+          if
+          :: e + 1 < ne && est[e + 1] == UNREAD -> est[e + 1] = 2 + k; kb[k] = kb[k] | bitof(e + 1)
+          :: true -> skip
+          fi
+#endif
        :: else -> skip
        fi;
-       CLEAN }
+       ks[k] = HOLDING;
+       printf("read: keysync %d batch %d\n", k, kb[k]);
+       STEPPED; CLEAN }
 
-  /* ---- its acknowledgement: the stamp recorded, the outcomes, the entries acked ---- */
-  :: atomic { ANYKS(COMMITTED) ->
-       PICKKS(COMMITTED);
-       n = ksn[k];
+  /* ---- another keysync claims a live one's batch (XAUTOCLAIM after
+   *      ledger_claim_idle_s): both may decide the same entries ---- */
+  :: atomic { WHEN(A_CLAIM, b_claim > 0 && NKS > 1 && ANY_K(CAN_BE_CLAIMED)) ->
+       PICK_K(CAN_BE_CLAIMED);
+       u = 3 - k;
+       b_claim--;
+       e = 1;
+       do
+       :: e < ne -> if :: (kb[k] & bitof(e)) != 0 && est[e] == 2 + k -> est[e] = 2 + u :: else -> skip fi; e++
+       :: e >= ne -> break
+       od;
+       kb[u] = kb[k]; ks[u] = HOLDING;
+       printf("claim: keysync %d takes keysync %d's batch\n", u, k);
+       STEPPED; CLEAN }
+
+  /* ---- its ledger transaction reads the record it is judged against
+   *      (LedgerDrain._transact: GuardedCold.record) ---- */
+  :: atomic { WHEN(A_BEGIN, !fhalted && !untrusted && ANY_K(HOLDING_K)) ->
+       PICK_K(HOLDING_K);
+       krec[k] = rec; ks[k] = BEGUN;
+       STEPPED; CLEAN }
+
+  /* ---- it decides its batch in one guarded transaction, logged before it commits
+   *      (LedgerDrain._once: table.apply, GUARD_LEDGER, add_link, COMMIT); refused,
+   *      it holds the batch for its next attempt (LedgerDrain._refused) ---- */
+  :: atomic { WHEN(A_COMMIT, nn < MAXN && ANY_K(BEGUN_K)) ->
+       PICK_K(BEGUN_K);
+       covers(srv, krec[k]);
+       if
+       :: r && ON_TIMELINE(krec[k]) && NO_RESTORE_HERE && !fhalted ->
+          ledger_node();
+          decide_batch(k);
+          ks[k] = COMMITTED; knode[k] = srv;
+          printf("commit: keysync %d node %d (live %d used %d hist %d)\n", k, srv, live[srv], used[srv], hist[srv])
+       :: else -> ks[k] = HOLDING; krec[k] = 0; printf("refused: keysync %d\n", k)
+       fi;
+       STEPPED; CLEAN }
+
+  /* ---- its confirmation (LedgerStream.confirm_link, lua/ledger_confirm.lua): the stamp
+   *      recorded; then a completed restore cleared, outcomes published (once), entries
+   *      acknowledged; refused, the entries stay pending under it ---- */
+  :: atomic { WHEN(A_CONFIRM, !untrusted && ANY_K(COMMITTED_K)) ->
+       PICK_K(COMMITTED_K);
+       n = knode[k];
        record(n, ok);
-       printf("ack: keysync %d node %d recorded %d\n", k, n, ok);
+       printf("confirm: keysync %d node %d recorded %d\n", k, n, ok);
        if
        :: ok ->
 #ifdef LOG_AFTER_COMMIT
@@ -612,8 +954,8 @@ active proctype protocol() {
           do
           :: e < ne ->
              if
-             :: est[e] == 2 + k ->
-                est[e] = ACKED; nack++;
+             :: (kb[k] & bitof(e)) != 0 && est[e] != LOST ->
+                est[e] = ACKED;
                 if :: eop[e] != ISSUE && outc[e] == 0 -> outc[e] = kso[e] :: else -> skip fi
              :: else -> skip
              fi;
@@ -622,28 +964,21 @@ active proctype protocol() {
           od
 #ifdef REPLAY_AFTER_NEXT_BATCH
           ;
-          /* round 4: the acknowledgement trims old copies; the restore comes after */
           t = 1;
           do
-          :: t < MAXN -> if :: old[t] -> inlog[t] = 0 :: else -> skip fi; t++
+          :: t < MAXN -> if :: old[t] && inlog[t] -> inlog[t] = 0; gone[t] = 1 :: else -> skip fi; t++
           :: t >= MAXN -> break
           od
 #endif
-       :: else ->
-          /* refused (the record follows another history): the batch stays pending */
-          e = 1;
-          do
-          :: e < ne -> if :: est[e] == 2 + k -> est[e] = UNREAD :: else -> skip fi; e++
-          :: e >= ne -> break
-          od
+       :: else -> skip
        fi;
-       ks[k] = IDLE;
-       readable_checks();
-       CLEAN }
+       ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0;
+       STEPPED; CLEAN }
 
-  /* ---- a keysync dies: what it held is claimed by another (or itself, restarted) ---- */
-  :: atomic { b_crash > 0 && (ks[1] != IDLE || (NKS > 1 && ks[2] != IDLE)) ->
-       if :: ks[1] != IDLE -> k = 1 :: NKS > 1 && ks[2] != IDLE -> k = 2 fi;
+  /* ---- a keysync dies: what it held is claimed by another, or by itself restarted
+   *      (LedgerStream.read's claim from a stopped consumer) ---- */
+  :: atomic { WHEN(A_CRASH, b_crash > 0 && ANY_K(BUSY_K)) ->
+       PICK_K(BUSY_K);
        b_crash--;
        printf("crash: keysync %d\n", k);
        e = 1;
@@ -651,209 +986,333 @@ active proctype protocol() {
        :: e < ne -> if :: est[e] == 2 + k -> est[e] = UNREAD :: else -> skip fi; e++
        :: e >= ne -> break
        od;
-       ks[k] = IDLE;
-       CLEAN }
+       ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0;
+       STEPPED; CLEAN }
 
-  /* ---- keysync takes K from the cold table (a guarded take), then pushes it ---- */
-  :: atomic { cold[srv] && GUARD_PASSES && nn < MAXN && ANYKS(IDLE) ->
-       PICKKS(IDLE);
-       covers(srv, rec);
-       if
-       :: r -> newnode(); cold[srv] = 0; ks[k] = TAKEN; ksn[k] = srv; printf("take: node %d\n", srv)
-       :: else -> skip
-       fi;
-       CLEAN }
-  :: atomic { ANYKS(TAKEN) ->
-       PICKKS(TAKEN);
-       record(ksn[k], ok);
-       if :: ok -> hot = 1 :: else -> skip fi;      /* else the batch is lost, never pushed */
+  /* ---- keysync takes K from the cold table (Keysync.refill: GuardedCold.begin_take,
+   *      GUARD_TAKE), then pushes it (push.lua: its stamp recorded first) ---- */
+  :: atomic { WHEN(A_TAKE, cold[srv] && GUARD_PASSES && !behind && nn < MAXN && ANY_K(IDLE_K)) ->
+       PICK_K(IDLE_K);
+       newnode(); cold[srv] = 0; ks[k] = TAKEN; knode[k] = srv; printf("take: node %d\n", srv);
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_PUSH, ANY_K(TAKEN_K)) ->
+       PICK_K(TAKEN_K);
+       record(knode[k], ok);
+       if :: ok && !untrusted -> hot = 1 :: else -> skip fi;   /* else lost, never pushed */
        printf("push: recorded %d\n", ok);
-       ks[k] = IDLE;
-       readable_checks();
-       CLEAN }
+       ks[k] = IDLE; knode[k] = 0;
+       STEPPED; CLEAN }
 
-  /* ---- a release older than reissue_after_s goes back to the cold table ---- */
-  :: atomic { b_req > 0 && REQUEUE_DUE && GUARD_PASSES && nn < MAXN && ANYKS(IDLE) && NO_RESTORE_PENDING && ON_RECORDS_TIMELINE ->
-       PICKKS(IDLE);
-       covers(srv, rec);
+  /* ---- a release older than reissue_after_s goes back to the cold table: a ledger
+   *      transaction of its own (LedgerDrain.requeue_released, table.requeue) ---- */
+  :: atomic { WHEN(A_RQ_BEGIN, b_req > 0 && REQUEUE_DUE && !fhalted && !untrusted && ANY_K(IDLE_K)) ->
+       PICK_K(IDLE_K);
+       krec[k] = rec; ks[k] = RQ_BEGUN;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_RQ_COMMIT, nn < MAXN && ANY_K(RQ_K)) ->
+       PICK_K(RQ_K);
+       covers(srv, krec[k]);
        if
-       :: r ->
+       :: r && ON_TIMELINE(krec[k]) && NO_RESTORE_HERE && !fhalted && REQUEUE_DUE && b_req > 0 ->
           b_req--;
           ledger_node();
           if :: live[srv] == 0 -> cold[srv] = 1 :: else -> skip fi;   /* never a live key */
-          req[srv] = hist[srv];
-          ks[k] = COMMITTED; ksn[k] = srv;
+          req[srv] = hist[srv]; wrote(OP_REQ);
+          ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0;
           printf("requeue: node %d cold %d\n", srv, cold[srv])
-       :: else -> skip
+       :: else -> ks[k] = IDLE; krec[k] = 0
        fi;
-       CLEAN }
+       STEPPED; CLEAN }
 
-  /* ---- a promoted server's history covers the record: it adopts its timeline ---- */
-  :: atomic { !ON_RECORDS_TIMELINE && GUARD_PASSES && nn < MAXN && ANYKS(IDLE) ->
-       PICKKS(IDLE);
-       covers(srv, rec);
-       if
-       :: r -> newnode(); ks[k] = ADOPTING; ksn[k] = srv; printf("adopt: node %d\n", srv)
-       :: else -> skip
-       fi;
-       CLEAN }
-  :: atomic { ANYKS(ADOPTING) ->
-       PICKKS(ADOPTING);
-       record(ksn[k], ok);                          /* else a late stamp came first: fence */
-       ks[k] = IDLE;
-       CLEAN }
+  /* ---- a promoted server whose history covers the record adopts its timeline
+   *      (postgres_fence.settle(adopt=True): a guarded write, the record claimed) ---- */
+  :: atomic { WHEN(A_ADOPT, ADOPT_PATH && tl[rec] != curtl && GUARD_PASSES && !behind && nn < MAXN && ANY_K(IDLE_K)) ->
+       PICK_K(IDLE_K);
+       newnode(); ks[k] = ADOPTING; knode[k] = srv; printf("adopt: node %d\n", srv);
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_ADOPTED, ANY_K(ADOPTING_K)) ->
+       PICK_K(ADOPTING_K);
+       record(knode[k], ok);                      /* else a late stamp came first: fence */
+       if :: ok -> repoch++ :: else -> skip fi;
+       ks[k] = IDLE; knode[k] = 0;
+       STEPPED; CLEAN }
 
-  /* ---- the fence: a guarded write found the primary's history behind the record ---- */
-  :: atomic { GUARD_PASSES && nn < MAXN ->
-       covers(srv, rec);
-       if
-       :: !r ->
-          newnode();
-          isfence[srv] = 1;
-          cold[srv] = 0;                             /* discarded, never reissued */
+  /* ---- the fence (postgres_fence.settle, _fence, _restore_target): a guarded write
+   *      found the primary's history behind the record: discard, claim, and leave a
+   *      restore pending: the server's own, else the record's, else the record's head,
+   *      unless the server holds that link ---- */
+  :: atomic { WHEN(A_FENCE, GUARD_PASSES && behind && nn < MAXN) ->
+       newnode();
+       isfence[srv] = 1;
+       cold[srv] = 0;                             /* discarded, never reissued */
 #ifdef REPLAY_REDECIDES
-          req[srv] = hist[srv];                      /* round 4: settle every release */
+       req[srv] = hist[srv];                      /* round 4: settle every release */
 #endif
-          /* the claim: the record follows this history now; the head to restore is
-           * kept in the record and in the fence's own commit */
-          if :: rfrom == 0 -> rfrom = rhead :: else -> skip fi;
-          pfrom[srv] = rfrom;
-          onchain(rfrom);
-          if :: r -> rfrom = 0; pfrom[srv] = 0 :: else -> skip fi;
-          rec = srv; rhead = lhead[srv];
-          printf("fence: node %d restore from %d\n", srv, rfrom)
+#ifdef HEAD_ONLY_TARGET
+       x = rhead;
+#else
+       x = rfrom; if :: x == 0 -> x = rhead :: else -> skip fi;
+#endif
+#ifdef PENDING_FIRST
+       if :: pfrom[srv] != 0 -> x = pfrom[srv] :: else -> skip fi;
+#endif
+       if
+       :: x != 0 -> onchain(x); if :: r -> x = 0 :: else -> pfrom[srv] = x fi
        :: else -> skip
        fi;
-       CLEAN }
+       if :: rfrom == 0 -> rfrom = x :: else -> skip fi;   /* reset_record.lua keeps one */
+       rec = srv; rhead = lhead[srv]; repoch++; rflost = 0;
+       printf("fence: node %d restore pending %d (record %d)\n", srv, pfrom[srv], rfrom);
+       STEPPED; CLEAN }
 
 #ifndef REPLAY_AFTER_NEXT_BATCH
-  /* ---- the restore: keysync applies what the lost ledger transactions wrote ---- */
-  :: atomic { (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && nn < MAXN && ANYKS(IDLE) ->
-       PICKKS(IDLE);
-       covers(srv, rec);
+  /* ---- the restore (LedgerDrain.restore, _chain): walk the log from the target back
+   *      to a link the primary holds and write those links again as written, in one
+   *      ledger transaction that is itself a link (it passes the guard as the restore);
+   *      a link gone from the log halts the ledger ---- */
+  :: atomic { WHEN(A_RESTORE, (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && !behind && ON_TIMELINE(rec) && !lhalted && nn < MAXN && ANY_K(IDLE_K) && RESTORE_TARGET_PENDING) ->
+       PICK_K(IDLE_K);
+       n = rfrom; if :: n == 0 -> n = pfrom[srv] :: else -> skip fi;
+       chain_intact(n);
        if
+       :: !r ->
+          /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
+           * with Redis state, may do this (the log holds every committed link else) */
+          assert(gone[m] == 1 || gone[m] == 3);
+          lhalted = 1; printf("halt: link %d gone\n", m)
        :: r ->
-          if :: rfrom == 0 -> rfrom = pfrom[srv] :: else -> skip fi;
-          if
-          :: rest[lhead[srv]] == rfrom ->
-             /* restored already, its acknowledgement lost: a stamp confirms it */
-             rec = srv; rhead = lhead[srv]; rfrom = 0
-          :: else ->
-             chain_intact();
-             if
-             :: !r ->
-                /* a link is gone: fail closed. Only a trimmed or lost log entry may do
-                 * this (a log written before each commit has every link otherwise) */
-                assert(b_trim < TRIMS || b_rfo < REDIS_FAILOVERS);
-                halted = 1; printf("halt\n")
-             :: r ->
-                n = rfrom;
-                ledger_node();
+          ledger_node();
 #ifdef REPLAY_REDECIDES
-                redecide();
+          redecide(n);
 #else
-                restore_images();
+          restore_ops(n);
 #endif
-                rest[srv] = n; pfrom[srv] = 0;
-                ks[k] = COMMITTED; ksn[k] = srv;
-                printf("restore: node %d from %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
-             fi
-          fi
-       :: else -> skip
+          rest[srv] = n; pfrom[srv] = 0;
+          ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0;
+          printf("restore: node %d up to %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
        fi;
-       CLEAN }
+       STEPPED; CLEAN }
 #else
   /* ---- round 4: the restore runs after a batch was acknowledged (and trimmed) ---- */
-  :: atomic { (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && nn < MAXN && ks[1] == IDLE && nack > 0 ->
-       covers(srv, rec);
+  :: atomic { WHEN(A_RESTORE, (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && !behind && nn < MAXN && ks[1] == IDLE) ->
+       n = rfrom; if :: n == 0 -> n = pfrom[srv] :: else -> skip fi;
+       chain_intact(n);
        if
+       :: !r -> rfrom = 0; pfrom[srv] = 0; rhead = lhead[srv]   /* nothing kept: none */
        :: r ->
-          if :: rfrom == 0 -> rfrom = pfrom[srv] :: else -> skip fi;
-          chain_intact();
-          if
-          :: !r -> rfrom = 0; pfrom[srv] = 0; rhead = lhead[srv]   /* nothing kept: none */
-          :: r ->
-             n = rfrom;
-             ledger_node();
-             restore_images();
-             rest[srv] = n; pfrom[srv] = 0;
-             ks[1] = COMMITTED; ksn[1] = srv
-          fi
-       :: else -> skip
+          ledger_node();
+          restore_ops(n);
+          rest[srv] = n; pfrom[srv] = 0;
+          ks[1] = COMMITTED; knode[1] = srv; kb[1] = 0
        fi;
-       CLEAN }
+       STEPPED; CLEAN }
 #endif
 
-  /* ---- time passes: the log's oldest entry is trimmed (never while a restore waits) ---- */
-  :: atomic { b_trim > 0 && NO_RESTORE_PENDING ->
+  /* ---- time passes: the log's oldest entry is trimmed by a confirmation
+   *      (ledger_confirm.lua: never while the record has a restore pending) ---- */
+#ifdef TRIM_WHILE_PENDING
+#define TRIM_ALLOWED true
+#else
+#define TRIM_ALLOWED (rfrom == 0)
+#endif
+  :: atomic { WHEN(A_TRIM, b_trim > 0 && TRIM_ALLOWED && anylog) ->
+       b_trim--;
        t = 1;
        do
-       :: t < MAXN && !inlog[t] -> t++
-       :: t < MAXN && inlog[t] -> break
-       :: t >= MAXN -> break
+       :: !inlog[t] -> t++
+       :: inlog[t] -> break
        od;
-       if
-       :: t < MAXN ->
-          b_trim--;
 #ifdef REPLAY_AFTER_NEXT_BATCH
-          u = 1;
-          do
-          :: u < MAXN -> if :: inlog[u] -> old[u] = 1 :: else -> skip fi; u++
-          :: u >= MAXN -> break
-          od
+       u = 1;
+       do
+       :: u < MAXN -> if :: inlog[u] -> old[u] = 1 :: else -> skip fi; u++
+       :: u >= MAXN -> break
+       od;
 #else
-          inlog[t] = 0
-#endif
-       :: else -> skip
+       inlog[t] = 0;
+       if
+       :: rfrom == 0 && pfrom[srv] == 0 -> gone[t] = 1
+       :: rfrom == 0 && pfrom[srv] != 0 && rflost -> gone[t] = 3
+       :: else -> gone[t] = 2
        fi;
-       CLEAN }
+#endif
+       STEPPED; CLEAN }
 
-  /* ---- a client retries its pop with the same Idempotency-Key: the same answer ---- */
-  :: atomic { b_retry > 0 && (idem[CA] != 0 || (CLIENTS > 1 && idem[CB] != 0)) ->
+  /* ---- a client retries its pop with the same Idempotency-Key: the same answer
+   *      (pop_idempotent.lua; a record older than the fence is never replayed) ---- */
+  :: atomic { WHEN(A_RETRY, b_retry > 0 && ANY_C(CAN_RETRY)) ->
+       PICK_C(CAN_RETRY);
        b_retry--;
-       if :: idem[CA] != 0 -> c = CA :: CLIENTS > 1 && idem[CB] != 0 -> c = CB fi;
        assert(hold[c] == 1 && hand[c] == idem[c]);   /* never a key it gave back */
        printf("retry: client %d replayed issue %d\n", c, idem[c]);
-       CLEAN }
+       STEPPED; CLEAN }
 
-  /* ---- a Redis failover: the replica lacked the newest writes ---- */
-  :: atomic { b_rfo > 0 ->
-       b_rfo--;
-       hot = 0;                                      /* the fence discards the hot list */
+  /* ---- Redis loses state (fence.lua on the new server: lists discarded, the record
+   *      untrusted): x = 1 a failover to a replica that lacked the newest writes,
+   *      2 a restart empty, 3 a restart from an older snapshot; m: which of the newest
+   *      writes the copy lacked (1 an entry, 2 an acknowledgement, 4 a published
+   *      outcome, 8 a log entry, 16 the pending restore) ---- */
+  :: atomic { WHEN(A_RLOSS, b_rloss > 0) ->
+       b_rloss--;
+#ifdef REPLAY
+       PARAM1(x); PARAM2(m);
+#else
+       if :: x = 1 :: RLOSS_KINDS > 1 -> x = 2 :: RLOSS_KINDS > 1 -> x = 3 fi;
+       m = 0;
+       if :: x != 2 && (RLOSS_MASK & 1) -> if :: m = m | 1 :: skip fi :: else -> skip fi;
+       if :: x != 2 && (RLOSS_MASK & 2) -> if :: m = m | 2 :: skip fi :: else -> skip fi;
+       if :: x != 2 && (RLOSS_MASK & 4) -> if :: m = m | 4 :: skip fi :: else -> skip fi;
+       if :: x != 2 && (RLOSS_MASK & 8) -> if :: m = m | 8 :: skip fi :: else -> skip fi;
+       if :: x != 2 && (RLOSS_MASK & 16) -> if :: m = m | 16 :: skip fi :: else -> skip fi;
+#endif
+       hot = 0;
        idem[CA] = 0; idem[CB % 3] = 0;               /* records older than the fence: never replayed */
-       /* the log's newest entry had not reached the replica */
-       t = MAXN - 1;
-       do
-       :: t > 0 && !inlog[t] -> t--
-       :: t > 0 && inlog[t] -> inlog[t] = 0; break
-       :: t > 0 && inlog[t] -> break                 /* or it had */
-       :: t == 0 -> break
-       od;
-       untrusted = 1;                                /* the record may have lost updates */
-       printf("redis failover\n");
-       CLEAN }
-
-  /* ---- the first guarded write after it rebuilds the record from PostgreSQL ---- */
-  :: atomic { untrusted && !halted && nn < MAXN ->
+       untrusted = 1;
        if
-       :: srv >= tlstart || tlstart == 0 ->
-          /* PostgreSQL has not forked since its last guarded write: it vouches */
-          rec = srv; rhead = lhead[srv]; rfrom = pfrom[srv]; untrusted = 0;
-          printf("vouch: node %d\n", srv)
-       :: else -> halted = 1; printf("halt: both tiers lost state\n")
+       :: x == 2 ->                                  /* empty: every entry, the log, the record */
+          t = 1;
+          do
+          :: t < ne -> if :: est[t] != ACKED -> est[t] = LOST :: else -> skip fi; if :: !eans[t] -> outc[t] = 0 :: else -> skip fi; t++
+          :: t >= ne -> break
+          od;
+          t = 1;
+          do
+          :: t < MAXN -> if :: inlog[t] -> inlog[t] = 0; gone[t] = 3 :: else -> skip fi; t++
+          :: t >= MAXN -> break
+          od;
+          if :: rfrom != 0 -> rflost = 1 :: else -> skip fi;
+          rec = 0; rhead = 0; rfrom = 0; lhalted = 0
+       :: x != 2 ->                                  /* a lagging copy: the newest writes */
+          if
+          :: (m & 1) != 0 ->
+             t = ne - 1;
+             do
+             :: t > 0 && (est[t] == ACKED || est[t] == LOST) -> t--
+             :: t > 0 && est[t] != ACKED && est[t] != LOST -> est[t] = LOST; break
+             :: t == 0 -> break
+             od
+          :: else -> skip
+          fi;
+          if
+          :: (m & 2) != 0 ->
+             t = ne - 1;
+             do
+             :: t > 0 && est[t] != ACKED -> t--
+             :: t > 0 && est[t] == ACKED -> est[t] = UNREAD; break
+             :: t == 0 -> break
+             od
+          :: else -> skip
+          fi;
+          if
+          :: (m & 4) != 0 ->
+             t = ne - 1;
+             do
+             :: t > 0 && (outc[t] == 0 || eans[t]) -> t--
+             :: t > 0 && outc[t] != 0 && !eans[t] -> outc[t] = 0; break
+             :: t == 0 -> break
+             od
+          :: else -> skip
+          fi;
+          if
+          :: (m & 8) != 0 ->
+             t = MAXN - 1;
+             do
+             :: t > 0 && !inlog[t] -> t--
+             :: t > 0 && inlog[t] -> inlog[t] = 0; gone[t] = 3; break
+             :: t == 0 -> break
+             od
+          :: else -> skip
+          fi;
+          if :: (m & 16) != 0 && rfrom != 0 -> rfrom = 0; rflost = 1 :: else -> skip fi
        fi;
-       CLEAN }
+       /* keysyncs' reads and confirmations in flight fail: their batches stay pending */
+       printf("redis loss: kind %d lost %d\n", x, m);
+       STEPPED; CLEAN }
 
-  /* ---- a PostgreSQL promotion: the replica had replayed up to an ancestor ---- */
-  :: atomic { b_prom > 0 && srv != 0 ->
+  /* ---- the first guarded write after it rebuilds the record from PostgreSQL
+   *      (settle: vouch_record.lua, with the server's pending restore), or halts when
+   *      PostgreSQL forked since its last guarded write or is behind what Redis still
+   *      knows (verdict.py) ---- */
+  :: atomic { WHEN(A_VOUCH, untrusted && !fhalted) ->
+       covers(srv, rec);
+       if
+       :: tl[srv] == curtl && r ->
+          rec = srv; rhead = lhead[srv]; rfrom = pfrom[srv]; untrusted = 0; repoch++;
+          printf("vouch: node %d\n", srv)
+       :: else -> fhalted = 1; printf("halt: both tiers lost state\n")
+       fi;
+       STEPPED; CLEAN }
+
+  /* ---- a PostgreSQL promotion: the replica had replayed up to the primary's latest
+   *      commit or one of its ancestors ---- */
+  :: atomic { WHEN(A_PROMOTE, b_prom > 0 && srv != 0) ->
        b_prom--;
-       t = par[srv];
+#ifdef REPLAY
+       PARAM1(x); covers(srv, x); assert(r);
+#else
+       x = srv;
        do
-       :: t != 0 -> t = par[t]
+       :: x != 0 -> x = par[x]
        :: true -> break
        od;
-       srv = t; tlstart = nn;
-       printf("promotion: the primary is now node %d\n", srv);
-       CLEAN }
+#endif
+       srv = x; curtl++;
+       printf("promotion: the primary is now node %d, timeline %d\n", srv, curtl);
+       STEPPED; CLEAN }
+
+  /* ---- a lookup (reader.py LedgerReader._read): the record read (refused while
+   *      halted or restoring); a snapshot with the clock row (refused unless that
+   *      server's history covers the record, with no restore pending); answered once
+   *      the record, on the same history, covers the snapshot ---- */
+  :: atomic { WHEN(A_LOOK_RECORD, b_look > 0 && ANY_C(CAN_LOOK)) ->
+       PICK_C(CAN_LOOK);
+       b_look--; lk[c] = 1; lr[c] = rec; lre[c] = repoch; lmin[c] = seen;
+       lthen[c] = truth[hand[c]];
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_LOOK_SNAPSHOT, ANY_C(IN_LOOK1)) ->
+       PICK_C(IN_LOOK1);
+       covers(srv, lr[c]);
+       if
+       :: r && pfrom[srv] == 0 -> lk[c] = 2; ls[c] = srv
+       :: else -> lk[c] = 0; lr[c] = 0; lre[c] = 0; lmin[c] = 0; lthen[c] = 0   /* 503 */
+       fi;
+       STEPPED; CLEAN }
+#ifdef LOOKUP_NO_WAIT
+#define LOOK_COVERED(c) true
+#else
+#define LOOK_COVERED(c) (repoch == lre[c] && r)
+#endif
+  :: atomic { WHEN(A_LOOK_ANSWER, ANY_C(IN_LOOK2)) ->
+       PICK_C(IN_LOOK2);
+       covers(rec, ls[c]);
+       if
+       :: LOOK_COVERED(c) && !lhalted && rfrom == 0 && !untrusted ->
+          look_answer(c, ls[c]);
+          printf("lookup: client %d answered from node %d\n", c, ls[c])
+       :: else -> skip                                                   /* 503 */
+       fi;
+       lk[c] = 0; lr[c] = 0; lre[c] = 0; ls[c] = 0; lmin[c] = 0; lthen[c] = 0;
+       STEPPED; CLEAN }
+
+#ifndef REPLAY
+  /* ---- nothing else can happen (every fault spent): every entry is applied, every
+   *      restore done, every PUT answered, unless the ledger failed closed or the
+   *      search ran out of nodes (its bound) ---- */
+  :: timeout ->
+     if
+     :: nn < MAXN && !lhalted && !fhalted ->
+        assert(rfrom == 0 && pfrom[srv] == 0 && !untrusted);
+        assert(pu[CA] == 0 && pu[CB % 3] == 0);
+        t = 1;
+        do
+        :: t < ne -> assert(est[t] == ACKED || est[t] == LOST); assert(eop[t] == ISSUE || eans[t]); t++
+        :: t >= ne -> break
+        od
+     :: else -> skip
+     fi;
+     break
+#else
+  :: atomic { step >= NSTEPS -> printf("REPLAYED %d\n", step); break }
+#endif
   od
 }

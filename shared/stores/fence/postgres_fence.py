@@ -351,22 +351,19 @@ async def _restore_target(conn: Any, row: ClockRow, sync: SyncRecord, record: Re
     """The ledger link this server must be restored up to for ``sync``'s lane, marked
     pending in this (the fence's) transaction; "" when it holds that link already.
 
-    The target is the newest history anyone may have been answered from: a restore this
-    server has pending, else the one the record has pending (a restore no server has
-    done yet: a second promotion before it ran), else the record's head. The record's
-    pending restore comes before its head: after a fence the head is the fenced
-    server's own, older than what that fence found missing, and a server promoted next
-    that holds the head but not the pending target would otherwise be left to decide
-    on a history lacking what was answered (docs/reliability.md, "The ledger's one
-    history")."""
+    The target is the newest history anyone may have been answered from, as the record
+    says it: the restore it has pending (one no server has done yet: a second promotion
+    before it ran; by then the record's head is the first fenced server's own, older
+    than what that fence found missing), else its head. A restore this server has
+    pending from an earlier fence is replaced: the record has moved past it since (that
+    restore was done on a server this one never saw, and more was answered there).
+    docs/reliability.md, "The ledger's one history"."""
     lane = sync.namespace
-    pending = row.restores.get(lane, "")
-    if pending:
-        return pending
     target = record.restore_from or record.head
     if not target or await conn.fetchval(ledger_sql.HOLDS_LINK, target):
         return ""
-    await conn.execute(ledger_sql.MARK_RESTORE, lane, target)
+    if row.restores.get(lane) != target:
+        await conn.execute(ledger_sql.MARK_RESTORE, lane, target)
     return target
 
 

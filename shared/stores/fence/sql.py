@@ -84,21 +84,22 @@ GUARD: Final = _guard()
 
 # The last statement of every ledger transaction: the guard (always with flag 4), and
 # the lane's chain moved on to this transaction's link. A lane with a restore pending
-# (a fence found its record ahead of this server) passes only for the restore itself,
-# which clears it.
+# (a fence found its record ahead of this server) passes only for that restore itself
+# (its target, $7), which clears it; a restore of another target (one a later fence
+# replaced) is refused.
 # $1-$4: the guard's; $5: lane (the key group's namespace), $6: this link's id,
-# $7: true for the restore. One row: the stamp, and ``prev``: the link it follows
-# (kd_sync_clock.ledger_prev is set in the same UPDATE from the row it locked: a
-# concurrent transaction's link, committed while this one waited, is seen). No row:
-# refused (roll back).
+# $7: the restore's target ('' for any other ledger transaction). One row: the stamp,
+# and ``prev``: the link it follows (kd_sync_clock.ledger_prev is set in the same
+# UPDATE from the row it locked: a concurrent transaction's link, committed while this
+# one waited, is seen). No row: refused (roll back).
 GUARD_LEDGER: Final = (
     _guard(
         sets=""",
         ledger_prev = c.ledger_heads ->> $5::text,
         ledger_heads = jsonb_set(c.ledger_heads, ARRAY[$5::text], to_jsonb($6::text)),
-        ledger_restore = CASE WHEN $7::bool THEN c.ledger_restore - $5::text
+        ledger_restore = CASE WHEN $7::text <> '' THEN c.ledger_restore - $5::text
                               ELSE c.ledger_restore END""",
-        where="\n      AND ($7::bool OR NOT c.ledger_restore ? $5::text)",
+        where="\n      AND coalesce(c.ledger_restore ->> $5::text, '') IN ('', $7::text)",
         returning=", c.ledger_prev AS prev",
     )
     + "\nSELECT timeline, fork, clock, fences, heads, database, prev FROM stamp\n"

@@ -366,11 +366,11 @@ HOLDS_LINK: Final = "SELECT EXISTS (SELECT 1 FROM kd_chain_links WHERE id = $1::
 SELECT_HELD_LINKS: Final = "SELECT id::text FROM kd_chain_links WHERE id = ANY($1::uuid[])"
 
 # $1: lane, $2: link. In a fence's transaction: the lane's ledger waits for a restore up
-# to the link (one pending already is kept: nothing was restored since).
+# to the link (replacing one an earlier fence left pending: the record moved past it).
 MARK_RESTORE: Final = """
 UPDATE kd_sync_clock
 SET ledger_restore = jsonb_set(ledger_restore, ARRAY[$1::text], to_jsonb($2::text))
-WHERE id = 1 AND NOT ledger_restore ? $1::text
+WHERE id = 1
 """
 
 # $1: lane. Clears a lane's pending restore (an operator accepting what the log lost).
