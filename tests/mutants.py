@@ -58,6 +58,7 @@ SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
+PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
 ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
@@ -791,9 +792,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "store_statements_keep_a_plan_made_for_an_empty_table",
-        "shared/stores/postgres/cold_store.py",
-        'SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}',
-        "SERVER_SETTINGS: dict[str, str] = {}",
+        "shared/stores/postgres/connect.py",
+        'SERVER_SETTINGS: Final = {"plan_cache_mode": "force_custom_plan"}',
+        "SERVER_SETTINGS: Final[dict[str, str]] = {}",
         ("tests/integration/test_plans.py",),
     ),
     Mutant(
@@ -1294,6 +1295,20 @@ MUTANTS: Final = (
         "        if name not in self._empty:  # once per spell, not at every poll while it lasts",
         "        if True:",
         ("tests/unit/test_keysync_push.py",),
+    ),
+    Mutant(
+        "a_process_not_told_of_transaction_pooling_starts",
+        "shared/stores/postgres/connect.py",
+        'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',
+        "if False:",
+        (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
+        "named_statements_behind_a_transaction_pooler",
+        "shared/stores/postgres/connect.py",
+        '    if pooler == "none":\n        return {"server_settings": dict(SERVER_SETTINGS)}',
+        '    if True:\n        return {"server_settings": dict(SERVER_SETTINGS)}',
+        (PGBOUNCER_TESTS,),
     ),
 )
 

@@ -23,6 +23,7 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import NS
+from tests.integration.fixtures import connect_as_processes
 
 pytestmark = pytest.mark.acceptance
 # What an overloaded or failing-over PostgreSQL answers with, besides a closed socket.
@@ -74,7 +75,7 @@ async def until(check: object, what: str) -> None:
 async def test_keygen_and_keysync_ride_out_every_store_error(
     settings: Settings, redis_client: aioredis.Redis, tmp_path: Path
 ) -> None:
-    admin = await asyncpg.connect(settings.postgres_dsn)
+    admin = await connect_as_processes(settings)
     await admin.execute(INSTALL_FAULTS)
     env = process_env(settings, write_config(settings, tmp_path / "config.yaml"))
     children = ChildProcesses(tmp_path)

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.config.postgres import PostgresSettings
 from shared.domain.errors import (
     ConfigError,
     KeydispenserError,
@@ -30,6 +31,9 @@ from shared.stores.postgres.connect import (
     CONNECT_TIMEOUT_S,
     check_files,
     connect_each_host,
+    driver_options,
+    pooled_per_transaction_error,
+    refuse_unsaid_pooling,
     where,
 )
 
@@ -53,6 +57,12 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.Po
 CONFIGURATION_SQLSTATE_CLASSES = frozenset({"28", "3D", "3F", "42"})
 UNDEFINED_TABLE = "42P01"
 UNDEFINED_DATABASE = "3D000"
+# A named prepared statement the server connection does not have: a pooler lent this
+# transaction another server than the one the statement was prepared on.
+UNKNOWN_STATEMENT = "26000"
+# What a pooler answers a startup parameter it does not know (PgBouncer:
+# "unsupported startup parameter: plan_cache_mode", SQLSTATE 08P01).
+REFUSED_STARTUP_PARAMETER = "unsupported startup parameter"
 NO_DATABASE = "run `keydispenser migrate` (it creates the database)"
 
 
@@ -65,10 +75,23 @@ def store_error(operation: str, exc: BaseException) -> KeydispenserError:
         return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
     if state == UNDEFINED_DATABASE:
         return SchemaError(f"postgres: {exc}: {NO_DATABASE}")
+    if state == UNKNOWN_STATEMENT:
+        return pooled_per_transaction_error("", f"{operation}: {_message(exc)}")
+    if REFUSED_STARTUP_PARAMETER in str(exc):
+        return ConfigError(
+            f"postgres_pooler: {operation}: {_message(exc)}: a pooler (PgBouncer) stands "
+            "before PostgreSQL: set postgres_pooler: session or transaction, as its "
+            'pool_mode is (docs/operations.md, "PgBouncer")'
+        )
     if state[:2] in CONFIGURATION_SQLSTATE_CLASSES:
         return ConfigError(f"postgres: {operation}: {exc} (SQLSTATE {state})")
     detail = f"{operation} failed: {exc}" + (f" (SQLSTATE {state})" if state else "")
     return StoreUnavailable("postgres", detail)
+
+
+def _message(exc: BaseException) -> str:
+    """A server error's own message, without the hint asyncpg appends to some."""
+    return str(getattr(exc, "message", None) or exc)
 
 
 @asynccontextmanager
@@ -80,6 +103,16 @@ async def translated(operation: str) -> AsyncIterator[None]:
         raise  # a used-up keyspace: the caller says which (KeyspaceExhausted)
     except DRIVER_ERRORS as exc:
         raise store_error(operation, exc) from exc
+
+
+async def checked_pooling(settings: PostgresSettings) -> None:
+    """ConfigError naming ``postgres_pooler`` when the connections are pooled per
+    transaction and the setting does not say so (connect.refuse_unsaid_pooling);
+    StoreUnavailable when PostgreSQL cannot be asked."""
+    async with translated("pooling check"):
+        await refuse_unsaid_pooling(
+            settings.postgres_dsn, settings.postgres_pooler, settings.postgres_connect_timeout_s
+        )
 
 
 def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
@@ -165,14 +198,6 @@ OPEN_TAKE_IDLE_LIMIT_S = 10.0
 # Every statement's deadline. A server that dies mid-COPY can leave the client waiting
 # to write forever; the deadline turns that into an outage the caller rides out.
 COMMAND_TIMEOUT_S = 30.0
-# Every statement is planned for the arrays it is given and the tables as they are now.
-# asyncpg prepares each statement once per connection, and after five runs PostgreSQL
-# may keep a generic plan: one made while a ledger table was still empty (a fresh
-# type, never analyzed yet) joined a batch's unnest() by scanning the whole table for
-# every mark, and kept doing so as the table grew (500 marks on 100,000 rows: 22 s
-# instead of 5 ms, test_plans.py). The statements here move batches, so planning each
-# run costs little beside them.
-SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 
 class ColdStore:
@@ -199,9 +224,11 @@ class ColdStore:
         max_size: int = 4,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        pooler: str = "none",
     ) -> ColdStore:
         """A pool on ``dsn``; each host of a multi-host DSN gets ``connect_timeout_s``
-        (connect.py): a frozen host listed first costs one connect timeout."""
+        (connect.py): a frozen host listed first costs one connect timeout. ``pooler``:
+        what stands before PostgreSQL (``postgres_pooler``, connect.driver_options)."""
 
         async def connect(*args: Any, **options: Any) -> asyncpg.Connection:
             return await connect_each_host(*args, host_timeout_s=connect_timeout_s, **options)
@@ -215,11 +242,24 @@ class ColdStore:
                     max_size=max_size,
                     command_timeout=command_timeout_s,
                     connect=connect,
-                    server_settings=SERVER_SETTINGS,
+                    **driver_options(pooler),
                 )
         except SchemaError as exc:
             raise SchemaError(f"postgres {where(dsn)}: {exc.__cause__}: {NO_DATABASE}") from exc
         return cls(pool, command_timeout_s, dsn, connect_timeout_s)
+
+    @classmethod
+    async def for_settings(
+        cls, settings: PostgresSettings, *, min_size: int = 1, max_size: int = 4
+    ) -> ColdStore:
+        """``connect`` to ``postgres_dsn`` as the settings say (connect timeout, pooler)."""
+        return await cls.connect(
+            settings.postgres_dsn,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout_s=settings.postgres_connect_timeout_s,
+            pooler=settings.postgres_pooler,
+        )
 
     async def close(self) -> None:
         await self._pool.close()
