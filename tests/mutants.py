@@ -1297,6 +1297,13 @@ MUTANTS: Final = (
         ("tests/unit/test_keysync_push.py",),
     ),
     Mutant(
+        "an_interrupted_connection_goes_back_to_the_pool",
+        "shared/stores/postgres/cold_store.py",
+        "    if interrupted(failed):\n        conn.terminate()",
+        "    if False:\n        conn.terminate()",
+        ("tests/integration/test_interrupted_connections.py",),
+    ),
+    Mutant(
         "a_process_not_told_of_transaction_pooling_starts",
         "shared/stores/postgres/connect.py",
         'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',

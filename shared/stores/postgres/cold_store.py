@@ -130,6 +130,34 @@ def unpack_keys(packed: str | None, count: int) -> list[str]:
     return keys
 
 
+# What leaves a connection unfit to be given back to the pool: the operation it was in
+# was interrupted (a deadline of ours or the driver's, a cancelled task), or the
+# connection is in a state it cannot leave (asyncpg's "cannot switch to state 15;
+# another operation (2) is in progress": the server ended the session, its last message
+# unread). Given back, the pool first waits for the server to acknowledge the
+# interrupted statement's cancellation (forever, across a cut link or on a frozen
+# server: the process hangs) or resets it through a protocol that cannot (and the next
+# process to acquire it fails). Such a connection is discarded (``_release``).
+INTERRUPTIONS: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    TimeoutError,
+    asyncpg.InternalClientError,
+    asyncpg.InterfaceError,
+    OSError,
+)
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is one of ``INTERRUPTIONS``."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, INTERRUPTIONS):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[None]]) -> None:
     """Finish a take's transaction and give its connection back, whatever happens.
 
@@ -139,24 +167,38 @@ async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[Non
     that failure raised, a committed batch would be taken for lost, or an error of no
     kind the callers ride out would end the process.
     """
+    failed: BaseException | None = None
     try:
         async with translated("take_batch"):
             await finish()
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        await _release(pool, conn)
+        await _release(pool, conn, failed)
 
 
-async def _release(pool: asyncpg.Pool, conn: Any) -> None:
-    """Give a connection back after its transaction ended; a failed reset is logged, not
-    raised: the pool has closed that connection, and the transaction's end stands."""
+async def _release(pool: asyncpg.Pool, conn: Any, failed: BaseException | None = None) -> None:
+    """Give a connection back after its work ended (``failed``: with that error); a
+    failed reset is logged, not raised: the pool has closed that connection, and the
+    transaction's end stands. A connection whose work was interrupted is discarded
+    first (``INTERRUPTIONS``): the server rolls back what it left open."""
+    if interrupted(failed):
+        conn.terminate()
     try:
         await pool.release(conn)
     except Exception as exc:
         log.warning("connection_release_failed", extra={"error": str(exc)})
 
 
-async def _roll_back(pool: asyncpg.Pool, conn: Any, transaction: Any) -> None:
-    """Errors are swallowed: a connection that broke rolls its transaction back too."""
+async def _roll_back(
+    pool: asyncpg.Pool, conn: Any, transaction: Any, failed: BaseException | None = None
+) -> None:
+    """Errors are swallowed: a connection that broke rolls its transaction back too (one
+    interrupted, ``failed``, is discarded at once: its server rolls back)."""
+    if interrupted(failed):
+        await _release(pool, conn, failed)
+        return
     with contextlib.suppress(StoreUnavailable):
         await _end(pool, conn, transaction.rollback)
 
@@ -266,8 +308,18 @@ class ColdStore:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        async with translated("acquire"), self._pool.acquire() as conn:
+        """A connection of the pool for a block of statements: given back after it, or
+        discarded when the block was interrupted (``INTERRUPTIONS``)."""
+        async with translated("acquire"):
+            conn = await self._pool.acquire()
+        failed: BaseException | None = None
+        try:
             yield conn
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            await _release(self._pool, conn, failed)
 
     async def lease_range(
         self, id_type: IdType, lessee: str, record: Record
@@ -280,10 +332,9 @@ class ColdStore:
         statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
         size = id_type.config.range_size
         try:
-            async with translated("lease_range"):
-                row = await self._pool.fetchrow(
-                    statement, *record.guard_args(), id_type.name, size, lessee
-                )
+            async with self.connection() as conn, translated("lease_range"):
+                args = (*record.guard_args(), id_type.name, size, lessee)
+                row = await conn.fetchrow(statement, *args)
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc
         if row is None:
@@ -310,6 +361,7 @@ class ColdStore:
         """
         async with translated("insert_keys"):
             conn = await self._pool.acquire()
+        failed: BaseException | None = None
         try:
             async with translated("insert_keys"), conn.transaction():
                 await conn.execute(sql.LIMIT_COPY, str(round(self._timeout_s * 1000)))
@@ -327,10 +379,13 @@ class ColdStore:
                 await conn.execute(
                     sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
                 )
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             # The transaction alone decides the outcome, as for a take (``_end``): a
             # committed slice reported as an outage would make keygen abandon its range.
-            await _release(self._pool, conn)
+            await _release(self._pool, conn, failed)
 
     async def begin_take(
         self, name: str, size: int, record: Record, *, in_order: bool = False
@@ -352,8 +407,8 @@ class ColdStore:
                     raise PostgresBehind(f"batch of '{name}' refused by the guard")
                 row = one_row(await conn.fetchrow(statement, size), "take_batch")
             keys = unpack_keys(row["keys"], int(row["taken"]))
-        except BaseException:
-            await _roll_back(self._pool, conn, transaction)
+        except BaseException as exc:
+            await _roll_back(self._pool, conn, transaction, exc)
             raise
         return OpenTake(keys, Stamp.of(guard), self._pool, conn, transaction)
 
@@ -367,13 +422,13 @@ class ColdStore:
 
     async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""
-        async with translated("depth"):
-            value = await self._pool.fetchval(sql.COUNT_COLD_UP_TO, name, cap)
+        async with self.connection() as conn, translated("depth"):
+            value = await conn.fetchval(sql.COUNT_COLD_UP_TO, name, cap)
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
-        async with translated("sequence_state"):
-            row = await self._pool.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
+        async with self.connection() as conn, translated("sequence_state"):
+            row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
         row = one_row(row, "sequence_state")
         config = id_type.config
         end = int(row["last_value"]) + config.range_size if row["is_called"] else None
@@ -381,11 +436,11 @@ class ColdStore:
         return SequenceState(leased, config.counter_share)
 
     async def range_stats(self, name: str) -> dict[str, int]:
-        async with translated("range_stats"):
-            row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, name)
+        async with self.connection() as conn, translated("range_stats"):
+            row = await conn.fetchrow(sql.SELECT_RANGE_STATS, name)
         row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
 
     async def wake_keygen(self, name: str) -> None:
-        async with translated("wake_keygen"):
-            await self._pool.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)
+        async with self.connection() as conn, translated("wake_keygen"):
+            await conn.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)
