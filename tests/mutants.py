@@ -1304,6 +1304,13 @@ MUTANTS: Final = (
         ("tests/integration/test_interrupted_connections.py",),
     ),
     Mutant(
+        "a_login_the_pooler_refuses_is_taken_for_an_outage",
+        "shared/stores/postgres/cold_store.py",
+        "    if state == POOLER_LOGIN_REFUSAL and _message(exc).startswith(POOLER_SETUP_REFUSALS):",
+        "    if False:",
+        (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
         "a_process_not_told_of_transaction_pooling_starts",
         "shared/stores/postgres/connect.py",
         'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',

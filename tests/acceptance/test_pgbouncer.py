@@ -33,7 +33,7 @@ from keydispenser_ops.processes import run_cli
 from keygen.generation import Generator
 from keygen.main import Keygen
 from shared.domain.config import Settings
-from shared.domain.errors import ConfigError, StoreUnavailable
+from shared.domain.errors import ConfigError, SchemaError, StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
@@ -44,7 +44,7 @@ from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http,
 from tests.conftest import small_types
 from tests.integration.fixtures import Servers, connect_as_processes, make_settings, require_tool
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.not_pooled]
 
 KEYS = 3_000  # keys taken through the pooler, in batches
 DEADLINE_S = 90.0
@@ -248,6 +248,21 @@ async def test_what_a_pooler_refuses_or_loses_names_the_setting(
                         await first.fetchval(sql.SELECT_BACKEND_PID)
     finally:
         await cold.close()
+
+
+async def test_a_login_the_pooler_refuses_is_a_setup_to_fix_not_an_outage(
+    servers: Servers, database: str, transaction_pooler: EmbeddedPgBouncer
+) -> None:
+    """PgBouncer refuses every login with SQLSTATE 08P01 (a connection failure's class),
+    the server's own code lost: an unknown role or database would be retried forever.
+    Told apart by its text: a configuration error naming the role, and migrate's hint."""
+    scheme, rest = servers.direct_dsn_for(database).split("://", 1)
+    nobody = transaction_pooler.dsn(f"{scheme}://kd_no_such_role@{rest.rpartition('@')[2]}")
+    with pytest.raises(ConfigError, match=r"no such user.*'kd_no_such_role'"):
+        await ColdStore.connect(nobody, pooler="transaction")
+    missing = transaction_pooler.dsn(servers.direct_dsn_for("kd_no_such_database"))
+    with pytest.raises(SchemaError, match="keydispenser migrate"):
+        await ColdStore.connect(missing, pooler="transaction")
 
 
 async def test_a_take_left_open_behind_the_pooler_holds_the_others_at_most_its_limit(

@@ -193,14 +193,16 @@ def servers() -> Iterator[Servers]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Behind a pooler (KD_TEST_POSTGRES_POOLER), only the tests that use a database of
-    the suite's server, and not the drills (they run servers of their own)."""
+    the suite's server, and not the drills (they run servers of their own) nor those
+    marked ``not_pooled``."""
     if pool_mode_asked() is None:
         return
     kept: list[pytest.Item] = []
     left: list[pytest.Item] = []
     for item in items:
         uses = "database" in getattr(item, "fixturenames", ())
-        (kept if uses and item.get_closest_marker("drill") is None else left).append(item)
+        apart = any(item.get_closest_marker(m) for m in ("drill", "not_pooled"))
+        (kept if uses and not apart else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from shared.stores.postgres.connect import (
     driver_options,
     pooled_per_transaction_error,
     refuse_unsaid_pooling,
+    user_of,
     where,
 )
 
@@ -63,6 +65,13 @@ UNKNOWN_STATEMENT = "26000"
 # What a pooler answers a startup parameter it does not know (PgBouncer:
 # "unsupported startup parameter: plan_cache_mode", SQLSTATE 08P01).
 REFUSED_STARTUP_PARAMETER = "unsupported startup parameter"
+# PgBouncer refuses a login with SQLSTATE 08P01 (a protocol violation, in the class of
+# connection failures), whatever the reason, the server's own SQLSTATE lost: told apart
+# by its text, a setup to fix is not taken for an outage and retried forever.
+POOLER_LOGIN_REFUSAL = "08P01"
+POOLER_NO_DATABASE = re.compile(r'^database ".*" does not exist$')
+POOLER_SETUP_REFUSALS = ("no such user", "no such database", "password authentication failed")
+POOLER_SAYS = " (the pooler's answer)"
 NO_DATABASE = "run `keydispenser migrate` (it creates the database)"
 
 
@@ -75,6 +84,10 @@ def store_error(operation: str, exc: BaseException) -> KeydispenserError:
         return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
     if state == UNDEFINED_DATABASE:
         return SchemaError(f"postgres: {exc}: {NO_DATABASE}")
+    if state == POOLER_LOGIN_REFUSAL and POOLER_NO_DATABASE.match(_message(exc)):
+        return SchemaError(f"postgres: {_message(exc)}: {NO_DATABASE}")
+    if state == POOLER_LOGIN_REFUSAL and _message(exc).startswith(POOLER_SETUP_REFUSALS):
+        return ConfigError(f"postgres: {operation}: {_message(exc)}{POOLER_SAYS}")
     if state == UNKNOWN_STATEMENT:
         return pooled_per_transaction_error("", f"{operation}: {_message(exc)}")
     if REFUSED_STARTUP_PARAMETER in str(exc):
@@ -288,6 +301,10 @@ class ColdStore:
                 )
         except SchemaError as exc:
             raise SchemaError(f"postgres {where(dsn)}: {exc.__cause__}: {NO_DATABASE}") from exc
+        except ConfigError as exc:
+            if str(exc).endswith(POOLER_SAYS):  # it does not say whom it refused
+                raise ConfigError(f"{exc}, logging in as {user_of(dsn)!r}") from exc
+            raise
         return cls(pool, command_timeout_s, dsn, connect_timeout_s)
 
     @classmethod

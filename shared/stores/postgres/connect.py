@@ -21,7 +21,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -122,6 +122,11 @@ def where(dsn: str) -> str:
     """A DSN without its scheme, credentials and options: host:port/database."""
     parts = urlsplit(dsn)
     return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def user_of(dsn: str) -> str:
+    """The user a DSN logs in as (empty when it names none)."""
+    return unquote(urlsplit(dsn).username or "") if "://" in dsn else ""
 
 
 def any_server(dsn: str) -> str:
