@@ -59,6 +59,7 @@ GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
 PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
+REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
 ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
@@ -1299,8 +1300,8 @@ MUTANTS: Final = (
     Mutant(
         "an_interrupted_connection_goes_back_to_the_pool",
         "shared/stores/postgres/cold_store.py",
-        "    if interrupted(failed):\n        conn.terminate()",
-        "    if False:\n        conn.terminate()",
+        "            conn.terminate()\n    try:",
+        "            pass\n    try:",
         ("tests/integration/test_interrupted_connections.py",),
     ),
     Mutant(
@@ -1309,6 +1310,20 @@ MUTANTS: Final = (
         "    if state == POOLER_LOGIN_REFUSAL and _message(exc).startswith(POOLER_SETUP_REFUSALS):",
         "    if False:",
         (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
+        "keysync_s_redis_user_cannot_push",
+        "shared/stores/redis/acl.py",
+        '        "rpush",\n        "sadd",',
+        '        "sadd",',
+        (REDIS_ACL_TESTS,),
+    ),
+    Mutant(
+        "every_redis_user_may_flush_everything",
+        "shared/stores/redis/acl.py",
+        'CONNECTION: Final = frozenset({"ping", "hello", "select"})',
+        'CONNECTION: Final = frozenset({"ping", "hello", "select", "flushall"})',
+        (REDIS_ACL_TESTS,),
     ),
     Mutant(
         "a_process_not_told_of_transaction_pooling_starts",

@@ -197,7 +197,9 @@ async def _release(pool: asyncpg.Pool, conn: Any, failed: BaseException | None =
     transaction's end stands. A connection whose work was interrupted is discarded
     first (``INTERRUPTIONS``): the server rolls back what it left open."""
     if interrupted(failed):
-        conn.terminate()
+        # (a connection already lost is already back in the pool: nothing to end)
+        with contextlib.suppress(asyncpg.InterfaceError):
+            conn.terminate()
     try:
         await pool.release(conn)
     except Exception as exc:
