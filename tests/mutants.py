@@ -1326,6 +1326,20 @@ MUTANTS: Final = (
         (REDIS_ACL_TESTS,),
     ),
     Mutant(
+        "a_postgres_certificate_refused_is_retried_as_an_outage",
+        "shared/stores/postgres/cold_store.py",
+        "    if isinstance(exc, ssl.SSLCertVerificationError):  # a setup to fix, not an outage",
+        "    if False:",
+        ("tests/acceptance/test_tls.py",),
+    ),
+    Mutant(
+        "a_redis_certificate_refused_is_retried_as_an_outage",
+        "shared/stores/redis/scripts.py",
+        "            if refused is not None:\n                raise self._endpoint",
+        "            if False:\n                raise self._endpoint",
+        ("tests/acceptance/test_tls.py",),
+    ),
+    Mutant(
         "a_process_not_told_of_transaction_pooling_starts",
         "shared/stores/postgres/connect.py",
         'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',

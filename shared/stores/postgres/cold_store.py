@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -79,6 +80,12 @@ def store_error(operation: str, exc: BaseException) -> KeydispenserError:
     """The domain error a driver error means (see CONFIGURATION_SQLSTATE_CLASSES)."""
     if isinstance(exc, asyncpg.ClientConfigurationError):  # e.g. sslmode=bogus
         return ConfigError(f"postgres_dsn: {exc}")
+    if isinstance(exc, ssl.SSLCertVerificationError):  # a setup to fix, not an outage
+        return ConfigError(
+            f"postgres_dsn: the server's certificate was refused ({operation}): "
+            f"{exc.verify_message or exc}: sslrootcert must hold the CA that signed it, "
+            "and with sslmode=verify-full it must name the host the DSN connects to"
+        )
     state = str(getattr(exc, "sqlstate", "") or "")
     if state == UNDEFINED_TABLE:
         return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
