@@ -1,22 +1,58 @@
-"""A PostgreSQL primary and an asynchronous streaming replica on loopback, for drills.
+"""The drill's PostgreSQL stacks (``--postgres``), behind one small interface
+(``PostgresStack``): ``pair``, a primary and an asynchronous streaming replica the
+drill promotes itself (here), or ``patroni``, three members Patroni fails over
+(drill/patroni.py). Each stack's faults are a module of its own (pair_faults.py,
+patroni_faults.py).
 
-The processes reach them through one multi-host DSN with
+The processes reach the servers through one multi-host DSN with
 ``target_session_attrs=read-write``, as operators run behind Patroni without a proxy:
-whichever server is primary answers. After a failover the dead primary's port is
-reused for a fresh replica of the new one, so the DSN never changes.
+whichever server is primary answers. After a failover of the pair the dead primary's
+port is reused for a fresh replica of the new one, so the DSN never changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import asyncpg
 
-from keydispenser_ops.embedded import EmbeddedPostgres, free_port
+from keydispenser_ops.embedded import EmbeddedPostgres, children_of, free_port
 
 CATCH_UP_S = 30.0
+
+
+class PostgresStack(Protocol):
+    """What the drill asks of a PostgreSQL stack, whichever it is."""
+
+    name: str  # --postgres
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def ports(self) -> list[int]:
+        """Every server's port (each process reaches each through a proxy of its own)."""
+        ...
+
+    def dsn(self, database: str) -> str:
+        """Every server, ``target_session_attrs=read-write`` (the drill's own reads)."""
+        ...
+
+    def admin_dsn(self, database: str) -> str:
+        """The primary now, directly (to make the drill's database)."""
+        ...
+
+    def primary_pids(self) -> list[int]:
+        """The primary's postmaster and every process of it (a pause stops them all)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The stack as the report names it (what runs, which versions)."""
+        ...
 
 
 @dataclass
@@ -25,6 +61,19 @@ class PostgresPair:
     primary: EmbeddedPostgres | None = None
     replica: EmbeddedPostgres | None = None
     failovers: int = 0
+    name: str = "pair"
+
+    def ports(self) -> list[int]:
+        return [server.port for server in self.pair()]
+
+    def admin_dsn(self, database: str) -> str:
+        return self.pair()[0].dsn(database)
+
+    def primary_pids(self) -> list[int]:
+        return postgres_pids(self.pair()[0])
+
+    def describe(self) -> dict[str, Any]:
+        return {"postgres": self.name, "postgres_servers": 2, "failover_by": "the drill"}
 
     def start(self) -> None:
         self.primary = EmbeddedPostgres(self.base / "postgres-a", free_port())
@@ -111,3 +160,11 @@ async def _until(conn: asyncpg.Connection, query: str, timeout_s: float) -> None
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(f"postgres: not true after {timeout_s}s: {query}")
         await asyncio.sleep(0.05)
+
+
+def postgres_pids(server: EmbeddedPostgres) -> list[int]:
+    """The postmaster and every process of it (a whole server, as a VM pause stops it)."""
+    with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+        postmaster = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *children_of(postmaster)]
+    return []
