@@ -1340,6 +1340,13 @@ MUTANTS: Final = (
         ("tests/acceptance/test_tls.py",),
     ),
     Mutant(
+        "a_synchronous_promotion_that_lost_commits_passes_the_drill",
+        "ops/keydispenser_ops/drill/runner.py",
+        '        if not self.stack.get("synchronous_mode"):\n            return []',
+        "        if True:\n            return []",
+        ("tests/unit/test_drill_report.py",),
+    ),
+    Mutant(
         "a_process_not_told_of_transaction_pooling_starts",
         "shared/stores/postgres/connect.py",
         'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',
@@ -1374,16 +1381,17 @@ def scratch_copy(dest: Path) -> None:
 
 def environment(copy: Path) -> dict[str, str]:
     # No bytecode: a restored file can have the mutant's size and mtime second.
-    # The client is a distribution of its own, one folder down.
-    path = os.pathsep.join((str(copy), str(copy / "clients" / "python")))
+    # The client and the operator tooling are distributions of their own, a folder down.
+    path = os.pathsep.join((str(copy), str(copy / "clients" / "python"), str(copy / "ops")))
     return os.environ | {"PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def imports_from(copy: Path) -> None:
     """Refuse to run when the copy's packages would not shadow the installed ones."""
     probe = (
-        "import shared, keysync, keygen, dispenser, keydispenser_client; "
-        "print(shared.__file__); print(keydispenser_client.__file__)"
+        "import shared, keysync, keygen, dispenser, keydispenser_client, keydispenser_ops; "
+        "print(shared.__file__); print(keydispenser_client.__file__); "
+        "print(keydispenser_ops.__file__)"
     )
     found = subprocess.run(
         [sys.executable, "-c", probe],
