@@ -424,6 +424,15 @@ class PatroniCluster:
             check=False,
         )
 
+    def candidate(self) -> Member:
+        """A replica Patroni would hand over to: the synchronous standby in synchronous
+        mode (the only one it promotes), else any streaming replica."""
+        wanted = "sync_standby" if self.synchronous_mode else "replica"
+        for row in self.state().get("members", []):
+            if row.get("role") == wanted and row.get("state") == "streaming":
+                return self.member(row["name"])
+        raise RuntimeError(f"patroni: no streaming {wanted} to hand over to")
+
     def switchover(self, candidate: Member) -> None:
         leader = self.leader()
         assert leader is not None
@@ -434,7 +443,7 @@ class PatroniCluster:
 
     def _ctl(self, *args: str) -> None:
         done = self.patronictl(*args)
-        if done.returncode != 0:
+        if done.returncode != 0 or "failed" in done.stdout.lower():
             raise RuntimeError(
                 f"patronictl {args[0]} failed: {done.stdout[-500:]}{done.stderr[-500:]}"
             )

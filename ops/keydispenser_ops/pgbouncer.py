@@ -160,3 +160,5 @@ class EmbeddedPgBouncer:
         stop_process(self.process)
         if self._reaper is not None:
             self._reaper.wait(15)
+        if self.home != self.data_dir:  # its own directory of the runtime root
+            shutil.rmtree(self.home, ignore_errors=True)

@@ -49,21 +49,28 @@ class PatroniFaults:
         }
 
     async def leader_kill(self) -> Outcome:
-        """The replicas stop receiving the leader's WAL for LAG_WINDOW_S under load (its
-        replication links cut), then the leader dies: its Patroni and PostgreSQL
-        SIGKILLed, as a machine that dies. Patroni promotes a replica once the leader
-        key expired; the dead member starts again and rejoins, rewound (pg_rewind)
-        when it had commits the new leader lacks."""
+        """In asynchronous mode the replicas first stop receiving the leader's WAL for
+        LAG_WINDOW_S under load (their links to it dropped); then the leader dies: its
+        Patroni and PostgreSQL SIGKILLed, as a machine that dies. Patroni promotes a
+        replica once the leader key expired; the dead member starts again and rejoins,
+        rewound (pg_rewind) when it had commits the new leader lacks.
+
+        In synchronous mode the kill comes under load with the standbys connected: a
+        synchronous standby cannot fall behind the commits, and one cut off is no
+        longer synchronous, which leaves Patroni none to promote after the leader dies
+        (by design: it waits for an operator rather than lose a commit)."""
         drill, cluster = self.drill, self.stack.cluster
         fenced_before = await drill.postgres_discarded()
         old = await asyncio.to_thread(cluster.wait_for_leader, 30)
         since = old.log_size()
         dispensed = drill.load.dispensed
-        # The replicas' link to it drops (nothing held to be delivered later, as a cut
-        # would: their WAL stops where it is), and every attempt to reconnect fails.
-        drill.links.cut_infra(old.pg_port, "reset")
-        await asyncio.sleep(LAG_WINDOW_S)
-        in_lag = drill.load.dispensed - dispensed
+        lag_s = 0.0 if self.stack.synchronous_mode else LAG_WINDOW_S
+        if lag_s:
+            # The replicas' link to it drops (nothing held to be delivered later, as a
+            # cut would: their WAL stops where it is), and every reconnection fails.
+            drill.links.cut_infra(old.pg_port, "reset")
+        await asyncio.sleep(lag_s or LAG_WINDOW_S)
+        in_lag = drill.load.dispensed - dispensed if lag_s else 0
         killed = time.monotonic()
         await asyncio.to_thread(cluster.kill, old)
         drill.links.heal()
@@ -75,6 +82,7 @@ class PatroniFaults:
             {
                 "old_leader": old.name,
                 "new_leader": new.name,
+                "lag_window_s": lag_s,
                 "keys_in_lag_window": in_lag,
                 "promoted_ms": promoted_ms,
                 **rejoin,
@@ -95,7 +103,7 @@ class PatroniFaults:
         drill, cluster = self.drill, self.stack.cluster
         fenced_before = await drill.postgres_discarded()
         old = await asyncio.to_thread(cluster.wait_for_leader, 30)
-        candidate = next(m for m in cluster.members if m.name != old.name)
+        candidate = await asyncio.to_thread(cluster.candidate)
         since = old.log_size()
         began = time.monotonic()
         act = cluster.switchover if how == "switchover" else cluster.failover
