@@ -38,7 +38,9 @@ ASYNC_FAULTS = [
     "patroni_failover",
     "patroni_cut_leader",
 ]
-SYNC_FAULTS = ["patroni_leader_kill", "patroni_switchover"]
+# The promotion that would lose commits in asynchronous mode (the handovers and the cut
+# in synchronous mode: docs/reliability.md; one round keeps CI under its budget).
+SYNC_FAULTS = ["patroni_leader_kill"]
 
 
 def drill(tmp_path: Path, faults: list[str], *flags: str) -> dict[str, Any]:
