@@ -443,7 +443,7 @@ class PatroniCluster:
 
     def _ctl(self, *args: str) -> None:
         done = self.patronictl(*args)
-        if done.returncode != 0 or "failed" in done.stdout.lower():
+        if done.returncode != 0 or "successfully" not in done.stdout.lower():
             raise RuntimeError(
                 f"patronictl {args[0]} failed: {done.stdout[-500:]}{done.stderr[-500:]}"
             )

@@ -43,8 +43,10 @@ PARTITION_SIDES = (
     ("dispenser-1", "keygen", "keysync-2", "lease-1"),
 )
 # After each PostgreSQL promotion, no ledger entry at all (the loads of ledger types
-# wait) for longer than the keysyncs keep the ledger log (runner.DRILL_KEYSYNC): what
-# the promotion lost is restored at once, not when the next entry arrives.
+# wait) for longer than the keysyncs keep the ledger log with the pair
+# (PostgresPair.ledger_retain_s): what the promotion lost is restored at once, not when
+# the next entry arrives. (Under Patroni the log must outlive a whole leader key's life,
+# longer than this spell.)
 QUIET_AFTER_PROMOTION_S = 12.0
 
 

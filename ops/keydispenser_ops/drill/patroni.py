@@ -15,7 +15,7 @@ from typing import Any
 
 from keydispenser_ops.drill.links import Links
 from keydispenser_ops.embedded import system_postgres_bin
-from keydispenser_ops.patroni import PatroniCluster, patroni_version
+from keydispenser_ops.patroni import TTL_S, PatroniCluster, patroni_version
 
 
 @dataclass
@@ -24,6 +24,10 @@ class PatroniStack:
     links: Links
     synchronous_mode: bool = False
     name: str = "patroni"
+    # A promotion comes a whole leader key's life (TTL_S) after the last commit it may
+    # lose, plus the lag before it and the time to fence: as docs/operations.md tells
+    # operators, the log outlives that (three times the TTL).
+    ledger_retain_s: float = 3.0 * TTL_S
     cluster: PatroniCluster = field(init=False)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,10 @@ class PostgresStack(Protocol):
     """What the drill asks of a PostgreSQL stack, whichever it is."""
 
     name: str  # --postgres
+    # How long keysync keeps the ledger log (keysync.ledger_retain_s): above the longest
+    # stretch of commits a promotion of this stack can lose, from the first lost commit
+    # to the restore.
+    ledger_retain_s: float
 
     def start(self) -> None: ...
 
@@ -62,6 +66,10 @@ class PostgresPair:
     replica: EmbeddedPostgres | None = None
     failovers: int = 0
     name: str = "pair"
+    # The replica's 2 s lag, the drill's own promotion: shorter than the quiet spell after
+    # each (faults.QUIET_AFTER_PROMOTION_S), so a restore that waited for traffic would
+    # find its links trimmed.
+    ledger_retain_s: float = 10.0
 
     def ports(self) -> list[int]:
         return [server.port for server in self.pair()]

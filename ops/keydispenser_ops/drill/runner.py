@@ -63,10 +63,8 @@ DRILL_KEYSYNC = {
     "batch_marker_ttl_s": 2.0,
     "take_idle_limit_s": 3.0,
     "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
-    # The ledger log outlives every loss window a fault makes (the replica's lag, a
-    # split brain) and is shorter than the quiet spell after each promotion
-    # (faults.QUIET_AFTER_PROMOTION_S): a restore must not wait for traffic.
-    "ledger_retain_s": 10.0,
+    # The ledger log (keysync.ledger_retain_s) is the PostgreSQL stack's own
+    # (PostgresStack.ledger_retain_s): it outlives every loss window a fault makes.
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
 REDIS_FAULTS = fault_kinds.new_primary("sentinel")
@@ -291,7 +289,7 @@ async def _drill(
         redis_ports = [s.port for s in topology.servers]
         links.wire(redis_ports, [s.port for s in topology.sentinels], postgres.ports())
         api_config, api_keys = lifecycle.api_keys((DRILL_CLIENT, *LIFECYCLE_CLIENTS))
-        fleet = _fleet(settings, base, postgres.dsn(database), topology, controls, api_config)
+        fleet = _fleet(settings, base, postgres, database, topology, controls, api_config)
         fleet.overrides = {name: links.env(name, MASTER, database) for name in PROCESSES}
         migrated = await asyncio.to_thread(_migrate, fleet)
         if migrated:
@@ -382,7 +380,8 @@ async def _drill(
 def _fleet(
     settings: Settings,
     base: Path,
-    dsn: str,
+    postgres: PostgresStack,
+    database: str,
     topology: Topology,
     controls: Controls,
     api_keys: list[dict[str, Any]],
@@ -403,7 +402,7 @@ def _fleet(
         json.dumps(
             {
                 "id_types": types,
-                "keysync": DRILL_KEYSYNC,
+                "keysync": DRILL_KEYSYNC | {"ledger_retain_s": postgres.ledger_retain_s},
                 "dispenser": dispenser,
                 "redis_namespace": DRILL_NAMESPACE,
                 "log_levels": log_levels,
@@ -415,7 +414,7 @@ def _fleet(
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),
-        KD_POSTGRES_DSN=dsn,
+        KD_POSTGRES_DSN=postgres.dsn(database),
         KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
         KD_REDIS_SENTINEL=json.dumps(
             {"sentinels": topology.sentinel_addresses(), "master_name": MASTER}
