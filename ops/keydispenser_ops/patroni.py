@@ -131,10 +131,26 @@ class Etcd:
         self._reaper = reaper.watch(self.process.pid)
         if not listening(self.client_port, 30, self.process):
             raise EmbeddedServerError(f"etcd did not listen on {self.client_port}")
+        self._wait_for_cluster_version(30)
+
+    def _wait_for_cluster_version(self, timeout_s: float) -> None:
+        """Until etcd decided its cluster's version (a moment after it listens): Patroni,
+        started before, stops on the "not_decided" it reads."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if self._versions().get("etcdcluster", "not_decided") != "not_decided":
+                    return
+            time.sleep(0.1)
+        raise EmbeddedServerError(f"etcd decided no cluster version within {timeout_s:g}s")
+
+    def _versions(self) -> dict[str, str]:
+        with urllib.request.urlopen(f"http://{self.address}/version", timeout=2) as reply:
+            found: dict[str, str] = json.loads(reply.read())
+            return found
 
     def version(self) -> str:
-        with urllib.request.urlopen(f"http://{self.address}/version", timeout=2) as reply:
-            return str(json.loads(reply.read()).get("etcdserver", ""))
+        return str(self._versions().get("etcdserver", ""))
 
     def stop(self) -> None:
         stop_processes([self.process])
