@@ -71,7 +71,9 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FastPath:
             # Ledger reads are judged against each group's fence record (the guard off,
             # a drill's control: not judged).
             ledger=LedgerReader(
-                settings.postgres_dsn, records if settings.postgres_fence else None
+                settings.postgres_dsn,
+                records if settings.postgres_fence else None,
+                settings.postgres_pooler,
             ),
         )
         app.state.dispenser = dispenser = Dispenser(settings, stores, metrics, snowflakes)

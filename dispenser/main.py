@@ -23,7 +23,7 @@ from shared.domain.errors import ConfigError, StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.sql import SELECT_LEDGER_STATE
 from shared.stores.groups import refuse_evicting_redis
-from shared.stores.postgres.cold_store import ColdStore, translated
+from shared.stores.postgres.cold_store import ColdStore, checked_pooling, translated
 
 log = logging.getLogger(__name__)
 # Every worker builds its app from the same KD_CONFIG file and KD_ environment.
@@ -44,13 +44,9 @@ async def refuse_unusable_postgres(settings: Settings) -> None:
     if not any(t.config.ledger for t in build_id_types(settings, generating=False).values()):
         return
     try:
-        store = await ColdStore.connect(
-            settings.postgres_dsn,
-            min_size=1,
-            max_size=1,
-            connect_timeout_s=settings.postgres_connect_timeout_s,
-        )
+        store = await ColdStore.for_settings(settings, min_size=1, max_size=1)
         try:
+            await checked_pooling(settings)
             async with store.connection() as conn, translated("start-up check"):
                 await conn.fetchrow(SELECT_LEDGER_STATE)
         finally:

@@ -33,7 +33,7 @@ from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import Groups, SyncRecords, refuse_evicting_redis
 from shared.stores.postgres.cold_store import DRIVER_ERRORS, ColdStore
-from shared.stores.postgres.connect import connect_each_host
+from shared.stores.postgres.connect import connect_each_host, driver_options
 from shared.stores.postgres.sql import KEYGEN_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,9 @@ async def listen_for_wakes(settings: Settings, keygen: Keygen, stop: asyncio.Eve
     while not stop.is_set():
         try:
             conn = await connect_each_host(
-                settings.postgres_dsn, host_timeout_s=settings.postgres_connect_timeout_s
+                settings.postgres_dsn,
+                host_timeout_s=settings.postgres_connect_timeout_s,
+                **driver_options(settings.postgres_pooler),
             )
         except DRIVER_ERRORS as exc:
             await sleep_or_stop(stop, outage.failed(StoreUnavailable("postgres", str(exc))))
@@ -336,13 +338,32 @@ async def _fill(
         keygen = Keygen.on_postgres(
             settings, up.cold, up.sync, up.stop, generator, metrics, heartbeat, faults
         )
-        listening = asyncio.ensure_future(listen_for_wakes(settings, keygen, up.stop))
+        listening = _listening(settings, keygen, up.stop)
         try:
             await keygen.run()
         finally:
-            listening.cancel()
+            if listening is not None:
+                listening.cancel()
     finally:
         generator.close()
+
+
+def _listening(
+    settings: Settings, keygen: Keygen, stop: asyncio.Event
+) -> asyncio.Future[None] | None:
+    """keysync's wake-ups LISTENed for, beside the loop; none behind a pooler in
+    transaction mode, where a LISTEN ends with its transaction (its server goes back to
+    the pool, and the NOTIFY reaches no one): keygen then polls, and says so once."""
+    if settings.postgres_pooler == "transaction":
+        log.info(
+            "keygen_wakes_polled",
+            extra={
+                "reason": "postgres_pooler: transaction (LISTEN needs a session)",
+                "poll_interval_s": settings.keygen.poll_interval_s,
+            },
+        )
+        return None
+    return asyncio.ensure_future(listen_for_wakes(settings, keygen, stop))
 
 
 def main(settings: Settings) -> None:

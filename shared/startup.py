@@ -23,7 +23,7 @@ from shared.metrics import serve as serve_metrics
 from shared.runtime import connect_with_retry, stop_on_signals
 from shared.stores.fence.binding import bind
 from shared.stores.groups import Groups, SyncRecords
-from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.cold_store import ColdStore, checked_pooling
 from shared.stores.postgres.schema import check
 
 
@@ -84,11 +84,16 @@ async def serve_process(
 
 
 async def _connected(settings: Settings, stop: asyncio.Event) -> ColdStore | None:
-    """The cold store, once PostgreSQL answers (None: stopped before it did)."""
-    return await connect_with_retry(
-        lambda: ColdStore.connect(
-            settings.postgres_dsn, connect_timeout_s=settings.postgres_connect_timeout_s
-        ),
-        "postgres",
-        stop,
-    )
+    """The cold store, once PostgreSQL answers (None: stopped before it did); refused
+    when its connections are pooled otherwise than ``postgres_pooler`` says."""
+
+    async def connect() -> ColdStore:
+        cold = await ColdStore.for_settings(settings)
+        try:
+            await checked_pooling(settings)
+        except BaseException:
+            await cold.close()
+            raise
+        return cold
+
+    return await connect_with_retry(connect, "postgres", stop)

@@ -58,6 +58,8 @@ SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
+PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
+REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
 ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
@@ -819,9 +821,9 @@ MUTANTS: Final = (
     ),
     Mutant(
         "store_statements_keep_a_plan_made_for_an_empty_table",
-        "shared/stores/postgres/cold_store.py",
-        'SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}',
-        "SERVER_SETTINGS: dict[str, str] = {}",
+        "shared/stores/postgres/connect.py",
+        'SERVER_SETTINGS: Final = {"plan_cache_mode": "force_custom_plan"}',
+        "SERVER_SETTINGS: Final[dict[str, str]] = {}",
         ("tests/integration/test_plans.py",),
     ),
     Mutant(
@@ -1371,6 +1373,69 @@ MUTANTS: Final = (
         "    return value",
         ("tests/integration/test_crockford32.py",),
     ),
+    Mutant(
+        "an_interrupted_connection_goes_back_to_the_pool",
+        "shared/stores/postgres/cold_store.py",
+        "            conn.terminate()\n    try:",
+        "            pass\n    try:",
+        ("tests/integration/test_interrupted_connections.py",),
+    ),
+    Mutant(
+        "a_login_the_pooler_refuses_is_taken_for_an_outage",
+        "shared/stores/postgres/cold_store.py",
+        "    if state == POOLER_LOGIN_REFUSAL and _message(exc).startswith(POOLER_SETUP_REFUSALS):",
+        "    if False:",
+        (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
+        "keysync_s_redis_user_cannot_push",
+        "shared/stores/redis/acl.py",
+        '        "rpush",\n        "sadd",',
+        '        "sadd",',
+        (REDIS_ACL_TESTS,),
+    ),
+    Mutant(
+        "every_redis_user_may_flush_everything",
+        "shared/stores/redis/acl.py",
+        'CONNECTION: Final = frozenset({"ping", "hello", "select"})',
+        'CONNECTION: Final = frozenset({"ping", "hello", "select", "flushall"})',
+        (REDIS_ACL_TESTS,),
+    ),
+    Mutant(
+        "a_postgres_certificate_refused_is_retried_as_an_outage",
+        "shared/stores/postgres/cold_store.py",
+        "    if isinstance(exc, ssl.SSLCertVerificationError):  # a setup to fix, not an outage",
+        "    if False:",
+        ("tests/acceptance/test_tls.py",),
+    ),
+    Mutant(
+        "a_redis_certificate_refused_is_retried_as_an_outage",
+        "shared/stores/redis/scripts.py",
+        "            if refused is not None:\n                raise self._endpoint",
+        "            if False:\n                raise self._endpoint",
+        ("tests/acceptance/test_tls.py",),
+    ),
+    Mutant(
+        "a_synchronous_promotion_that_lost_commits_passes_the_drill",
+        "ops/keydispenser_ops/drill/runner.py",
+        '        if not self.stack.get("synchronous_mode"):\n            return []',
+        "        if True:\n            return []",
+        ("tests/unit/test_drill_report.py",),
+    ),
+    Mutant(
+        "a_process_not_told_of_transaction_pooling_starts",
+        "shared/stores/postgres/connect.py",
+        'if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):',
+        "if False:",
+        (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
+        "named_statements_behind_a_transaction_pooler",
+        "shared/stores/postgres/connect.py",
+        '    if pooler == "none":\n        return {"server_settings": dict(SERVER_SETTINGS)}',
+        '    if True:\n        return {"server_settings": dict(SERVER_SETTINGS)}',
+        (PGBOUNCER_TESTS,),
+    ),
 )
 
 
@@ -1392,16 +1457,17 @@ def scratch_copy(dest: Path) -> None:
 
 def environment(copy: Path) -> dict[str, str]:
     # No bytecode: a restored file can have the mutant's size and mtime second.
-    # The client is a distribution of its own, one folder down.
-    path = os.pathsep.join((str(copy), str(copy / "clients" / "python")))
+    # The client and the operator tooling are distributions of their own, a folder down.
+    path = os.pathsep.join((str(copy), str(copy / "clients" / "python"), str(copy / "ops")))
     return os.environ | {"PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def imports_from(copy: Path) -> None:
     """Refuse to run when the copy's packages would not shadow the installed ones."""
     probe = (
-        "import shared, keysync, keygen, dispenser, keydispenser_client; "
-        "print(shared.__file__); print(keydispenser_client.__file__)"
+        "import shared, keysync, keygen, dispenser, keydispenser_client, keydispenser_ops; "
+        "print(shared.__file__); print(keydispenser_client.__file__); "
+        "print(keydispenser_ops.__file__)"
     )
     found = subprocess.run(
         [sys.executable, "-c", probe],

@@ -64,6 +64,7 @@ DRILL_TOPOLOGY_FLAGS = {
     "slot_per": ("cluster", "--slot-per", "namespace"),
     "no_postgres_fence": ("sentinel", "--no-postgres-fence", False),
     "no_lease_wait": ("sentinel", "--no-lease-wait", False),
+    "postgres": ("sentinel", "--postgres", "pair"),
 }
 
 
@@ -75,8 +76,10 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
     for attr, (topology, flag, default) in DRILL_TOPOLOGY_FLAGS.items():
         if args.redis != topology and getattr(args, attr) != default:
             raise ConfigError(f"{flag}: with --redis {topology} only")
+    if args.synchronous_mode and args.postgres != "patroni":
+        raise ConfigError("--synchronous-mode: with --postgres patroni only")
     only = [f.strip() for f in args.faults.split(",")] if args.faults else None
-    fault_kinds.chosen(args.redis, only)  # before any server starts
+    fault_kinds.chosen(args.redis, only, args.postgres)  # before any server starts
     work = Path(args.work_dir).resolve() if args.work_dir else None
     if args.redis == "cluster":
         from keydispenser_ops.drill import cluster
@@ -95,6 +98,7 @@ def run_drill(settings: Settings, args: argparse.Namespace) -> None:
                 work,
                 postgres_fence=not args.no_postgres_fence,
                 lease_wait=not args.no_lease_wait,
+                stack=runner.Stack(args.postgres, args.synchronous_mode),
             )
         )
         report, table = sentinel_report, runner.format_table(sentinel_report)
@@ -298,6 +302,21 @@ def _add_drill(drill: argparse.ArgumentParser) -> None:
         help="with --redis cluster: every key in one slot (default), or each type in a "
         "slot of its own (redis_cluster.slot_per), two more types on the other shards "
         "checked never to pause",
+    )
+    drill.add_argument(
+        "--postgres",
+        choices=("pair", "patroni"),
+        default="pair",
+        help="the PostgreSQL stack: a primary and a replica the drill promotes itself "
+        "(default), or three members under Patroni with etcd, failed over by Patroni "
+        "(its faults: leader killed and rejoining rewound, switchover, failover, the "
+        "leader cut off)",
+    )
+    drill.add_argument(
+        "--synchronous-mode",
+        action="store_true",
+        help="with --postgres patroni: Patroni's synchronous_mode (strict): a promotion "
+        "loses no commit, and the drill checks that the ledger's restore found nothing",
     )
     drill.add_argument(
         "--no-postgres-fence",

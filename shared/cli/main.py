@@ -184,6 +184,21 @@ def run_retire(settings: Settings, args: argparse.Namespace) -> None:
         raise KeydispenserError(f"no id type '{args.name}' in the database: nothing to retire")
 
 
+def run_redis_acl(settings: Settings, args: argparse.Namespace) -> None:
+    from shared.stores.redis.acl import acl_file, user_names
+
+    passwords: dict[str, str] = {}
+    if args.passwords:
+        folder = Path(args.passwords)
+        if not folder.is_dir():
+            raise ConfigError(f"--passwords: {folder} is not a directory")
+        for name in user_names(settings).values():
+            given = folder / name
+            if given.is_file():
+                passwords[name] = given.read_text().strip()
+    sys.stdout.write(acl_file(settings, passwords))
+
+
 def run_lease(settings: Settings, args: argparse.Namespace) -> None:
     from shared.cli.lease import main
 
@@ -228,6 +243,18 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     _add_retire(commands)
     _add_lease(commands)
+    acl = subcommand(
+        commands,
+        "redis-acl",
+        run_redis_acl,
+        "the Redis ACL file: a user per process, only its commands and its namespace's keys",
+    )
+    acl.add_argument(
+        "--passwords",
+        metavar="DIR",
+        help="a file per user in DIR (named as the user, holding its password): each line "
+        "gets its password's SHA-256 (without, no user can log in until given one)",
+    )
     words = sys.argv[1:] if argv is None else argv
     plugin_names = {point.name for point in declared()}  # read, not loaded
     chosen = next((w for w in words if w in commands.choices or w in plugin_names), None)

@@ -13,7 +13,7 @@ from shared.domain.names import ID_TYPE_NAME
 from shared.stores.groups import Groups
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres import schema
-from shared.stores.postgres.connect import check_files
+from shared.stores.postgres.connect import check_files, driver_options
 
 
 def refuse_configured(settings: Settings, name: str) -> None:
@@ -33,7 +33,7 @@ async def retire(settings: Settings, name: str, *, drop_ledger: bool) -> dict[st
     stopped half-way is finished by running it again."""
     refuse_configured(settings, name)
     check_files(settings.postgres_dsn)
-    conn = await asyncpg.connect(settings.postgres_dsn)
+    conn = await asyncpg.connect(settings.postgres_dsn, **driver_options(settings.postgres_pooler))
     try:
         done = await schema.retire(conn, name, drop_ledger=drop_ledger)
     finally:

@@ -21,7 +21,7 @@ _STATUS_CAP = 10_000_000
 
 async def collect_status(settings: Settings) -> dict[str, Any]:
     """{"id_types": {name: inventory and headroom}, "postgres_fence": its state}."""
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     groups = Groups(settings)
     hot = HotRouter.open(groups)
     sync = SyncRecords.open(groups)
@@ -164,7 +164,7 @@ async def fence_postgres(
     ranges past the highest lease on record; ``take_over``: whatever timeline or database
     the record follows (the operator asserts this database is the one from now on)."""
     id_types = build_id_types(settings, generating=False)
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     groups = Groups(settings)
     sync = SyncRecords.open(groups)  # every key group's record: the fence claims them all
     try:
@@ -265,7 +265,7 @@ async def resume_ledger(settings: Settings) -> dict[str, Any]:
     history may have requeued and issued it: never issued again), and the ledger
     resumes from what this server holds. What the ledger log could not restore is lost
     to the record, and said so here."""
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     groups = Groups(settings)
     sync = SyncRecords.open(groups)
     resumed: dict[str, Any] = {}

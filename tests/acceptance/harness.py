@@ -18,6 +18,7 @@ def process_env(settings: Settings, config_path: Path, **extra: str) -> dict[str
         scrubbed_env(
             KD_CONFIG=str(config_path),
             KD_POSTGRES_DSN=settings.postgres_dsn,
+            KD_POSTGRES_POOLER=settings.postgres_pooler,
             KD_REDIS_URL=settings.redis_url,
             KD_PERMUTATION_KEY=settings.permutation_key.get_secret_value(),
         )

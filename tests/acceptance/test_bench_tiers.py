@@ -16,7 +16,7 @@ from shared.domain.config import ApiKeyConfig, AuthConfig, Settings
 from tests.acceptance.harness import process_env, write_config
 from tests.conftest import NS
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.not_pooled]
 
 
 def test_bench_keysync_moves_every_key_exactly_in_one_and_two_processes(

@@ -218,6 +218,7 @@ def test_fill_refuses_an_unknown_type(settings: Settings, tmp_path: Path) -> Non
     assert bad_count.returncode == 2 and "--count" in bad_count.stderr
 
 
+@pytest.mark.not_pooled
 @pytest.mark.parametrize("rate", ["fast", "-1", "nan", "inf"])
 def test_bench_refuses_a_bad_rate_naming_the_option(
     settings: Settings, tmp_path: Path, rate: str
@@ -229,6 +230,7 @@ def test_bench_refuses_a_bad_rate_naming_the_option(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.not_pooled
 @pytest.mark.parametrize(
     ("bench", "option", "value", "said"),
     [
@@ -274,6 +276,7 @@ def test_apikey_prints_a_key_once_and_its_config_entry(settings: Settings, tmp_p
     assert no_rate.returncode == 2 and "--burst" in no_rate.stderr
 
 
+@pytest.mark.not_pooled
 @pytest.mark.parametrize("load", ["auto", "bundled"])
 def test_bench_dispense_measures_all_four_on_both_servers_and_writes_json(
     settings: Settings, tmp_path: Path, load: str
@@ -391,6 +394,7 @@ def test_status_on_a_server_without_the_database_is_one_line(
     ]
 
 
+@pytest.mark.not_pooled
 def test_bench_keygen_makes_its_scratch_database_through_the_maintenance_one(
     settings: Settings, tmp_path: Path
 ) -> None:

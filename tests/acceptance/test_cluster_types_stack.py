@@ -14,7 +14,6 @@ import json
 import time
 from pathlib import Path
 
-import asyncpg
 import httpx
 from redis.crc import key_slot
 
@@ -25,7 +24,12 @@ from shared.domain.config import Settings
 from shared.stores.postgres import sql
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import small_types
-from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
+from tests.integration.fixtures import (
+    Servers,
+    connect_as_processes,
+    dispenser_over_http,
+    make_settings,
+)
 
 NAMESPACE = "kd"
 READY_S = 60.0
@@ -97,7 +101,7 @@ async def test_the_stack_serves_mosip_with_each_type_on_its_own_shard(
             assert child.poll() is None, "a process exited"
     finally:
         stack.close()
-    conn = await asyncpg.connect(settings.postgres_dsn)
+    conn = await connect_as_processes(settings)
     try:
         row = await conn.fetchrow(
             sql.for_type("SELECT * FROM {ledger} WHERE key = $1", uin_type), uin

@@ -71,7 +71,7 @@ def paused_settings(servers: Servers, database: str, redis_client: aioredis.Redi
 
 
 async def fill_cold(settings: Settings) -> None:
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     sync = SyncRecord.from_settings(settings)
     generator = Generator(1)
     try:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import pytest
 
 from keydispenser_ops.processes import kill_process, run_cli
@@ -27,7 +26,7 @@ from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
-from tests.integration.fixtures import Servers, make_settings
+from tests.integration.fixtures import Servers, connect_as_processes, make_settings
 
 pytestmark = pytest.mark.acceptance
 
@@ -132,7 +131,7 @@ async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
     """The shortlink ledger's keys once it holds ``expected`` rows and no backlog."""
     hot = HotStore.from_settings(settings)
     ledger = sql.ledger_table("shortlink")
-    conn = await asyncpg.connect(settings.postgres_dsn)
+    conn = await connect_as_processes(settings)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -149,7 +148,7 @@ async def wait_for_ledger(settings: Settings, expected: int) -> list[str]:
 
 async def account(settings: Settings) -> dict[str, dict[str, int]]:
     """Per type: accepted into cold, still in cold/hot, and unfilled ranges."""
-    cold = await ColdStore.connect(settings.postgres_dsn)
+    cold = await ColdStore.for_settings(settings)
     hot = HotStore.from_settings(settings)
     try:
         out = {}

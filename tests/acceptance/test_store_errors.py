@@ -23,6 +23,7 @@ from shared.domain import redis_keys
 from shared.domain.config import Settings
 from tests.acceptance.harness import ChildProcesses, process_env, write_config
 from tests.conftest import NS
+from tests.integration.fixtures import Servers
 
 pytestmark = pytest.mark.acceptance
 # What an overloaded or failing-over PostgreSQL answers with, besides a closed socket.
@@ -72,9 +73,15 @@ async def until(check: object, what: str) -> None:
 
 
 async def test_keygen_and_keysync_ride_out_every_store_error(
-    settings: Settings, redis_client: aioredis.Redis, tmp_path: Path
+    servers: Servers,
+    database: str,
+    settings: Settings,
+    redis_client: aioredis.Redis,
+    tmp_path: Path,
 ) -> None:
-    admin = await asyncpg.connect(settings.postgres_dsn)
+    # The faults are made on the server itself (behind a pooler, a database made
+    # read-only would refuse the statement that makes it writable again).
+    admin = await asyncpg.connect(servers.direct_dsn_for(database))
     await admin.execute(INSTALL_FAULTS)
     env = process_env(settings, write_config(settings, tmp_path / "config.yaml"))
     children = ChildProcesses(tmp_path)

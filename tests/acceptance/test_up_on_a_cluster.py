@@ -17,7 +17,7 @@ from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from tests.acceptance.test_first_hour import BIN, plain_env, read_stack_env, running_up
 from tests.integration.fixtures import Servers, make_settings
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.not_pooled]
 
 
 def keydispenser(home: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

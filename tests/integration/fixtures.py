@@ -2,6 +2,12 @@
 set, else embedded PostgreSQL and a Redis-compatible server started once per session), a
 fresh database and a flushed Redis database per test, and the dispenser served over HTTP.
 
+With ``KD_TEST_POSTGRES_POOLER=pgbouncer-transaction`` (or ``pgbouncer-session``) the
+processes' DSNs go through a PgBouncer the session starts in front of that PostgreSQL
+(``postgres_pooler`` set to its pool mode), and only the tests that use a database of
+the suite's server run: CI runs the acceptance tests that way once more. Databases are
+still made and dropped directly (``Servers.postgres_admin_dsn``).
+
 A pytest plugin, registered once by tests/integration/conftest.py and
 tests/acceptance/conftest.py (so each xdist worker starts its servers once, whichever of
 the two it runs), and never loaded for the unit tests."""
@@ -12,6 +18,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -31,6 +38,7 @@ import uvicorn
 from dispenser.app import create_app
 from dispenser.server import uvicorn_options
 from keydispenser_ops.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from keydispenser_ops.pgbouncer import EmbeddedPgBouncer, PoolMode, through
 from keydispenser_ops.processes import cli_command, scrubbed_env, spawn, stop_process
 from keydispenser_ops.redis_cluster import EmbeddedRedisCluster
 from shared.domain import redis_keys
@@ -38,6 +46,7 @@ from shared.domain.config import Settings, load_settings
 from shared.leases.store import MachineLeases
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.postgres.connect import driver_options
 from shared.stores.postgres.databases import (
     drop_database,
     dsn_with_database,
@@ -55,18 +64,47 @@ HTTP_SERVERS = ("uvicorn", "granian")
 both_servers = pytest.mark.parametrize("server", HTTP_SERVERS, indirect=True)
 
 
+# KD_TEST_POSTGRES_POOLER: the processes reach PostgreSQL through a PgBouncer in this
+# pool mode.
+POOLER_ENV = "KD_TEST_POSTGRES_POOLER"
+POOLERS: dict[str, PoolMode] = {
+    "pgbouncer-transaction": "transaction",
+    "pgbouncer-session": "session",
+}
+
+
+def pool_mode_asked() -> PoolMode | None:
+    """The pool mode KD_TEST_POSTGRES_POOLER asks for (None: processes connect directly)."""
+    asked = os.environ.get(POOLER_ENV, "")
+    if asked and asked not in POOLERS:
+        raise RuntimeError(f"{POOLER_ENV}={asked}: expected one of {', '.join(POOLERS)}")
+    return POOLERS.get(asked)
+
+
 @dataclass(frozen=True)
 class Servers:
     postgres_admin_dsn: str
     redis_url: str
+    # The PgBouncer the processes' DSNs go through, and its pool mode (postgres_pooler).
+    pooler_port: int | None = None
+    postgres_pooler: str = "none"
 
     def dsn_for(self, database: str) -> str:
+        """What the processes connect to: the server, or the pooler in front of it."""
+        direct = self.direct_dsn_for(database)
+        if self.pooler_port is None:
+            return direct
+        return through(direct, self.pooler_port)
+
+    def direct_dsn_for(self, database: str) -> str:
+        """The server itself, whatever the processes go through (to inspect and set up)."""
         return dsn_with_database(self.postgres_admin_dsn, database)
 
 
 def make_settings(servers: Servers, database: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "postgres_dsn": servers.dsn_for(database),
+        "postgres_pooler": servers.postgres_pooler,
         "redis_url": servers.redis_url,
         "permutation_key": TEST_SECRET,
         "id_types": small_types(),
@@ -75,6 +113,29 @@ def make_settings(servers: Servers, database: str, **overrides: Any) -> Settings
     }
     values.update(overrides)
     return load_settings(EMPTY_CONFIG, **values)
+
+
+# KD_TEST_REQUIRE_STACK=1 (set by .ci/run): a tool of the stack operators run (PgBouncer,
+# etcd and Patroni, a Redis built with TLS) missing fails its tests instead of skipping.
+REQUIRE_STACK_ENV = "KD_TEST_REQUIRE_STACK"
+
+
+def require_tool(name: str, install: str, found: bool | None = None) -> None:
+    """Skip (or fail, under KD_TEST_REQUIRE_STACK=1) unless ``name`` is installed
+    (``found``: already looked up; by default, on PATH or in /usr/sbin)."""
+    if found is None:
+        found = bool(shutil.which(name) or shutil.which(name, path="/usr/sbin"))
+    if found:
+        return
+    if os.environ.get(REQUIRE_STACK_ENV) == "1":
+        pytest.fail(f"{name} is missing ({install}) and {REQUIRE_STACK_ENV}=1")
+    pytest.skip(f"{name} is not installed ({install})")
+
+
+async def connect_as_processes(settings: Settings) -> asyncpg.Connection:
+    """A connection to ``settings.postgres_dsn`` made as the processes make theirs
+    (through the pooler, if any: no named statements there)."""
+    return await asyncpg.connect(settings.postgres_dsn, **driver_options(settings.postgres_pooler))
 
 
 def worker_redis_url(url: str) -> str:
@@ -96,7 +157,7 @@ def servers() -> Iterator[Servers]:
     pg_dsn = os.environ.get("KD_TEST_POSTGRES_DSN")
     redis_url = os.environ.get("KD_TEST_REDIS_URL")
     redis_url = worker_redis_url(redis_url) if redis_url else None
-    started: list[EmbeddedPostgres | EmbeddedRedis] = []
+    started: list[EmbeddedPostgres | EmbeddedRedis | EmbeddedPgBouncer] = []
     with tempfile.TemporaryDirectory(prefix="kd-test-") as tmp:
         os.chmod(tmp, 0o755)  # PostgreSQL runs as an unprivileged user when we are root
         if not pg_dsn:
@@ -109,11 +170,42 @@ def servers() -> Iterator[Servers]:
             server.start()
             started.append(server)
             redis_url = server.url
+        mode = pool_mode_asked()
+        pooler_port = None
+        if mode is not None:
+            target = urlsplit(pg_dsn)
+            pooler = EmbeddedPgBouncer(
+                Path(tmp) / "pgbouncer",
+                target.hostname or "127.0.0.1",
+                target.port or 5432,
+                mode,
+                admin_user=target.username or "postgres",
+            )
+            pooler.start()
+            started.append(pooler)
+            pooler_port = pooler.port
         try:
-            yield Servers(pg_dsn, redis_url)
+            yield Servers(pg_dsn, redis_url, pooler_port, mode or "none")
         finally:
             for each in reversed(started):
                 each.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Behind a pooler (KD_TEST_POSTGRES_POOLER), only the tests that use a database of
+    the suite's server, and not the drills (they run servers of their own) nor those
+    marked ``not_pooled``."""
+    if pool_mode_asked() is None:
+        return
+    kept: list[pytest.Item] = []
+    left: list[pytest.Item] = []
+    for item in items:
+        uses = "database" in getattr(item, "fixturenames", ())
+        apart = any(item.get_closest_marker(m) for m in ("drill", "not_pooled"))
+        (kept if uses and not apart else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +214,10 @@ async def template_db(servers: Servers) -> AsyncIterator[str]:
     name = f"kd_template_{os.getpid()}"
     await scratch_database(servers.postgres_admin_dsn, name)
     try:
-        await run_migrate(make_settings(servers, name))
+        # Directly: a pooler would keep server connections to the template open, and
+        # PostgreSQL copies no database others are connected to.
+        direct = servers.direct_dsn_for(name)
+        await run_migrate(make_settings(servers, name, postgres_dsn=direct, postgres_pooler="none"))
         yield name
     finally:
         await drop_database(servers.postgres_admin_dsn, name)
@@ -237,6 +332,7 @@ def dispenser_process_env(settings: Settings, work: Path, **extra: str) -> dict[
     return scrubbed_env(
         KD_CONFIG=str(config),
         KD_POSTGRES_DSN=settings.postgres_dsn,
+        KD_POSTGRES_POOLER=settings.postgres_pooler,
         KD_REDIS_URL=settings.redis_url,
         KD_PERMUTATION_KEY=key.get_secret_value() if key else "",
         **extra,

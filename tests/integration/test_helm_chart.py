@@ -414,6 +414,36 @@ def test_a_redis_url_with_its_password_comes_whole_from_a_secret() -> None:
             assert seen == (None if c["name"] == "migrate" else ("kd-redis", "url")), c["name"]
 
 
+def test_each_process_can_log_in_to_redis_as_its_own_acl_user() -> None:
+    """secrets.redis.userKeys (a Redis ACL user per process, `keydispenser redis-acl`):
+    behind Sentinel each process logs in as <redis_namespace>-<process> with its own
+    password; with redis_url each gets its own whole URL. Never another's."""
+    own = {p: f"{p}-redis" for p in ("keygen", "keysync", "dispenser")}
+    sentinel = VALUE_SETS["sentinel"]
+    values = {
+        **sentinel,
+        "secrets": {**NAMED, "redis": {"existingSecret": "kd-redis", "userKeys": own}},
+    }
+    url = {"config": {"id_types": TYPES}, "secrets": values["secrets"]}
+    for given, variable in ((values, "KD_REDIS_SENTINEL__PASSWORD"), (url, "KD_REDIS_URL")):
+        out = render_raw(given)
+        docs = [
+            d for p, t in out.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d
+        ]
+        for doc in docs:
+            if doc["kind"] not in {"Deployment", "Job"}:
+                continue
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            name = c["name"].removesuffix("-granian")
+            seen = secrets_seen(c)
+            if name == "migrate":
+                assert not any(v.startswith("KD_REDIS") for v in seen), seen
+                continue
+            assert seen[variable] == ("kd-redis", own[name]), (name, seen)
+            user = {e["name"]: e.get("value") for e in c["env"]}.get("KD_REDIS_SENTINEL__USERNAME")
+            assert user == (f"kd-{name}" if variable != "KD_REDIS_URL" else None), (name, user)
+
+
 def test_dependency_charts_are_wired_by_their_own_names() -> None:
     """Bitnami's objects are named <release>-<chart>: the Sentinels on the headless
     Service of the nodes, the cluster's nodes likewise, each with its password."""

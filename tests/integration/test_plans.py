@@ -5,7 +5,7 @@ keep a generic plan for it. Made while a ledger table was empty (a fresh type), 
 plan joined a batch's marks by scanning the whole table once per mark, and stayed as
 the table grew: a ledger drain in the cluster drill took 4 s and more per batch and
 fell tens of seconds behind (500 marks on 100,000 rows: 22 s instead of 5 ms).
-``ColdStore`` connections plan every run (``SERVER_SETTINGS``); the control, a
+``ColdStore`` connections plan every run (``connect.SERVER_SETTINGS``); the control, a
 connection without that setting, keeps the scan.
 """
 

@@ -7,6 +7,7 @@ own PostgreSQL role (deploy/postgres/roles.sql), the API is published on loopbac
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -25,6 +26,8 @@ from tests.conftest import TEST_SECRET
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
+REDIS_ACL = DEPLOY / "redis" / "users.acl"
+REDIS_USERS = "redis-users.acl"  # what init-env.sh makes of it
 SYSTEMD = DEPLOY / "systemd"
 TOP_LEVEL = {"name", "services", "volumes", "networks", "secrets", "configs"}
 SERVICE_KEYS = {
@@ -100,14 +103,22 @@ def compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def compose_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     """The env files deploy/compose/init-env.sh writes, per file name (a fresh copy)."""
-    work = tmp_path_factory.mktemp("compose")
+    work = tmp_path_factory.mktemp("compose") / "compose"
+    (work.parent / "redis").mkdir()
+    work.mkdir()
     shutil.copy(COMPOSE_DIR / "init-env.sh", work)
+    shutil.copy(REDIS_ACL, work.parent / "redis")
     subprocess.run(["sh", str(work / "init-env.sh")], check=True, capture_output=True)
     again = subprocess.run(["sh", str(work / "init-env.sh")], capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr  # never overwrites the key
-    for path in (work / "env").iterdir():
+    files = {path.name: path for path in (work / "env").iterdir()}
+    acl = files.pop(REDIS_USERS)  # the Redis server's user reads it: hashes only, 0644
+    assert acl.stat().st_mode & 0o777 == 0o644
+    for path in files.values():
         assert path.stat().st_mode & 0o077 == 0, path  # 0600
-    return {path.name: env_file(path) for path in (work / "env").iterdir()}
+    return {name: env_file(path) for name, path in files.items()} | {
+        REDIS_USERS: {"text": acl.read_text()}
+    }
 
 
 def test_compose_file_is_well_formed(compose: dict[str, Any]) -> None:
@@ -121,7 +132,9 @@ def test_compose_file_is_well_formed(compose: dict[str, Any]) -> None:
             assert target in services and how["condition"] in CONDITIONS, (name, target)
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            if source.startswith("."):  # a file of the repository, mounted
+            if source.startswith("./env/"):  # a file init-env.sh writes
+                assert source == f"./env/{REDIS_USERS}", (name, volume)
+            elif source.startswith("."):  # a file of the repository, mounted
                 assert (COMPOSE_DIR / source).resolve().is_file(), (name, volume)
             else:
                 assert source in compose["volumes"], (name, volume)
@@ -196,6 +209,24 @@ def test_compose_gives_each_process_its_role_and_the_key_to_migrate_and_keygen_o
     for name, role in ROLES.items():
         dsn = compose_env[f"{name}.env"]["KD_POSTGRES_DSN"]
         assert urlsplit(dsn).password == passwords[f"{role.upper()}_PASSWORD"]
+
+
+def test_compose_gives_each_process_its_redis_user_and_redis_their_passwords_hashes(
+    compose: dict[str, Any], compose_env: dict[str, dict[str, str]]
+) -> None:
+    """Each service logs in to Redis as its own ACL user (deploy/redis/users.acl, the
+    table of shared/stores/redis/acl.py); the server gets the passwords' SHA-256 only,
+    and its default user may only PING (the health check)."""
+    acl = compose_env[REDIS_USERS]["text"]
+    assert "--aclfile" in compose["services"]["redis"]["command"]
+    for name in ("keygen", "keysync", "dispenser", "status"):
+        url = urlsplit(compose_env[f"{name}.env"]["KD_REDIS_URL"])
+        assert url.username == f"kd-{name}" and url.password, name
+        digest = hashlib.sha256(url.password.encode()).hexdigest()
+        assert f"user kd-{name} on resetpass #{digest} " in acl, name
+        assert url.password not in acl
+        assert "KD_REDIS_URL" not in compose["services"][name].get("environment", {}), name
+    assert acl.endswith("user default on nopass resetkeys resetchannels -@all +ping\n")
 
 
 def test_compose_publishes_the_api_on_loopback_and_scales_dispensers_behind_nginx(

@@ -143,3 +143,24 @@ def test_entries_keysync_left_unapplied_at_the_end_fail_the_drill() -> None:
     assert left.failures() == ["keysync left 302 ledger entries unapplied at the end"]
     unread = dataclasses.replace(PASSED, ledger={**PASSED.ledger, "unapplied_at_end": -1})
     assert unread.failures() == ["keysync left -1 ledger entries unapplied at the end"]
+
+
+def test_in_synchronous_mode_a_promotion_that_lost_anything_fails_the_drill() -> None:
+    """Under Patroni's synchronous mode the drill checks what the design promises: no
+    PostgreSQL fence discards, nothing for the ledger's restore to write again."""
+    synchronous = dataclasses.replace(
+        PASSED, stack={"postgres": "patroni", "synchronous_mode": True}, ledger_restores=0
+    )
+    assert synchronous.failures() == []
+    lossy = dataclasses.replace(
+        synchronous,
+        faults=[{**ROW, "postgres_keys_discarded": 12}],
+        ledger_links_restored=3,
+    )
+    assert lossy.failures() == [
+        "synchronous mode: PostgreSQL fences discarded 12 keys",
+        "synchronous mode: the ledger restored 3 links",
+    ]
+    # Asynchronous, the same figures are the fence and the restore doing their work.
+    assert dataclasses.replace(lossy, stack={"synchronous_mode": False}).failures() == []
+    assert format_table(lossy).splitlines()[0].startswith("stack: postgres patroni")

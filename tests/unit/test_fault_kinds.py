@@ -48,3 +48,23 @@ def test_a_fault_implemented_or_declared_on_one_side_only_stops_the_drill_at_sta
         fault_kinds.check_implemented("cluster", [*fault_kinds.of("cluster"), "unplug"])
     with pytest.raises(RuntimeError, match=r"declared only \['pause'\]"):
         fault_kinds.check_implemented("sentinel", set(fault_kinds.of("sentinel")) - {"pause"})
+
+
+def test_each_postgres_stack_runs_its_own_faults_beside_the_redis_ones() -> None:
+    """--postgres pair keeps the drill's own promotions; --postgres patroni replaces them
+    with Patroni's (a fault of the other stack is refused naming the flag)."""
+    pair, patroni = fault_kinds.of("sentinel", "pair"), fault_kinds.of("sentinel", "patroni")
+    assert {"postgres_failover", "postgres_split_brain", "restart_postgres"} <= set(pair)
+    assert not {"postgres_failover", "postgres_split_brain", "restart_postgres"} & set(patroni)
+    own = {"patroni_leader_kill", "patroni_switchover", "patroni_failover", "patroni_cut_leader"}
+    assert own <= set(patroni) and not own & set(pair)
+    assert set(pair) - set(patroni) == {
+        "postgres_failover",
+        "postgres_split_brain",
+        "restart_postgres",
+    }
+    with pytest.raises(ConfigError, match="--postgres patroni"):
+        fault_kinds.chosen("sentinel", ["patroni_switchover"])
+    with pytest.raises(ConfigError, match="--postgres pair"):
+        fault_kinds.chosen("sentinel", ["postgres_failover"], "patroni")
+    assert fault_kinds.chosen("sentinel", ["pause"], "patroni") == ["pause"]

@@ -26,17 +26,15 @@ from keydispenser_ops.drill.fleet import Fleet
 from keydispenser_ops.drill.leases import LeaseFaults, worker_pids
 from keydispenser_ops.drill.links import Links
 from keydispenser_ops.drill.load import RecordingLoad
-from keydispenser_ops.drill.postgres import PostgresPair
+from keydispenser_ops.drill.postgres import PostgresStack
 from keydispenser_ops.drill.topology import Topology
-from keydispenser_ops.embedded import EmbeddedPostgres, children_of
 from shared.domain import redis_keys
 from shared.stores.fence import sql as fence_sql
 
 DRILL_NAMESPACE = "kd"  # the Redis namespace of the drill's own servers
-LAG_WINDOW_S = 2.0  # postgres faults: how long the replica misses commits first
+LAG_WINDOW_S = 2.0  # postgres faults: how long the replicas miss commits first
 PAUSE_S = 6.0  # pause: longer than every TTL and deadline the drill configures
 PARTITION_S = 6.0  # partition: how long the two sides stay apart (> a lease TTL)
-SPLIT_S = 6.0  # postgres_split_brain: how long both primaries take writes
 PAUSE_TARGETS = ("keysync", "keygen", "dispenser", "redis_primary", "postgres_primary")
 # partition: the processes that stay with the old primary, in turn; the others (and
 # the Sentinels and replicas) lose it.
@@ -44,15 +42,11 @@ PARTITION_SIDES = (
     ("dispenser-0", "keysync", "lease-0"),
     ("dispenser-1", "keygen", "keysync-2", "lease-1"),
 )
-# postgres_split_brain: which processes stay on the old primary, in turn; the others go
-# to the promoted one (each side has a keysync, so each applies the ledger).
-SPLIT_SIDES = (
-    (("keysync",), ("keygen", "keysync-2")),
-    (("keygen", "keysync-2"), ("keysync",)),
-)
 # After each PostgreSQL promotion, no ledger entry at all (the loads of ledger types
-# wait) for longer than the keysyncs keep the ledger log (runner.DRILL_KEYSYNC): what
-# the promotion lost is restored at once, not when the next entry arrives.
+# wait) for longer than the keysyncs keep the ledger log with the pair
+# (PostgresPair.ledger_retain_s): what the promotion lost is restored at once, not when
+# the next entry arrives. (Under Patroni the log must outlive a whole leader key's life,
+# longer than this spell.)
 QUIET_AFTER_PROMOTION_S = 12.0
 
 
@@ -86,7 +80,7 @@ class Drill:
     topology: Topology
     fleet: Fleet
     load: RecordingLoad
-    postgres: PostgresPair
+    postgres: PostgresStack
     links: Links
     database: str
     snapshot: Path
@@ -95,8 +89,11 @@ class Drill:
     # The loads of ledger types (paused for the quiet spells after PostgreSQL promotions).
     ledger_loads: list[Pausable] = field(default_factory=list)
     quiet_after_promotion: bool = True
+    # The PostgreSQL stack's own faults (pair_faults.py, patroni_faults.py), set once the
+    # drill is built: they use its load, links and checks.
+    postgres_faults: Callable[[], dict[str, Fault]] = dict
 
-    def _turn(self, fault: str) -> int:
+    def turn(self, fault: str) -> int:
         self.turns[fault] = self.turns.get(fault, 0) + 1
         return self.turns[fault] - 1
 
@@ -119,18 +116,16 @@ class Drill:
             "sentinel_failover": self.sentinel_failover,
             "kill_keysync": self._kill_and_restart("keysync"),
             "failback": self.failback,
-            "postgres_failover": self.postgres_failover,
             "cut_links_then_sigkill": self.cut_links_then_sigkill,
             "kill_keygen": self._kill_and_restart("keygen"),
             "redis_restart_old_snapshot": self.redis_restart_old_snapshot,
             "kill_dispenser": self._kill_and_restart("dispenser-0"),
-            "restart_postgres": self.restart_postgres,
             "kill_lease_holder": _figures_only(self.lease_faults.kill_lease_holder),
             "clock_back": _figures_only(self.lease_faults.clock_back),
             "partition": self.partition,
             "pause": self.pause,
             "redis_restart_empty": self.redis_restart_empty,
-            "postgres_split_brain": self.postgres_split_brain,
+            **self.postgres_faults(),
         }
 
     # --- Redis --------------------------------------------------------------------
@@ -221,7 +216,7 @@ class Drill:
         Sentinels promote a replica; both primaries answer for PARTITION_S; then the
         links heal and the old primary is demoted."""
         old = self.topology.primary()
-        near = PARTITION_SIDES[self._turn("partition") % len(PARTITION_SIDES)]
+        near = PARTITION_SIDES[self.turn("partition") % len(PARTITION_SIDES)]
         far = [name for side in PARTITION_SIDES for name in side if name not in near]
         self.links.cut_infra(old.port)
         for name in near:
@@ -244,7 +239,7 @@ class Drill:
     async def pause(self) -> Outcome:
         """SIGSTOP a process or a server for PAUSE_S (longer than every TTL and deadline
         the drill configures), then SIGCONT, in turn over PAUSE_TARGETS."""
-        target = PAUSE_TARGETS[self._turn("pause") % len(PAUSE_TARGETS)]
+        target = PAUSE_TARGETS[self.turn("pause") % len(PAUSE_TARGETS)]
         pids = self._pause_pids(target)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
@@ -267,7 +262,7 @@ class Drill:
             process = self.topology.primary().process
             assert process is not None
             return [process.pid]
-        return postgres_pids(self.postgres.pair()[0])
+        return self.postgres.primary_pids()
 
     # --- processes ----------------------------------------------------------------
 
@@ -281,56 +276,6 @@ class Drill:
         return kill_and_restart
 
     # --- PostgreSQL ---------------------------------------------------------------
-
-    async def restart_postgres(self) -> Outcome:
-        primary = self.postgres.pair()[0]
-        await asyncio.to_thread(primary.stop, "immediate")
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(primary.start)
-        return Outcome()
-
-    async def postgres_failover(self) -> Outcome:
-        """The replica falls behind under load, the primary dies, the replica is promoted:
-        the new primary lacks leases and batches whose keys were already dispensed."""
-        fenced_before = await self.postgres_discarded()
-        dispensed = self.load.dispensed
-        await self.postgres.pause_replication()
-        await asyncio.sleep(LAG_WINDOW_S)
-        in_lag = self.load.dispensed - dispensed
-        await self.postgres.fail_over()
-        await self.postgres.wait_for_replica()
-        quiet = await self.quiet_ledger()
-        return Outcome(
-            {"keys_in_lag_window": in_lag, "quiet_s": quiet},
-            postgres_discarded_before=fenced_before,
-        )
-
-    async def postgres_split_brain(self) -> Outcome:
-        """The replica falls behind, then is promoted while the old primary stays up and
-        writable: one of keygen and keysync stays on the old primary (its links to the
-        new one cut), the other moves to the new one. After SPLIT_S the old primary is
-        rebuilt as a replica of the new one."""
-        stays, moves = SPLIT_SIDES[self._turn("postgres_split_brain") % len(SPLIT_SIDES)]
-        fenced_before = await self.postgres_discarded()
-        await self.postgres.pause_replication()
-        await asyncio.sleep(LAG_WINDOW_S)
-        old, new = self.postgres.pair()
-        await self.postgres.promote_replica()
-        for name in stays:
-            self.links.cut_postgres(name, new.port)  # it reaches only the old primary
-        for name in moves:
-            self.links.cut_postgres(name, old.port, "reset")  # it reconnects to the new one
-        try:
-            await asyncio.sleep(SPLIT_S)
-        finally:
-            await self.postgres.heal()  # the old primary is stopped and rebuilt
-            self.links.heal()
-        await self.postgres.wait_for_replica()
-        quiet = await self.quiet_ledger()
-        return Outcome(
-            {"stayed_on_old": list(stays), "moved_to_new": list(moves), "quiet_s": quiet},
-            postgres_discarded_before=fenced_before,
-        )
 
     async def quiet_ledger(self) -> float:
         """No ledger traffic for QUIET_AFTER_PROMOTION_S (the loads of ledger types
@@ -419,9 +364,3 @@ def _figures_only(fault: Callable[[], Awaitable[dict[str, Any]]]) -> Fault:
         return Outcome(await fault())
 
     return figures_only
-
-
-def postgres_pids(server: EmbeddedPostgres) -> list[int]:
-    """The postmaster and every process of it (a whole server, as a VM pause stops it)."""
-    postmaster = int((server.pgdata / "postmaster.pid").read_text().split()[0])
-    return [postmaster, *children_of(postmaster)]

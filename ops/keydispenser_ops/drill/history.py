@@ -180,3 +180,14 @@ def count_events(logs: Path, event: str) -> int:
     """How many log lines of every process have ``event``."""
     needle = f'"event": "{event}"'
     return sum(path.read_text(errors="replace").count(needle) for path in logs.glob("*.log"))
+
+
+def sum_of(logs: Path, event: str, figure: str) -> int:
+    """The sum of a whole-number ``figure`` over every log line of ``event`` (every
+    process's), e.g. the ledger links keysync restored after PostgreSQL fences."""
+    return sum(
+        int(found.get(figure) or 0)
+        for path in logs.glob("*.log")
+        for found in _events(path)
+        if found.get("event") == event
+    )

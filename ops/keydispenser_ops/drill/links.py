@@ -3,6 +3,9 @@
 - Each Redis server announces an "infrastructure" proxy (``replica-announce-port``):
   the Sentinels, the replicas and Sentinel's answers all use it. Cutting it isolates
   the server from the rest of its deployment.
+- Under Patroni, each member's PostgreSQL is reached by the other members (replication)
+  through its infrastructure proxy too, and each member reaches etcd through a proxy of
+  its own: a leader can be cut off from its cluster.
 - Each process reaches each Redis server, each Sentinel and each PostgreSQL server
   through a proxy of its own: its ``redis_sentinel`` lists its Sentinel proxies and
   maps the addresses Sentinel reports to its own proxies (``address_map``), and its
@@ -36,12 +39,22 @@ class Links:
     redis: dict[str, dict[int, Proxy]] = field(default_factory=dict)  # process -> port -> proxy
     sentinels: dict[str, list[Proxy]] = field(default_factory=dict)
     postgres: dict[str, dict[int, Proxy]] = field(default_factory=dict)
+    dcs: dict[str, Proxy] = field(default_factory=dict)  # a Patroni member -> its link to etcd
 
-    def announce(self, redis_port: int) -> int:
-        """The port a Redis server announces: its infrastructure proxy's (made here)."""
-        if redis_port not in self.infra:
-            self.infra[redis_port] = self.hub.proxy(redis_port)
-        return self.infra[redis_port].port
+    def announce(self, port: int) -> int:
+        """The port a server (Redis, or a Patroni member's PostgreSQL) is reached on by the
+        rest of its deployment: its infrastructure proxy's (made here)."""
+        if port not in self.infra:
+            self.infra[port] = self.hub.proxy(port)
+        return self.infra[port].port
+
+    def dcs_route(self, member: str, etcd_port: int) -> int:
+        """The port Patroni member ``member`` reaches etcd on: a proxy of its own."""
+        self.dcs[member] = self.hub.proxy(etcd_port)
+        return self.dcs[member].port
+
+    def cut_dcs(self, member: str) -> None:
+        self.dcs[member].set("cut")
 
     def wire(self, redis_ports: list[int], sentinel_ports: list[int], pg_ports: list[int]) -> None:
         """A proxy per process and server."""
@@ -71,8 +84,8 @@ class Links:
         for proxy in self.sentinels[name]:
             proxy.set("cut")
 
-    def cut_infra(self, port: int) -> None:
-        self.infra[port].set("cut")
+    def cut_infra(self, port: int, mode: str = "cut") -> None:
+        self.infra[port].set(mode)
 
     def cut_postgres(self, name: str, port: int, mode: str = "cut") -> None:
         self.postgres[name][port].set(mode)

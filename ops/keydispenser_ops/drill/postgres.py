@@ -1,22 +1,62 @@
-"""A PostgreSQL primary and an asynchronous streaming replica on loopback, for drills.
+"""The drill's PostgreSQL stacks (``--postgres``), behind one small interface
+(``PostgresStack``): ``pair``, a primary and an asynchronous streaming replica the
+drill promotes itself (here), or ``patroni``, three members Patroni fails over
+(drill/patroni.py). Each stack's faults are a module of its own (pair_faults.py,
+patroni_faults.py).
 
-The processes reach them through one multi-host DSN with
+The processes reach the servers through one multi-host DSN with
 ``target_session_attrs=read-write``, as operators run behind Patroni without a proxy:
-whichever server is primary answers. After a failover the dead primary's port is
-reused for a fresh replica of the new one, so the DSN never changes.
+whichever server is primary answers. After a failover of the pair the dead primary's
+port is reused for a fresh replica of the new one, so the DSN never changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import asyncpg
 
-from keydispenser_ops.embedded import EmbeddedPostgres, free_port
+from keydispenser_ops.embedded import EmbeddedPostgres, children_of, free_port
 
 CATCH_UP_S = 30.0
+
+
+class PostgresStack(Protocol):
+    """What the drill asks of a PostgreSQL stack, whichever it is."""
+
+    name: str  # --postgres
+    # How long keysync keeps the ledger log (keysync.ledger_retain_s): above the longest
+    # stretch of commits a promotion of this stack can lose, from the first lost commit
+    # to the restore.
+    ledger_retain_s: float
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def ports(self) -> list[int]:
+        """Every server's port (each process reaches each through a proxy of its own)."""
+        ...
+
+    def dsn(self, database: str) -> str:
+        """Every server, ``target_session_attrs=read-write`` (the drill's own reads)."""
+        ...
+
+    def admin_dsn(self, database: str) -> str:
+        """The primary now, directly (to make the drill's database)."""
+        ...
+
+    def primary_pids(self) -> list[int]:
+        """The primary's postmaster and every process of it (a pause stops them all)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The stack as the report names it (what runs, which versions)."""
+        ...
 
 
 @dataclass
@@ -25,6 +65,23 @@ class PostgresPair:
     primary: EmbeddedPostgres | None = None
     replica: EmbeddedPostgres | None = None
     failovers: int = 0
+    name: str = "pair"
+    # The replica's 2 s lag, the drill's own promotion: shorter than the quiet spell after
+    # each (faults.QUIET_AFTER_PROMOTION_S), so a restore that waited for traffic would
+    # find its links trimmed.
+    ledger_retain_s: float = 10.0
+
+    def ports(self) -> list[int]:
+        return [server.port for server in self.pair()]
+
+    def admin_dsn(self, database: str) -> str:
+        return self.pair()[0].dsn(database)
+
+    def primary_pids(self) -> list[int]:
+        return postgres_pids(self.pair()[0])
+
+    def describe(self) -> dict[str, Any]:
+        return {"postgres": self.name, "postgres_servers": 2, "failover_by": "the drill"}
 
     def start(self) -> None:
         self.primary = EmbeddedPostgres(self.base / "postgres-a", free_port())
@@ -177,3 +234,11 @@ class PostgresChain:
     def stop(self) -> None:
         for server in self.servers:
             server.stop("immediate")
+
+
+def postgres_pids(server: EmbeddedPostgres) -> list[int]:
+    """The postmaster and every process of it (a whole server, as a VM pause stops it)."""
+    with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+        postmaster = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *children_of(postmaster)]
+    return []

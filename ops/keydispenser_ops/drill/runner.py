@@ -14,6 +14,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,13 +22,16 @@ from typing import Any, ClassVar
 import redis
 
 from keydispenser_ops.drill import fault_kinds, history, leases, lifecycle
-from keydispenser_ops.drill.faults import DRILL_NAMESPACE, Drill, Outcome
+from keydispenser_ops.drill.faults import DRILL_NAMESPACE, Drill, Fault, Outcome
 from keydispenser_ops.drill.fleet import Fleet
 from keydispenser_ops.drill.leases import LeaseFaults
 from keydispenser_ops.drill.lifecycle import LIFECYCLE_CLIENTS, LifecycleLoad
 from keydispenser_ops.drill.links import PROCESSES, Links
 from keydispenser_ops.drill.load import RecordingLoad, SnowflakeLoad
-from keydispenser_ops.drill.postgres import PostgresPair
+from keydispenser_ops.drill.pair_faults import PairFaults
+from keydispenser_ops.drill.patroni import PatroniStack
+from keydispenser_ops.drill.patroni_faults import PatroniFaults
+from keydispenser_ops.drill.postgres import PostgresPair, PostgresStack
 from keydispenser_ops.drill.report import Report, common_fields
 from keydispenser_ops.drill.rounds import Round, measure_disruptions
 from keydispenser_ops.drill.topology import MASTER, Topology
@@ -59,10 +63,8 @@ DRILL_KEYSYNC = {
     "batch_marker_ttl_s": 2.0,
     "take_idle_limit_s": 3.0,
     "ledger_requeue_every_s": 1.0,  # the lifecycle's released UINs go back within seconds
-    # The ledger log outlives every loss window a fault makes (the replica's lag, a
-    # split brain) and is shorter than the quiet spell after each promotion
-    # (faults.QUIET_AFTER_PROMOTION_S): a restore must not wait for traffic.
-    "ledger_retain_s": 10.0,
+    # The ledger log (keysync.ledger_retain_s) is the PostgreSQL stack's own
+    # (PostgresStack.ledger_retain_s): it outlives every loss window a fault makes.
 }
 # Faults that give Redis a primary with a new identity: the fence must engage after each.
 REDIS_FAULTS = fault_kinds.new_primary("sentinel")
@@ -106,6 +108,11 @@ class DrillReport(Report):
     leases: leases.LeaseReport
     postgres_fence: bool  # the controls: False shows the hazard the fence closes
     lease_wait: bool
+    # The ledger links those restores wrote again (0: nothing any promotion lost).
+    ledger_links_restored: int = 0
+    # What ran: Redis's topology, PostgreSQL's stack (pair, or Patroni and whether in
+    # synchronous mode), with versions (PostgresStack.describe).
+    stack: dict[str, Any] = field(default_factory=dict)
 
     def own_checks(self) -> list[tuple[bool, str]]:
         held = self.leases
@@ -120,6 +127,21 @@ class DrillReport(Report):
             (
                 held.lease_holder_unexpected_exits == 0,
                 f"lease holders exited unexpectedly: {held.lease_holder_exits}",
+            ),
+            *self._synchronous_checks(),
+        ]
+
+    def _synchronous_checks(self) -> list[tuple[bool, str]]:
+        """With a synchronous standby promoted (Patroni's synchronous_mode), no ledger
+        commit is lost: no fence discards, nothing for the ledger's restore to do."""
+        if not self.stack.get("synchronous_mode"):
+            return []
+        discarded = sum(row.get("postgres_keys_discarded") or 0 for row in self.faults)
+        return [
+            (discarded == 0, f"synchronous mode: PostgreSQL fences discarded {discarded} keys"),
+            (
+                self.ledger_links_restored == 0,
+                f"synchronous mode: the ledger restored {self.ledger_links_restored} links",
             ),
         ]
 
@@ -213,24 +235,49 @@ async def run(
     work_dir: Path | None,
     postgres_fence: bool = True,
     lease_wait: bool = True,
+    stack: Stack | None = None,
 ) -> DrillReport:
     with tempfile.TemporaryDirectory(prefix="kd-drill-") as tmp:
         base = work_dir or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o755)  # embedded PostgreSQL runs unprivileged when we are root
         controls = Controls(postgres_fence, lease_wait)
-        return await _drill(settings, rounds, only, base, controls)
+        return await _drill(settings, rounds, only, base, controls, stack or Stack())
+
+
+Faults = Callable[[], dict[str, Fault]]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The PostgreSQL stack the drill runs (``--postgres``; ``--synchronous-mode``)."""
+
+    postgres: fault_kinds.PostgresStack = "pair"
+    synchronous_mode: bool = False
+
+    def build(self, base: Path, links: Links) -> tuple[PostgresStack, Callable[[Drill], Faults]]:
+        """The stack, and how its faults are made for a drill (registered by name)."""
+        if self.postgres == "patroni":
+            cluster = PatroniStack(base / "patroni", links, self.synchronous_mode)
+            return cluster, lambda drill: PatroniFaults(drill, cluster).faults
+        pair = PostgresPair(base)
+        return pair, lambda drill: PairFaults(drill, pair).faults
 
 
 async def _drill(
-    settings: Settings, rounds: int, only: list[str] | None, base: Path, controls: Controls
+    settings: Settings,
+    rounds: int,
+    only: list[str] | None,
+    base: Path,
+    controls: Controls,
+    stack: Stack,
 ) -> DrillReport:
     """The drill runs its own servers (it kills, pauses, cuts and promotes them): Redis
-    with replicas and Sentinels, PostgreSQL with a streaming replica, every link of
-    every process through a proxy of its own (links.py)."""
+    with replicas and Sentinels, PostgreSQL (a streaming pair, or Patroni's cluster),
+    every link of every process through a proxy of its own (links.py)."""
     links = Links()
     topology = Topology(base / "redis", announce=links.announce)
-    postgres = PostgresPair(base)
+    postgres, postgres_faults = stack.build(base, links)
     fleet: Fleet | None = None
     load: RecordingLoad | None = None
     snowflakes: SnowflakeLoad | None = None
@@ -238,14 +285,11 @@ async def _drill(
         topology.start()
         await asyncio.to_thread(postgres.start)
         database = f"kd_drill_{os.getpid()}"
-        await scratch_database(postgres.pair()[0].dsn("postgres"), database)
-        links.wire(
-            [s.port for s in topology.servers],
-            [s.port for s in topology.sentinels],
-            [s.port for s in postgres.pair()],
-        )
+        await scratch_database(postgres.admin_dsn("postgres"), database)
+        redis_ports = [s.port for s in topology.servers]
+        links.wire(redis_ports, [s.port for s in topology.sentinels], postgres.ports())
         api_config, api_keys = lifecycle.api_keys((DRILL_CLIENT, *LIFECYCLE_CLIENTS))
-        fleet = _fleet(settings, base, postgres.dsn(database), topology, controls, api_config)
+        fleet = _fleet(settings, base, postgres, database, topology, controls, api_config)
         fleet.overrides = {name: links.env(name, MASTER, database) for name in PROCESSES}
         migrated = await asyncio.to_thread(_migrate, fleet)
         if migrated:
@@ -282,8 +326,9 @@ async def _drill(
             lease_faults,
             ledger_loads=[load, uins],
         )
-        kinds = fault_kinds.chosen("sentinel", only)
-        fault_kinds.check_implemented("sentinel", drill.faults())
+        drill.postgres_faults = postgres_faults(drill)
+        kinds = fault_kinds.chosen("sentinel", only, stack.postgres)
+        fault_kinds.check_implemented("sentinel", drill.faults(), stack.postgres)
         until = time.monotonic() + rounds * 45 + 60
         holders_done = asyncio.Event()  # the CLI lease holders' supervisor stops
         running = asyncio.ensure_future(
@@ -318,6 +363,7 @@ async def _drill(
             controls,
             uins,
             unapplied,
+            {"redis": "sentinel", **postgres.describe()},
         )
     finally:
         if load is not None:
@@ -334,7 +380,8 @@ async def _drill(
 def _fleet(
     settings: Settings,
     base: Path,
-    dsn: str,
+    postgres: PostgresStack,
+    database: str,
     topology: Topology,
     controls: Controls,
     api_keys: list[dict[str, Any]],
@@ -355,7 +402,7 @@ def _fleet(
         json.dumps(
             {
                 "id_types": types,
-                "keysync": DRILL_KEYSYNC,
+                "keysync": DRILL_KEYSYNC | {"ledger_retain_s": postgres.ledger_retain_s},
                 "dispenser": dispenser,
                 "redis_namespace": DRILL_NAMESPACE,
                 "log_levels": log_levels,
@@ -367,7 +414,7 @@ def _fleet(
     key = settings.permutation_key.get_secret_value() if settings.permutation_key else ""
     env = scrubbed_env(
         KD_CONFIG=str(config),
-        KD_POSTGRES_DSN=dsn,
+        KD_POSTGRES_DSN=postgres.dsn(database),
         KD_PERMUTATION_KEY=key or secrets.token_urlsafe(32),
         KD_REDIS_SENTINEL=json.dumps(
             {"sentinels": topology.sentinel_addresses(), "master_name": MASTER}
@@ -392,6 +439,7 @@ async def _report(
     controls: Controls,
     uins: LifecycleLoad,
     unapplied: int = 0,
+    stack: dict[str, Any] | None = None,
 ) -> DrillReport:
     common = await common_fields(
         runner.rounds,
@@ -428,11 +476,13 @@ async def _report(
         fail_closed_by_process=fail_closed,
         lease_renewals_unreplicated=history.count_events(logs, "lease_renew_unreplicated"),
         ledger_restores=history.count_events(logs, "ledger_restored_after_fence"),
+        ledger_links_restored=history.sum_of(logs, "ledger_restored_after_fence", "links"),
         ledger_halts=history.count_events(logs, "ledger_halted"),
         lease_faults_not_observed=leases.not_observed(rows),
         leases=lease_report,
         postgres_fence=controls.postgres_fence,
         lease_wait=controls.lease_wait,
+        stack=stack or {},
     )
 
 
@@ -449,7 +499,7 @@ def rounds_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def format_table(report: DrillReport) -> str:
-    lines = rounds_table(report.faults)
+    lines = [_stack_line(report.stack), *rounds_table(report.faults)]
     lines.append(f"keys dispensed {report.keys_dispensed}, duplicates {report.duplicates}")
     held = report.leases
     lines.append(
@@ -478,10 +528,16 @@ def format_table(report: DrillReport) -> str:
         f"{uins.get('repeats', 0)} (answered otherwise {uins.get('repeats_contradicted', 0)})"
     )
     lines.append(
-        f"ledger restores after PostgreSQL fences {report.ledger_restores}, halts "
-        f"{report.ledger_halts}"
+        f"ledger restores after PostgreSQL fences {report.ledger_restores} "
+        f"({report.ledger_links_restored} links), halts {report.ledger_halts}"
     )
     lines.append(f"fail-closed {report.fail_closed_s} s; process exits {len(report.process_exits)}")
     for failure in report.failures():
         lines.append(f"FAILED: {failure}")
     return "\n".join(lines)
+
+
+def _stack_line(stack: dict[str, Any]) -> str:
+    """What ran, in one line (the report's ``stack``)."""
+    shown = ", ".join(f"{key} {value}" for key, value in stack.items())
+    return f"stack: {shown or 'unknown'}"

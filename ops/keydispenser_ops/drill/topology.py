@@ -20,6 +20,17 @@ from keydispenser_ops.processes import kill_process, spawn, stop_processes
 MASTER = "kd"
 
 
+@dataclass(frozen=True)
+class ServerAuth:
+    """Redis servers with ACL users (``acl_file``, keydispenser redis-acl): Sentinel and
+    the replicas log in as their own users, and the topology itself as ``admin``."""
+
+    acl_file: Path
+    sentinel: tuple[str, str]  # user, password
+    replica: tuple[str, str]
+    admin: tuple[str, str]
+
+
 @dataclass
 class RedisServer:
     port: int
@@ -27,6 +38,7 @@ class RedisServer:
     process: subprocess.Popen[bytes] | None = None
     announce_port: int = 0  # the port it announces (its proxy's): 0 for its own
     reaper: subprocess.Popen[bytes] | None = None  # ends it if the drill ends first
+    login: tuple[str, str] | None = None  # user and password this side logs in as
 
     @property
     def public_port(self) -> int:
@@ -38,8 +50,14 @@ class RedisServer:
         return self.data_dir / f"dump-{self.port}.rdb"
 
     def client(self) -> redis.Redis:
+        user, password = self.login or (None, None)
         return redis.Redis(
-            port=self.port, socket_timeout=2, socket_connect_timeout=1, decode_responses=True
+            port=self.port,
+            socket_timeout=2,
+            socket_connect_timeout=1,
+            decode_responses=True,
+            username=user,
+            password=password,
         )
 
     def command(self, *args: Any) -> Any:
@@ -59,13 +77,16 @@ class Topology:
     # Maps a server's port to the port it announces (a proxy in front of it), so that
     # the Sentinels and replicas reach it only through that proxy (links.py).
     announce: Callable[[int], int] | None = None
+    auth: ServerAuth | None = None  # ACL users on the servers (none: the default user)
 
     def start(self, replicas: int = 2, sentinels: int = 3) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         ports = [free_port() for _ in range(1 + replicas)]
+        login = self.auth.admin if self.auth else None
         for port in ports:
             announced = self.announce(port) if self.announce else 0
-            self.servers.append(RedisServer(port, self.base / f"redis-{port}", None, announced))
+            home = self.base / f"redis-{port}"
+            self.servers.append(RedisServer(port, home, None, announced, login=login))
         first = self.servers[0]
         for server in self.servers:
             self._launch(server, replica_of=None if server is first else first.public_port)
@@ -88,6 +109,9 @@ class Topology:
             options += ["--replica-announce-port", str(server.announce_port)]
         if replica_of is not None:
             options += ["--replicaof", "127.0.0.1", str(replica_of)]
+        if self.auth is not None:  # every server may become a replica: each logs in so
+            options += ["--aclfile", str(self.auth.acl_file)]
+            options += ["--masteruser", self.auth.replica[0], "--masterauth", self.auth.replica[1]]
         server.process = spawn(
             redis_server_command(server.port, server.data_dir, *options), output="discard"
         )
@@ -103,13 +127,19 @@ class Topology:
             f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
             f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
             f"sentinel failover-timeout {MASTER} 4000\n"
-            f"sentinel parallel-syncs {MASTER} 2\n"
+            f"sentinel parallel-syncs {MASTER} 2\n" + self._sentinel_login()
         )
         sentinel.process = spawn(
             [valkey_server_binary(), str(conf), "--sentinel"], output="discard"
         )
         sentinel.reaper = reaper.watch(sentinel.process.pid)
         self._wait_port(sentinel)
+
+    def _sentinel_login(self) -> str:
+        if self.auth is None:
+            return ""
+        user, password = self.auth.sentinel
+        return f"sentinel auth-user {MASTER} {user}\nsentinel auth-pass {MASTER} {password}\n"
 
     @staticmethod
     def _wait_port(server: RedisServer, timeout_s: float = 10) -> None:

@@ -46,9 +46,10 @@ class LedgerReader:
     fence's records of every key group (None: the guard is switched off, a drill's
     control; reads are then not judged)."""
 
-    def __init__(self, dsn: str, records: SyncRecords | None = None) -> None:
+    def __init__(self, dsn: str, records: SyncRecords | None = None, pooler: str = "none") -> None:
         self._dsn = dsn
         self._records = records
+        self._pooler = pooler  # what stands before PostgreSQL (postgres_pooler)
         self._store: ColdStore | None = None
         self.problem: str | None = None  # why the last read or probe failed, if it did
 
@@ -168,7 +169,9 @@ class LedgerReader:
 
     async def _opened(self) -> ColdStore:
         if self._store is None:
-            self._store = await ColdStore.connect(self._dsn, min_size=0, max_size=2)
+            self._store = await ColdStore.connect(
+                self._dsn, min_size=0, max_size=2, pooler=self._pooler
+            )
         return self._store
 
     async def close(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.config.postgres import PostgresSettings
 from shared.domain.errors import (
     ConfigError,
     KeydispenserError,
@@ -30,6 +33,10 @@ from shared.stores.postgres.connect import (
     CONNECT_TIMEOUT_S,
     check_files,
     connect_each_host,
+    driver_options,
+    pooled_per_transaction_error,
+    refuse_unsaid_pooling,
+    user_of,
     where,
 )
 
@@ -53,6 +60,19 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.Po
 CONFIGURATION_SQLSTATE_CLASSES = frozenset({"28", "3D", "3F", "42"})
 UNDEFINED_TABLE = "42P01"
 UNDEFINED_DATABASE = "3D000"
+# A named prepared statement the server connection does not have: a pooler lent this
+# transaction another server than the one the statement was prepared on.
+UNKNOWN_STATEMENT = "26000"
+# What a pooler answers a startup parameter it does not know (PgBouncer:
+# "unsupported startup parameter: plan_cache_mode", SQLSTATE 08P01).
+REFUSED_STARTUP_PARAMETER = "unsupported startup parameter"
+# PgBouncer refuses a login with SQLSTATE 08P01 (a protocol violation, in the class of
+# connection failures), whatever the reason, the server's own SQLSTATE lost: told apart
+# by its text, a setup to fix is not taken for an outage and retried forever.
+POOLER_LOGIN_REFUSAL = "08P01"
+POOLER_NO_DATABASE = re.compile(r'^database ".*" does not exist$')
+POOLER_SETUP_REFUSALS = ("no such user", "no such database", "password authentication failed")
+POOLER_SAYS = " (the pooler's answer)"
 NO_DATABASE = "run `keydispenser migrate` (it creates the database)"
 
 
@@ -60,15 +80,38 @@ def store_error(operation: str, exc: BaseException) -> KeydispenserError:
     """The domain error a driver error means (see CONFIGURATION_SQLSTATE_CLASSES)."""
     if isinstance(exc, asyncpg.ClientConfigurationError):  # e.g. sslmode=bogus
         return ConfigError(f"postgres_dsn: {exc}")
+    if isinstance(exc, ssl.SSLCertVerificationError):  # a setup to fix, not an outage
+        return ConfigError(
+            f"postgres_dsn: the server's certificate was refused ({operation}): "
+            f"{exc.verify_message or exc}: sslrootcert must hold the CA that signed it, "
+            "and with sslmode=verify-full it must name the host the DSN connects to"
+        )
     state = str(getattr(exc, "sqlstate", "") or "")
     if state == UNDEFINED_TABLE:
         return SchemaError(f"postgres: {exc}: run `keydispenser migrate`")
     if state == UNDEFINED_DATABASE:
         return SchemaError(f"postgres: {exc}: {NO_DATABASE}")
+    if state == POOLER_LOGIN_REFUSAL and POOLER_NO_DATABASE.match(_message(exc)):
+        return SchemaError(f"postgres: {_message(exc)}: {NO_DATABASE}")
+    if state == POOLER_LOGIN_REFUSAL and _message(exc).startswith(POOLER_SETUP_REFUSALS):
+        return ConfigError(f"postgres: {operation}: {_message(exc)}{POOLER_SAYS}")
+    if state == UNKNOWN_STATEMENT:
+        return pooled_per_transaction_error("", f"{operation}: {_message(exc)}")
+    if REFUSED_STARTUP_PARAMETER in str(exc):
+        return ConfigError(
+            f"postgres_pooler: {operation}: {_message(exc)}: a pooler (PgBouncer) stands "
+            "before PostgreSQL: set postgres_pooler: session or transaction, as its "
+            'pool_mode is (docs/operations.md, "PgBouncer")'
+        )
     if state[:2] in CONFIGURATION_SQLSTATE_CLASSES:
         return ConfigError(f"postgres: {operation}: {exc} (SQLSTATE {state})")
     detail = f"{operation} failed: {exc}" + (f" (SQLSTATE {state})" if state else "")
     return StoreUnavailable("postgres", detail)
+
+
+def _message(exc: BaseException) -> str:
+    """A server error's own message, without the hint asyncpg appends to some."""
+    return str(getattr(exc, "message", None) or exc)
 
 
 @asynccontextmanager
@@ -80,6 +123,16 @@ async def translated(operation: str) -> AsyncIterator[None]:
         raise  # a used-up keyspace: the caller says which (KeyspaceExhausted)
     except DRIVER_ERRORS as exc:
         raise store_error(operation, exc) from exc
+
+
+async def checked_pooling(settings: PostgresSettings) -> None:
+    """ConfigError naming ``postgres_pooler`` when the connections are pooled per
+    transaction and the setting does not say so (connect.refuse_unsaid_pooling);
+    StoreUnavailable when PostgreSQL cannot be asked."""
+    async with translated("pooling check"):
+        await refuse_unsaid_pooling(
+            settings.postgres_dsn, settings.postgres_pooler, settings.postgres_connect_timeout_s
+        )
 
 
 def one_row(row: asyncpg.Record | None, operation: str) -> asyncpg.Record:
@@ -97,6 +150,34 @@ def unpack_keys(packed: str | None, count: int) -> list[str]:
     return keys
 
 
+# What leaves a connection unfit to be given back to the pool: the operation it was in
+# was interrupted (a deadline of ours or the driver's, a cancelled task), or the
+# connection is in a state it cannot leave (asyncpg's "cannot switch to state 15;
+# another operation (2) is in progress": the server ended the session, its last message
+# unread). Given back, the pool first waits for the server to acknowledge the
+# interrupted statement's cancellation (forever, across a cut link or on a frozen
+# server: the process hangs) or resets it through a protocol that cannot (and the next
+# process to acquire it fails). Such a connection is discarded (``_release``).
+INTERRUPTIONS: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    TimeoutError,
+    asyncpg.InternalClientError,
+    asyncpg.InterfaceError,
+    OSError,
+)
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is one of ``INTERRUPTIONS``."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, INTERRUPTIONS):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[None]]) -> None:
     """Finish a take's transaction and give its connection back, whatever happens.
 
@@ -106,24 +187,40 @@ async def _end(pool: asyncpg.Pool, conn: Any, finish: Callable[[], Awaitable[Non
     that failure raised, a committed batch would be taken for lost, or an error of no
     kind the callers ride out would end the process.
     """
+    failed: BaseException | None = None
     try:
         async with translated("take_batch"):
             await finish()
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        await _release(pool, conn)
+        await _release(pool, conn, failed)
 
 
-async def _release(pool: asyncpg.Pool, conn: Any) -> None:
-    """Give a connection back after its transaction ended; a failed reset is logged, not
-    raised: the pool has closed that connection, and the transaction's end stands."""
+async def _release(pool: asyncpg.Pool, conn: Any, failed: BaseException | None = None) -> None:
+    """Give a connection back after its work ended (``failed``: with that error); a
+    failed reset is logged, not raised: the pool has closed that connection, and the
+    transaction's end stands. A connection whose work was interrupted is discarded
+    first (``INTERRUPTIONS``): the server rolls back what it left open."""
+    if interrupted(failed):
+        # (a connection already lost is already back in the pool: nothing to end)
+        with contextlib.suppress(asyncpg.InterfaceError):
+            conn.terminate()
     try:
         await pool.release(conn)
     except Exception as exc:
         log.warning("connection_release_failed", extra={"error": str(exc)})
 
 
-async def _roll_back(pool: asyncpg.Pool, conn: Any, transaction: Any) -> None:
-    """Errors are swallowed: a connection that broke rolls its transaction back too."""
+async def _roll_back(
+    pool: asyncpg.Pool, conn: Any, transaction: Any, failed: BaseException | None = None
+) -> None:
+    """Errors are swallowed: a connection that broke rolls its transaction back too (one
+    interrupted, ``failed``, is discarded at once: its server rolls back)."""
+    if interrupted(failed):
+        await _release(pool, conn, failed)
+        return
     with contextlib.suppress(StoreUnavailable):
         await _end(pool, conn, transaction.rollback)
 
@@ -165,14 +262,6 @@ OPEN_TAKE_IDLE_LIMIT_S = 10.0
 # Every statement's deadline. A server that dies mid-COPY can leave the client waiting
 # to write forever; the deadline turns that into an outage the caller rides out.
 COMMAND_TIMEOUT_S = 30.0
-# Every statement is planned for the arrays it is given and the tables as they are now.
-# asyncpg prepares each statement once per connection, and after five runs PostgreSQL
-# may keep a generic plan: one made while a ledger table was still empty (a fresh
-# type, never analyzed yet) joined a batch's unnest() by scanning the whole table for
-# every mark, and kept doing so as the table grew (500 marks on 100,000 rows: 22 s
-# instead of 5 ms, test_plans.py). The statements here move batches, so planning each
-# run costs little beside them.
-SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 
 class ColdStore:
@@ -199,9 +288,11 @@ class ColdStore:
         max_size: int = 4,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        pooler: str = "none",
     ) -> ColdStore:
         """A pool on ``dsn``; each host of a multi-host DSN gets ``connect_timeout_s``
-        (connect.py): a frozen host listed first costs one connect timeout."""
+        (connect.py): a frozen host listed first costs one connect timeout. ``pooler``:
+        what stands before PostgreSQL (``postgres_pooler``, connect.driver_options)."""
 
         async def connect(*args: Any, **options: Any) -> asyncpg.Connection:
             return await connect_each_host(*args, host_timeout_s=connect_timeout_s, **options)
@@ -215,19 +306,46 @@ class ColdStore:
                     max_size=max_size,
                     command_timeout=command_timeout_s,
                     connect=connect,
-                    server_settings=SERVER_SETTINGS,
+                    **driver_options(pooler),
                 )
         except SchemaError as exc:
             raise SchemaError(f"postgres {where(dsn)}: {exc.__cause__}: {NO_DATABASE}") from exc
+        except ConfigError as exc:
+            if str(exc).endswith(POOLER_SAYS):  # it does not say whom it refused
+                raise ConfigError(f"{exc}, logging in as {user_of(dsn)!r}") from exc
+            raise
         return cls(pool, command_timeout_s, dsn, connect_timeout_s)
+
+    @classmethod
+    async def for_settings(
+        cls, settings: PostgresSettings, *, min_size: int = 1, max_size: int = 4
+    ) -> ColdStore:
+        """``connect`` to ``postgres_dsn`` as the settings say (connect timeout, pooler)."""
+        return await cls.connect(
+            settings.postgres_dsn,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout_s=settings.postgres_connect_timeout_s,
+            pooler=settings.postgres_pooler,
+        )
 
     async def close(self) -> None:
         await self._pool.close()
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        async with translated("acquire"), self._pool.acquire() as conn:
+        """A connection of the pool for a block of statements: given back after it, or
+        discarded when the block was interrupted (``INTERRUPTIONS``)."""
+        async with translated("acquire"):
+            conn = await self._pool.acquire()
+        failed: BaseException | None = None
+        try:
             yield conn
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            await _release(self._pool, conn, failed)
 
     async def lease_range(
         self, id_type: IdType, lessee: str, record: Record
@@ -240,10 +358,9 @@ class ColdStore:
         statement = sql.for_type(sql.LEASE_RANGE, id_type.name)
         size = id_type.config.range_size
         try:
-            async with translated("lease_range"):
-                row = await self._pool.fetchrow(
-                    statement, *record.guard_args(), id_type.name, size, lessee
-                )
+            async with self.connection() as conn, translated("lease_range"):
+                args = (*record.guard_args(), id_type.name, size, lessee)
+                row = await conn.fetchrow(statement, *args)
         except asyncpg.SequenceGeneratorLimitExceededError as exc:
             raise KeyspaceExhausted(id_type.name) from exc
         if row is None:
@@ -270,6 +387,7 @@ class ColdStore:
         """
         async with translated("insert_keys"):
             conn = await self._pool.acquire()
+        failed: BaseException | None = None
         try:
             async with translated("insert_keys"), conn.transaction():
                 await conn.execute(sql.LIMIT_COPY, str(round(self._timeout_s * 1000)))
@@ -287,10 +405,13 @@ class ColdStore:
                 await conn.execute(
                     sql.ACCOUNT_RANGE, id_type.name, leased.start, candidates, len(keys), final
                 )
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             # The transaction alone decides the outcome, as for a take (``_end``): a
             # committed slice reported as an outage would make keygen abandon its range.
-            await _release(self._pool, conn)
+            await _release(self._pool, conn, failed)
 
     async def begin_take(
         self, name: str, size: int, record: Record, *, in_order: bool = False
@@ -312,8 +433,8 @@ class ColdStore:
                     raise PostgresBehind(f"batch of '{name}' refused by the guard")
                 row = one_row(await conn.fetchrow(statement, size), "take_batch")
             keys = unpack_keys(row["keys"], int(row["taken"]))
-        except BaseException:
-            await _roll_back(self._pool, conn, transaction)
+        except BaseException as exc:
+            await _roll_back(self._pool, conn, transaction, exc)
             raise
         return OpenTake(keys, Stamp.of(guard), self._pool, conn, transaction)
 
@@ -327,13 +448,13 @@ class ColdStore:
 
     async def depth(self, name: str, cap: int) -> int:
         """Cold keys of a type, counted up to ``cap``."""
-        async with translated("depth"):
-            value = await self._pool.fetchval(sql.COUNT_COLD_UP_TO, name, cap)
+        async with self.connection() as conn, translated("depth"):
+            value = await conn.fetchval(sql.COUNT_COLD_UP_TO, name, cap)
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
-        async with translated("sequence_state"):
-            row = await self._pool.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
+        async with self.connection() as conn, translated("sequence_state"):
+            row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
         row = one_row(row, "sequence_state")
         config = id_type.config
         end = int(row["last_value"]) + config.range_size if row["is_called"] else None
@@ -341,11 +462,11 @@ class ColdStore:
         return SequenceState(leased, config.counter_share)
 
     async def range_stats(self, name: str) -> dict[str, int]:
-        async with translated("range_stats"):
-            row = await self._pool.fetchrow(sql.SELECT_RANGE_STATS, name)
+        async with self.connection() as conn, translated("range_stats"):
+            row = await conn.fetchrow(sql.SELECT_RANGE_STATS, name)
         row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
 
     async def wake_keygen(self, name: str) -> None:
-        async with translated("wake_keygen"):
-            await self._pool.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)
+        async with self.connection() as conn, translated("wake_keygen"):
+            await conn.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)

@@ -1,4 +1,9 @@
-"""Connecting to PostgreSQL when the DSN lists several hosts, each with its own deadline.
+"""Connecting to PostgreSQL: directly or through a pooler, each host of a multi-host DSN
+with its own deadline.
+
+How a connection talks depends on what stands between it and PostgreSQL
+(``postgres_pooler``, ``driver_options``); a pooler that lends a server per transaction
+where the setting says otherwise is refused at start (``refuse_unsaid_pooling``).
 
 asyncpg tries the hosts of a multi-host DSN one after another under a single timeout
 for the whole connect: a host that accepts TCP and never answers (a frozen or
@@ -10,20 +15,106 @@ checked by asyncpg on each host.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, Final
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
 from shared.domain.errors import ConfigError
+from shared.stores.postgres import sql
 
 log = logging.getLogger(__name__)
 # The time one host may take to accept a connection and answer its start-up.
 CONNECT_TIMEOUT_S = 5.0
+# Every statement is planned for the arrays it is given and the tables as they are now.
+# asyncpg prepares each statement once per connection, and after five runs PostgreSQL
+# may keep a generic plan: one made while a ledger table was still empty (a fresh
+# type, never analyzed yet) joined a batch's unnest() by scanning the whole table for
+# every mark, and kept doing so as the table grew (500 marks on 100,000 rows: 22 s
+# instead of 5 ms, test_plans.py). The statements here move batches, so planning each
+# run costs little beside them.
+SERVER_SETTINGS: Final = {"plan_cache_mode": "force_custom_plan"}
+# How long the pooling probe waits for its first connection's second answer while the
+# second holds a transaction (a pool of one server connection makes it wait: undecided).
+PROBE_WAIT_S = 2.0
+
+
+def driver_options(pooler: str) -> dict[str, Any]:
+    """asyncpg's options for connections that reach PostgreSQL the way ``pooler`` (the
+    ``postgres_pooler`` setting) says.
+
+    Directly: ``SERVER_SETTINGS`` as startup parameters, and each statement prepared
+    once per connection (named, cached). Through a pooler, neither: PgBouncer refuses
+    a startup parameter it does not know, and a pooler in transaction mode lends each
+    transaction whichever server connection is free, where a statement prepared on
+    another is not found (``prepared statement "__asyncpg_stmt_N__" does not exist``).
+    Without a cache asyncpg sends unnamed statements, parsed again with every run in
+    the same exchange as the run itself, so nothing outlives a transaction; each is
+    planned for its arguments, which is what ``SERVER_SETTINGS`` asks for.
+    """
+    if pooler == "none":
+        return {"server_settings": dict(SERVER_SETTINGS)}
+    return {"statement_cache_size": 0}
+
+
+def pooled_per_transaction_error(pooler: str, detail: str = "") -> ConfigError:
+    """The refusal of a process whose connections are lent a server per transaction
+    while ``postgres_pooler`` says otherwise."""
+    seen = f" ({detail})" if detail else ""
+    said = f"postgres_pooler is '{pooler}'" if pooler else "postgres_pooler does not say so"
+    return ConfigError(
+        f"postgres_pooler: connections to postgres_dsn are pooled per transaction{seen} "
+        f"(PgBouncer's pool_mode = transaction), and {said}: set "
+        'postgres_pooler: transaction (docs/operations.md, "PgBouncer")'
+    )
+
+
+async def pooled_per_transaction(dsn: str, host_timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """Whether ``dsn``'s connections are lent a server per transaction.
+
+    One connection asks which server process answers it, then asks again while a
+    second connection holds a transaction open: a transaction pooler lends the server
+    the first one just gave back to the second (PgBouncer takes the server used last),
+    so the first is answered by another. Directly, or through a pooler in session
+    mode, a connection keeps its server. False when it cannot tell (a pool of one
+    server connection keeps the first waiting until the transaction ends).
+    """
+    options = driver_options("transaction")  # understood by every pooler
+    first = await connect_each_host(dsn, host_timeout_s=host_timeout_s, **options)
+    try:
+        second = await connect_each_host(dsn, host_timeout_s=host_timeout_s, **options)
+        try:
+            before = await first.fetchval(sql.SELECT_BACKEND_PID)
+            async with second.transaction():
+                await second.fetchval(sql.SELECT_BACKEND_PID)
+                try:
+                    asked = first.fetchval(sql.SELECT_BACKEND_PID)
+                    after = await asyncio.wait_for(asked, PROBE_WAIT_S)
+                except TimeoutError:
+                    return False
+        finally:
+            second.terminate()
+    finally:
+        first.terminate()
+    return bool(before != after)
+
+
+async def refuse_unsaid_pooling(
+    dsn: str, pooler: str, host_timeout_s: float = CONNECT_TIMEOUT_S
+) -> None:
+    """ConfigError naming ``postgres_pooler`` when ``dsn``'s connections are pooled per
+    transaction and the setting does not say so: named statements would fail within
+    seconds, and keygen's LISTEN would hear nothing. Driver errors are raised as they
+    come (the caller translates them)."""
+    if pooler != "transaction" and await pooled_per_transaction(dsn, host_timeout_s):
+        raise pooled_per_transaction_error(pooler, "one connection was answered by two servers")
+
+
 _HOST = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:]*))(?::(?P<port>\d*))?$")
 
 
@@ -31,6 +122,11 @@ def where(dsn: str) -> str:
     """A DSN without its scheme, credentials and options: host:port/database."""
     parts = urlsplit(dsn)
     return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def user_of(dsn: str) -> str:
+    """The user a DSN logs in as (empty when it names none)."""
+    return unquote(urlsplit(dsn).username or "") if "://" in dsn else ""
 
 
 def any_server(dsn: str) -> str:

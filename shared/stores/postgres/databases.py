@@ -9,7 +9,7 @@ import asyncpg
 from shared.domain.config import Settings
 from shared.domain.errors import KeydispenserError
 from shared.domain.idtypes import build_id_types
-from shared.stores.postgres.connect import check_files
+from shared.stores.postgres.connect import check_files, driver_options, refuse_unsaid_pooling
 from shared.stores.postgres.schema import migrate
 
 # The database every PostgreSQL server has: scratch databases are created through it.
@@ -30,12 +30,14 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-async def ensure_database(dsn: str) -> None:
-    """Create the DSN's database when it does not exist yet."""
+async def ensure_database(dsn: str, pooler: str = "none") -> None:
+    """Create the DSN's database when it does not exist yet (``pooler``: what stands
+    before PostgreSQL, ``postgres_pooler``)."""
+    options = driver_options(pooler)
     try:
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(dsn, **options)
     except asyncpg.InvalidCatalogNameError:
-        admin = await asyncpg.connect(dsn_with_database(dsn, MAINTENANCE_DATABASE))
+        admin = await asyncpg.connect(dsn_with_database(dsn, MAINTENANCE_DATABASE), **options)
         try:
             await admin.execute(f"CREATE DATABASE {_quoted(database_of(dsn))}")
         except asyncpg.DuplicateDatabaseError:
@@ -71,9 +73,11 @@ async def run_migrate(settings: Settings) -> int:
     """Create the configured database if needed and bring its schema up to date."""
     id_types = build_id_types(settings)
     check_files(settings.postgres_dsn)
+    pooler = settings.postgres_pooler
     try:
-        await ensure_database(settings.postgres_dsn)
-        conn = await asyncpg.connect(settings.postgres_dsn)
+        await ensure_database(settings.postgres_dsn, pooler)
+        await refuse_unsaid_pooling(settings.postgres_dsn, pooler)
+        conn = await asyncpg.connect(settings.postgres_dsn, **driver_options(pooler))
     except (OSError, asyncpg.PostgresError) as exc:
         raise KeydispenserError(f"postgres_dsn: cannot connect: {exc}") from exc
     try:

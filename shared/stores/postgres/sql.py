@@ -251,6 +251,10 @@ FROM kd_ranges WHERE id_type = $1
 NOTIFY: Final = "SELECT pg_notify($1, $2)"
 KEYGEN_CHANNEL: Final = "kd_keygen_wake"
 
+# No parameters. The server process a statement ran on: one client connection answered
+# by two is pooled per transaction (connect.pooled_per_transaction).
+SELECT_BACKEND_PID: Final = "SELECT pg_backend_pid()"
+
 # $1: milliseconds, as text. First in a COPY's transaction: a keygen paused or cut off
 # in it (holding the lock a fence waits for) is ended by the server after $1.
 LIMIT_COPY: Final = (

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.domain.config.redis import ClusterConfig, SentinelConfig, ServerAccess
-from shared.domain.errors import StoreUnavailable
+from shared.domain.errors import ConfigError, StoreUnavailable
 
 if TYPE_CHECKING:
     from shared.domain.config.settings import Settings
@@ -178,6 +179,9 @@ class RedisEndpoint:
                 await self._use(address)
                 return
             problems.append(f"{_where(address)} reported as primary: {problem}")
+        refused = [p for p in problems if CERTIFICATE_REFUSED in p]
+        if refused:
+            raise self.certificate_error(refused[0])
         raise StoreUnavailable("redis", "no primary found: " + "; ".join(problems))
 
     async def _slot_primaries(
@@ -308,6 +312,21 @@ class RedisEndpoint:
             self._address = address
         self._stale = False
 
+    def certificate_error(self, detail: str) -> ConfigError:
+        """A server's certificate refused: a setup to fix (its CA, the host name), named
+        by the setting that says where Redis is; never an outage to retry."""
+        if self._cluster_config is not None:
+            where = "redis_cluster.tls_ca_file"
+        elif self._sentinel_config is not None:
+            where = "redis_sentinel.tls_ca_file"
+        else:
+            where = "redis_url (ssl_ca_certs)"
+        return ConfigError(
+            f"{where}: the Redis server's certificate was refused: {detail}: the CA file "
+            "must hold the CA that signed it, and the certificate must name the host "
+            "connected to"
+        )
+
     async def close(self) -> None:
         if self._verifying is not None:
             self._verifying.cancel()
@@ -437,6 +456,10 @@ def _where(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
+# What a refused certificate's error says (OpenSSL's reason), where only its text is
+# kept (a Sentinel's or a node's answer, gathered as text).
+CERTIFICATE_REFUSED = "CERTIFICATE_VERIFY_FAILED"
+
 # Errors after which the primary may have moved (or the command did not run there).
 MOVED_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, TimeoutError, OSError)
 
@@ -451,6 +474,19 @@ _MOVED_TEXT = (
     "TRYAGAIN",
     "CLUSTERDOWN",
 )
+
+
+def certificate_refused(exc: BaseException) -> str | None:
+    """Why the server's certificate was refused (an unknown CA, a host name it does not
+    name), when that is what ``exc`` (or an error it was raised from) is; else None."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return str(cause.verify_message or cause)
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def describe(exc: BaseException) -> str:

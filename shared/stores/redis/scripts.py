@@ -27,7 +27,12 @@ from redis.exceptions import RedisError
 
 from shared.domain import redis_keys
 from shared.domain.errors import StoreUnavailable
-from shared.stores.redis.endpoint import RedisEndpoint, describe, means_primary_moved
+from shared.stores.redis.endpoint import (
+    RedisEndpoint,
+    certificate_refused,
+    describe,
+    means_primary_moved,
+)
 from shared.stores.redis.script_line import LineScript, ScriptLine
 
 # The packages whose ``lua/`` folder holds scripts, one per mechanism: the fence (with its
@@ -118,6 +123,9 @@ class RedisPort:
         try:
             yield
         except (RedisError, OSError) as exc:
+            refused = certificate_refused(exc)
+            if refused is not None:
+                raise self._endpoint.certificate_error(refused) from exc
             if means_primary_moved(exc):
                 self._endpoint.invalidate()
             raise StoreUnavailable("redis", f"{operation} failed: {describe(exc)}") from exc

@@ -125,7 +125,7 @@ enabled dependency's own. (dict "secret" ... "passwordKey" ... "sentinelPassword
 {{- $s := .Values.secrets.redis -}}
 {{- $cluster := index .Values "redis-cluster" -}}
 {{- if $s.existingSecret -}}
-{{- toYaml (dict "secret" $s.existingSecret "urlKey" $s.urlKey "passwordKey" $s.passwordKey "sentinelPasswordKey" $s.sentinelPasswordKey) -}}
+{{- toYaml (dict "secret" $s.existingSecret "urlKey" $s.urlKey "passwordKey" $s.passwordKey "sentinelPasswordKey" $s.sentinelPasswordKey "userKeys" ($s.userKeys | default dict)) -}}
 {{- else if and .Values.redis.enabled .Values.redis.auth.enabled -}}
 {{- $sentinelKey := ternary "redis-password" "" (and .Values.redis.sentinel.enabled .Values.redis.auth.sentinel) -}}
 {{- $secret := default (include "keydispenser.dependencyFullname" (dict "root" . "chart" "redis")) .Values.redis.auth.existingSecret -}}
@@ -162,22 +162,31 @@ Redis (migrate does not); API keys the dispenser. */}}
 {{- $auth := include "keydispenser.redisAuth" $root | fromYaml -}}
 {{- if $auth.secret }}
 {{- $config := include "keydispenser.config" $root | fromYaml -}}
-{{- if $auth.urlKey }}
-- name: KD_REDIS_URL
-  valueFrom:
-    secretKeyRef: {name: {{ $auth.secret }}, key: {{ $auth.urlKey }}}
-{{- end }}
 {{- $mode := "" -}}
 {{- if hasKey $config "redis_sentinel" -}}{{- $mode = "REDIS_SENTINEL" -}}
 {{- else if hasKey $config "redis_cluster" -}}{{- $mode = "REDIS_CLUSTER" -}}
 {{- end -}}
+{{- /* A Redis ACL user of its own (secrets.redis.userKeys): its URL, or its password
+     as <redis_namespace>-<process>; else the shared urlKey / passwordKey. */ -}}
+{{- $own := index ($auth.userKeys | default dict) $p -}}
+{{- $urlKey := ternary $own $auth.urlKey (and (eq $mode "") (not (empty $own))) -}}
+{{- $passwordKey := ternary $own $auth.passwordKey (and (ne $mode "") (not (empty $own))) -}}
+{{- if $urlKey }}
+- name: KD_REDIS_URL
+  valueFrom:
+    secretKeyRef: {name: {{ $auth.secret }}, key: {{ $urlKey }}}
+{{- end }}
 {{- if and (not $mode) $auth.passwordKey -}}
 {{- fail "secrets.redis.passwordKey: for redis_sentinel or redis_cluster; with redis_url, give the whole URL (urlKey)" -}}
 {{- end -}}
-{{- if and $mode $auth.passwordKey }}
+{{- if and $mode $own }}
+- name: KD_{{ $mode }}__USERNAME
+  value: {{ printf "%s-%s" (default "kd" $config.redis_namespace) $p | quote }}
+{{- end }}
+{{- if and $mode $passwordKey }}
 - name: KD_{{ $mode }}__PASSWORD
   valueFrom:
-    secretKeyRef: {name: {{ $auth.secret }}, key: {{ $auth.passwordKey }}}
+    secretKeyRef: {name: {{ $auth.secret }}, key: {{ $passwordKey }}}
 {{- end }}
 {{- if and (eq $mode "REDIS_SENTINEL") $auth.sentinelPasswordKey }}
 - name: KD_REDIS_SENTINEL__SENTINEL_PASSWORD
