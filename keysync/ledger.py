@@ -275,15 +275,17 @@ class LedgerDrain:
         lane's pending restore is cleared with it. How many links were restored.
         LedgerHalted when a link is gone from the log.
 
-        Refused (this server lost its place again, or was promoted again: the fence or
-        the timeline's adoption settles it first), it restores what is pending then: a
-        fence may have replaced the target."""
+        The links are found inside the transaction, under the ledger's lock: a restore
+        another keysync committed meanwhile is seen (its links are held), so no link is
+        written twice over what was decided since. Refused (this server lost its place
+        again, or was promoted again: the fence or the timeline's adoption settles it
+        first), it restores what is pending then: a fence may have replaced the target."""
         assert self._guard is not None
+        restored: list[int] = []
         for _ in range(ATTEMPTS):
-            chain = await self._chain(target)
             record = await self._guard.record(self._lane_type)
             try:
-                await self._once(record, self._restoring(chain), [], restored=target)
+                await self._once(record, self._restoring(target, restored), [], restored=target)
                 break
             except _Refused:
                 state = await self._state()
@@ -291,24 +293,29 @@ class LedgerDrain:
                 target = (await self._pending(await self._state())) or target
         else:
             raise PostgresBehind(f"the ledger restore of lane {self.lane} was refused")
-        self.restored += len(chain)
+        links = restored[-1] if restored else 0
+        self.restored += links
         log.warning(
             "ledger_restored_after_fence",
-            extra={"lane": self.lane, "links": len(chain), "target": target},
+            extra={"lane": self.lane, "links": links, "target": target},
         )
-        return len(chain)
+        return links
 
-    def _restoring(self, chain: list[Link]) -> Work:
-        """A restore's work: the links' operations written again, in order, and the
-        links recorded as this history's own (INSERT_LINKS)."""
-        ops = [op for link in chain for op in link.ops]
-        ids, prevs = [link.id for link in chain], [link.prev or None for link in chain]
+    def _restoring(self, target: str, restored: list[int]) -> Work:
+        """A restore's work: under the ledger's lock, the links this server lacks up to
+        ``target`` (``_chain``), their operations written again in order, and the links
+        recorded as this history's own (INSERT_LINKS). How many: appended to
+        ``restored``."""
 
         async def work(conn: asyncpg.Connection) -> Applied:
             await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)
+            chain = await self._chain(conn, target)
+            ops = [op for link in chain for op in link.ops]
             await apply_ops(conn, ops)
-            if ids:
+            if chain:
+                ids, prevs = [link.id for link in chain], [link.prev or None for link in chain]
                 await conn.execute(ledger_sql.INSERT_LINKS, ids, self.lane, prevs)
+            restored.append(len(chain))
             return Applied(ops=ops, restored=len(chain))
 
         return work
@@ -318,27 +325,27 @@ class LedgerDrain:
         found = await self._sync.read() if self._sync is not None else None
         return (found.restore_from if found else "") or state.restores.get(self.lane, "")
 
-    async def _chain(self, target: str) -> list[Link]:
+    async def _chain(self, conn: asyncpg.Connection, target: str) -> list[Link]:
         """The links from the first one this server lacks up to ``target``, oldest
         first, walked back from the log; LedgerHalted (and the ledger halted) when the
         walk cannot reach a link this server holds."""
-        async with self._cold.connection() as conn, translated("ledger_restore"):
-            if await conn.fetchval(ledger_sql.HOLDS_LINK, target):
-                return []
-            own_head = (await self._state()).heads.get(self.lane, "")
-            found: list[Link] = []
-            want = target
-            async for link in self._stream.links_newest_first():
-                if link.id != want:
-                    continue
-                found.append(link)
-                want = link.prev
-                if not want:
-                    if not own_head:
-                        return list(reversed(found))  # the lane's first link: all of it
-                    break
-                if await conn.fetchval(ledger_sql.HOLDS_LINK, want):
-                    return list(reversed(found))
+        if await conn.fetchval(ledger_sql.HOLDS_LINK, target):
+            return []
+        state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
+        own_head = state.heads.get(self.lane, "")
+        found: list[Link] = []
+        want = target
+        async for link in self._stream.links_newest_first():
+            if link.id != want:
+                continue
+            found.append(link)
+            want = link.prev
+            if not want:
+                if not own_head:
+                    return list(reversed(found))  # the lane's first link: all of it
+                break
+            if await conn.fetchval(ledger_sql.HOLDS_LINK, want):
+                return list(reversed(found))
         reason = f"ledger link {want or '(start)'} of lane {self.lane} is gone from the log"
         await self._halt(reason)
         raise LedgerHalted(reason)

@@ -315,6 +315,16 @@ MUTANTS: Final = (
         ("tests/acceptance/test_ledger_two_promotions.py",),
     ),
     Mutant(
+        # A restore that never asks whether its server already holds the target: of two
+        # keysyncs restoring at once, the second writes links' operations again (over
+        # what was decided since the first).
+        "a_restore_writes_links_its_server_already_holds",
+        "keysync/ledger.py",
+        "        if await conn.fetchval(ledger_sql.HOLDS_LINK, target):\n            return []\n",
+        "",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
         "an_outcome_decided_again",
         "shared/stores/ledger/table.py",
         "        if rows:\n            found[name] =",

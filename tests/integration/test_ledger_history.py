@@ -289,6 +289,28 @@ async def test_a_quiet_spell_after_a_promotion_keeps_what_was_answered(
     assert await ledger.outcome(again) == outcomes.ASSIGNED
 
 
+async def test_two_keysyncs_restore_a_promoted_server_once(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """Two keysyncs find the same restore pending at once. Each finds the links the
+    server lacks inside its restore's transaction, under the ledger's lock: the second
+    finds them held and writes nothing (found before the lock, it wrote every link's
+    operations a second time, over what was decided since)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    await ledger.outcome(await ledger.change("used", key, "client-a"))
+    await ledger.applied()
+    await promotion.promote()
+    await refill(ledger)  # fenced: the restore is pending
+    async with cold(ledger.settings) as one, cold(ledger.settings) as two:
+        drains = [ledger.drain(one, "keysync-1"), ledger.drain(two, "keysync-2")]
+        await asyncio.gather(*(drain.drain_once(block_ms=10) for drain in drains))
+    assert sorted(drain.restored for drain in drains) == [0, 2]
+    looked = await ledger.lookup(key)
+    assert looked["client"] == "client-a" and looked["used"] is True
+
+
 async def test_nothing_trims_the_log_while_a_restore_waits(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
 ) -> None:
