@@ -284,6 +284,9 @@ class LedgerDrain:
         restored: list[int] = []
         for _ in range(ATTEMPTS):
             record = await self._guard.record(self._lane_type)
+            if record.ledger_halt:  # another keysync's restore found a link gone
+                self.halted = record.ledger_halt
+                raise LedgerHalted(record.ledger_halt)
             try:
                 await self._once(record, self._restoring(target, restored), [], restored=target)
                 break

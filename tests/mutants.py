@@ -58,6 +58,8 @@ SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
+# The ledger's real code under simulated faults, checked against the model.
+SIMULATION_TESTS = "tests/model/test_simulation.py::test_every_seed_holds"
 PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
 REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
@@ -277,14 +279,14 @@ MUTANTS: Final = (
         "keysync/ledger.py",
         "            await self._stream.add_link(link, prev, applied.ops)\n",
         "",
-        (LEDGER_RECORD_TESTS,),
+        (LEDGER_RECORD_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         "a_restore_writes_nothing",
         "keysync/ledger.py",
         "            await apply_ops(conn, ops)\n",
         "",
-        (LEDGER_RECORD_TESTS,),
+        (LEDGER_RECORD_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         # A second promotion's fence restores only up to the record's head (the first
@@ -293,7 +295,7 @@ MUTANTS: Final = (
         "shared/stores/fence/postgres_fence.py",
         "    target = record.restore_from or record.head\n",
         "    target = record.head\n",
-        (LEDGER_HISTORY_TESTS,),
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         # A fence keeps the restore its server had pending from an earlier fence, though
@@ -323,6 +325,46 @@ MUTANTS: Final = (
         "        if await conn.fetchval(ledger_sql.HOLDS_LINK, target):\n            return []\n",
         "",
         (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        # A restore run from a refused batch writes while another keysync's restore has
+        # halted the ledger.
+        "a_restore_ignores_the_ledgers_halt",
+        "keysync/ledger.py",
+        "            if record.ledger_halt:  # another keysync's restore found a link gone\n",
+        "            if False:\n",
+        (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        # A vouch decided before Redis lost state again (its process stalled between
+        # its commit and the record) rebuilds the record from a stamp behind what was
+        # recorded in between.
+        "a_stalled_vouch_rebuilds_the_record",
+        "shared/stores/fence/lua/vouch_record.lua",
+        "if epoch ~= '-' and (redis.call('HGET', SYNC_RECORD, 'fenced_at') or '') ~= epoch then",
+        "if false then",
+        ("tests/integration/test_push_stamp.py",),
+    ),
+    Mutant(
+        # A restore that replays the lost links newest first (the log walked back, not
+        # turned around): a later link's writes undone by an earlier one's.
+        "a_restore_replays_links_newest_first",
+        "keysync/ledger.py",
+        "            if await conn.fetchval(ledger_sql.HOLDS_LINK, want):\n"
+        "                return list(reversed(found))\n",
+        "            if await conn.fetchval(ledger_sql.HOLDS_LINK, want):\n"
+        "                return found\n",
+        (SIMULATION_TESTS,),
+    ),
+    Mutant(
+        # A confirmation that publishes its outcomes (and acknowledges its entries) even
+        # when the record refuses its stamp (a transaction on a history the record no
+        # longer follows).
+        "an_outcome_published_though_its_stamp_is_refused",
+        "shared/stores/ledger/lua/ledger_confirm.lua",
+        "if status ~= 'ok' then\n  return {status, 0}\nend\n",
+        "",
+        (SIMULATION_TESTS,),
     ),
     Mutant(
         "an_outcome_decided_again",
@@ -402,7 +444,7 @@ MUTANTS: Final = (
         "shared/stores/ledger/reader.py",
         "        while record.clock < state.clock:",
         "        while False:",
-        (LEDGER_HISTORY_TESTS,),
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         "an_empty_take_steps_the_clock_unrecorded",
@@ -416,7 +458,7 @@ MUTANTS: Final = (
         "keysync/ledger.py",
         "        self._guard = guard if guard is not None and guard.guarded else None",
         "        self._guard = None",
-        (LEDGER_RECORD_TESTS,),
+        (LEDGER_RECORD_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         "a_replicated_ledger_type_answers_before_its_record_is_copied",

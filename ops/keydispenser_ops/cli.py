@@ -1,4 +1,4 @@
-"""The operator tooling's commands: ``up``, ``fill``, ``bench`` and ``drill``.
+"""The operator tooling's commands: ``up``, ``fill``, ``bench``, ``drill`` and ``simulate``.
 
 Each is a ``Command`` (shared/cli/plugins.py) declared as an entry point of the group
 ``keydispenser.commands`` in this distribution's pyproject.toml (``keydispenser-ops``):
@@ -354,6 +354,12 @@ def _rate(raw: str) -> float:
     return value
 
 
+def whole_int(raw: str) -> int:
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
 def positive_int(raw: str) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}")
@@ -364,6 +370,31 @@ def write_json(report: dict[str, Any], path: str | None) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def run_simulate(settings: Settings, args: argparse.Namespace) -> None:
+    from keydispenser_ops.simulation.run import main
+
+    code = main(args.first, args.seeds, args.workers, args.seed, args.json)
+    if code:
+        sys.exit(code)
+
+
+def _add_simulate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seeds", type=positive_int, default=1000, help="how many seeds to run (default 1000)"
+    )
+    parser.add_argument("--first", type=whole_int, default=0, help="the first seed")
+    parser.add_argument(
+        "--seed", type=whole_int, default=None, help="run this one seed, its whole trace"
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes (default: CPUs)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the summary as JSON here")
 
 
 # The commands, each an entry point of `keydispenser.commands` (pyproject.toml).
@@ -382,6 +413,11 @@ DRILL = Command(
     run_drill,
     _add_drill,
     own_servers="--data-dir/--env-file: the drill runs its own servers",
+)
+SIMULATE = Command(
+    "the ledger's real code under simulated faults, checked against its model, seed by seed",
+    run_simulate,
+    _add_simulate,
 )
 UP = Command(
     "the whole stack on this machine, embedded servers",

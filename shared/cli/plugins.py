@@ -2,7 +2,7 @@
 their plugins: each entry point of the group ``keydispenser.commands`` names a
 ``Command``, and its name is the command's. The runtime's command line names none of
 them; the operator tooling (the ``keydispenser-ops`` distribution, ``ops/``) declares
-``up``, ``fill``, ``bench`` and ``drill`` so in its pyproject.toml.
+``up``, ``fill``, ``bench``, ``drill`` and ``simulate`` so in its pyproject.toml.
 
 A command whose plugin cannot be loaded (a broken installation) is still listed, and says
 why when run, instead of taking the command line down with it.

@@ -311,6 +311,31 @@ async def test_two_keysyncs_restore_a_promoted_server_once(
     assert looked["client"] == "client-a" and looked["used"] is True
 
 
+async def test_a_restore_refuses_a_ledger_another_keysync_halted(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord, promotion: PromotionPlan
+) -> None:
+    """A keysync whose batch was refused runs the restore pending; another keysync's
+    restore has meanwhile halted the ledger (a link gone). This one refuses at once: a
+    halted ledger waits for an operator, even when what it would restore can be read."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    await promotion.replica_copies_now()
+    key = await ledger.pop("client-a")
+    await ledger.outcome(await ledger.change("used", key, "client-a"))
+    await ledger.applied()
+    await promotion.promote()
+    await refill(ledger)  # fenced: the restore is pending
+    target = (await sync.read()).restore_from
+    assert target
+    await sync.halt_ledger("ledger link x of lane kd is gone from the log")
+    async with cold(ledger.settings) as store:
+        drain = ledger.drain(store)
+        with pytest.raises(LedgerHalted):
+            await drain.restore(target)
+    assert drain.restored == 0
+    with pytest.raises(StoreUnavailable):
+        await ledger.lookup(key)
+
+
 async def test_nothing_trims_the_log_while_a_restore_waits(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
 ) -> None:

@@ -9,6 +9,8 @@ script, with stamps written by hand.
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from shared.domain import redis_keys
@@ -179,3 +181,42 @@ async def test_a_fence_never_claims_a_record_redis_lost_meanwhile(
     assert await sync.reset(stamp(4, 41, 42), {"farmer": 100}, "operator") == "ok"
     record = await sync.read()
     assert not record.untrusted and record.leased == {"farmer": 100}
+
+
+async def test_a_vouch_decided_before_redis_lost_state_again_is_not_written(
+    sync: SyncRecord, redis_client: aioredis.Redis
+) -> None:
+    """A process decides a vouch (its VOUCH committed at clock 10) and stalls before
+    writing the record; another vouches at clock 11, and a take is recorded at 12; then
+    Redis restarts empty again. The stalled vouch, written now, would rebuild the record
+    at clock 10, behind the take it no longer knows: a PostgreSQL promoted back to clock
+    10 would then not be fenced, and the taken keys issued again. Its epoch (the
+    record's fenced_at when it was decided) is gone: refused as 'stale'."""
+    await start_record(sync, 2, 0, 1)
+    await redis_client.flushdb()  # Redis restarted without persistence
+    decided = await sync.read()
+    assert decided.untrusted and decided.fenced_at
+    assert await sync.vouch(stamp(2, 0, 11), {}, "", decided.fenced_at) == "ok"
+    assert await sync.record_lease("farmer", 5_000, stamp(2, 0, 12)) == "ok"
+    await asyncio.sleep(0.005)  # fenced_at counts milliseconds
+    await redis_client.flushdb()  # and again
+    now = await sync.read()
+    assert now.untrusted and now.fenced_at != decided.fenced_at
+    assert await sync.vouch(stamp(2, 0, 10), {}, "", decided.fenced_at) == "stale"
+    assert (await sync.read()).untrusted  # nothing rebuilt from the stalled stamp
+    assert await sync.vouch(stamp(2, 0, 13), {}, "", now.fenced_at) == "ok"
+    assert (await sync.read()).clock == 13
+
+
+async def test_control_a_vouch_without_its_epoch_rebuilds_from_a_stalled_stamp(
+    sync: SyncRecord, redis_client: aioredis.Redis
+) -> None:
+    """The hazard the epoch closes: unchecked, the stalled stamp is written."""
+    await start_record(sync, 2, 0, 1)
+    await redis_client.flushdb()
+    await sync.read()
+    assert await sync.vouch(stamp(2, 0, 11), {}) == "ok"
+    await redis_client.flushdb()
+    await sync.read()
+    assert await sync.vouch(stamp(2, 0, 10), {}) == "ok"
+    assert (await sync.read()).clock == 10  # behind what was recorded before the loss

@@ -47,6 +47,15 @@
  *                            record to cover it.
  *   REPLAY                   replay one trace (trace.pml, written by the simulation's
  *                            cross-check): each step is the action the trace names.
+ *                            A trace may split what the search takes as one step, as
+ *                            the code does: a vouch's commit and its record
+ *                            (A_VOUCH_COMMIT, then A_VOUCH of that node); a read that
+ *                            blocked across a fence or a halt; a restore another keysync
+ *                            finished first (its target held: a link of nothing); a batch
+ *                            kept in memory across the restore its refusal ran; a lookup
+ *                            refused by an error of its own. The search explores the
+ *                            atomic forms; the replay checks that each split step is one
+ *                            the model's rules allow.
  */
 
 #define NONE 0
@@ -74,8 +83,8 @@
 #define BEGUN 2                 /* read the record its transaction is judged against */
 #define COMMITTED 3             /* committed a ledger transaction, not confirmed */
 #define TAKEN 4                 /* committed a take of K, not pushed */
-#define ADOPTING 5              /* committed a write on a new timeline, not recorded */
 #define RQ_BEGUN 6              /* a requeue transaction: read the record */
+#define RS_BEGUN 7              /* a restore: read the record, took its target */
 
 #define OP_ISSUE 16             /* the operations a ledger node wrote (table.Applied.ops): */
 #define OP_USED 32              /* OP_ISSUE + e: issue row of entry e inserted; */
@@ -226,6 +235,25 @@
 #define CLIENTS 1
 #define RLOSSES 0
 #define RETRIES 0
+#elif defined(W_REPLAY)         /* replaying a trace (REPLAY): every budget generous */
+#undef LOOKUPS
+#define LOOKUPS 250
+#undef CLAIMS
+#define CLAIMS 250
+#undef RLOSS_KINDS
+#define RLOSS_KINDS 3
+#define NKS 2
+#define POPS 250
+#define PUTS 250
+#define PAIRS 250
+#define REPEATS 250
+#define PROMOTIONS 250
+#define CRASHES 250
+#define REQUEUES 250
+#define TRIMS 250
+#define CLIENTS 2
+#define RLOSSES 250
+#define RETRIES 250
 #else
 #error "choose a world: -DW_PAIR, -DW_REISSUE, -DW_QUIET, -DW_TWICE, -DW_REDIS, -DW_MIXED, -DW_CLAIM, -DW_LOSS or -DW_LOOK"
 #endif
@@ -280,15 +308,24 @@ bit fhalted = 0;                /* the fence halted: both tiers lost state */
 bit lhalted = 0;                /* the ledger failed closed */
 bit hot = 0;                    /* K is in the hot list */
 bit twice = 0;                  /* the duplicate alarm fired */
+bit rsref = 0;                  /* a restore was refused, nothing changed since (search) */
 bit untrusted = 0;              /* Redis lost state: the record must be rebuilt (vouch) */
 bit rflost = 0;                 /* a Redis loss took a pending restore with it */
+bit inloss = 0;                 /* replaying a Redis loss piece by piece */
 byte idem[3];                   /* a client's Idempotency-Key record: the issue it replays */
 
 /* ---- keysyncs (keysync/ledger.py LedgerDrain, keysync/main.py Keysync) ---- */
-byte ks[3];                     /* IDLE, HOLDING, BEGUN, COMMITTED, TAKEN, ADOPTING, RQ_BEGUN */
-byte kb[3];                     /* the entries of its batch (a bitmask) */
-byte krec[3];                   /* the record its transaction is judged against */
-byte knode[3];                  /* the node it committed */
+/* Slots 1..NKS; a replayed trace may name slot 3 too: a keysync's refill, which runs
+ * beside its ledger drain (keysync/main.py run), as a slot of its own. */
+byte ks[4];                     /* IDLE, HOLDING, BEGUN, COMMITTED, TAKEN, RQ_BEGUN */
+byte kb[4];                     /* the entries of its batch (a bitmask) */
+byte krec[4];                   /* the record its transaction is judged against */
+byte knode[4];                  /* the node it committed */
+byte ktarget[4];                /* a restore's target */
+#ifdef REPLAY
+bit isvouch[MAXN];              /* a node VOUCH committed (its record may follow) */
+byte kkeep[4];                  /* a batch kept in memory across a restore its turn ran */
+#endif
 byte kso[MAXE];                 /* outcomes decided by the batch, until confirmed */
 #ifdef REPLAY_AFTER_NEXT_BATCH
 bit old[MAXN];                  /* log entries older than the retention */
@@ -352,9 +389,11 @@ short step = 0;
 #define WHEN(code, cond) step < NSTEPS && tcode[step] == code -> assert(cond)
 #define PARAM1(v) v = tp1[step]
 #define PARAM2(v) v = tp2[step]
+#define PARAM3(v) v = tp3[step]
+#define PARAM4(v) v = tp4[step]
 #define STEPPED step++; printf("STEP %d\n", step)
 #define PICK_C(P) c = tp1[step]; assert(c >= 1 && c <= CLIENTS && P(c))
-#define PICK_K(P) k = tp1[step]; assert(k >= 1 && k <= NKS && P(k))
+#define PICK_K(P) k = tp1[step]; assert(k >= 1 && k <= 3 && P(k))
 #else
 #define WHEN(code, cond) (cond)
 #define PARAM1(v) skip
@@ -364,7 +403,11 @@ short step = 0;
 #define PICK_K(P) if :: P(1) -> k = 1 :: NKS > 1 && P(2) -> k = 2 fi
 #endif
 #define ANY_C(P) (P(CA) || (CLIENTS > 1 && P(CB)))
+#ifdef REPLAY
+#define ANY_K(P) (P(1) || P(2) || P(3))
+#else
 #define ANY_K(P) (P(1) || (NKS > 1 && P(2)))
+#endif
 
 /* action codes (the simulation's trace names them: simulation/trace.py) */
 #define A_POP 1
@@ -385,7 +428,6 @@ short step = 0;
 #define A_RQ_BEGIN 16
 #define A_RQ_COMMIT 17
 #define A_ADOPT 18
-#define A_ADOPTED 19
 #define A_FENCE 20
 #define A_RESTORE 21
 #define A_TRIM 22
@@ -396,6 +438,15 @@ short step = 0;
 #define A_LOOK_RECORD 27
 #define A_LOOK_SNAPSHOT 28
 #define A_LOOK_ANSWER 29
+#define A_ABANDON 30
+#define A_LOSS_ENTRY 31
+#define A_LOSS_OUTCOME 32
+#define A_LOSS_LINK 33
+#define A_LOSS_RESTORE 34
+#define A_LOSS_END 35
+#define A_DROP 36
+#define A_RS_BEGIN 37
+#define A_VOUCH_COMMIT 38
 
 /* ---------------------------------------------------------------------------------- */
 
@@ -484,7 +535,7 @@ inline wrote(op) {
 inline record(n, ok) {
   covers(n, rec);
   if
-  :: r -> rec = n; rhead = lhead[n]; ok = 1
+  :: r -> rec = n; rhead = lhead[n]; ok = 1; rsref = 0
   :: else ->
      t = rec; ok = 0;
      do
@@ -502,15 +553,16 @@ inline onchain(x) {
 
 /* ---- deciding a batch (shared/stores/ledger/table.py apply) ---------------------- */
 
-/* An issue entry (table._issue, INSERT_LEDGER_ISSUED): inserted unless K's row is taken
- * (by this entry: applied again; by another: issued twice, the alarm) or this issue was
- * given back since. */
+/* An issue entry (table._issue, INSERT_LEDGER_ISSUED, SELECT_ISSUED_TWICE): inserted
+ * unless this issue was given back since (an entry applied again, wherever its row
+ * went) or K's row is taken (by this entry: applied again; by another: issued twice,
+ * the alarm). */
 inline decide_issue(e) {
   if
   :: live[srv] == e -> skip
+  :: (hist[srv] & bitof(e)) != 0 -> skip
   :: live[srv] == 0 && (hist[srv] & bitof(e)) == 0 -> live[srv] = e; used[srv] = 0; wrote(OP_ISSUE + e)
-  :: live[srv] == 0 && (hist[srv] & bitof(e)) != 0 -> skip
-  :: live[srv] != 0 && live[srv] != e ->
+  :: live[srv] != 0 && live[srv] != e && (hist[srv] & bitof(e)) == 0 ->
      twice = 1
 #ifndef VARIANT
      ; assert(false)
@@ -607,9 +659,6 @@ inline newest() {
 }
 
 #define REQUEUE_DUE ((hist[srv] & ~req[srv]) != 0)
-/* A restore passes the guard only for the target pending on the server, if any
- * (GUARD_LEDGER's $7): its target is the record's pending restore, else the server's. */
-#define RESTORE_TARGET_PENDING (pfrom[srv] == 0 || rfrom == 0 || pfrom[srv] == rfrom)
 #ifdef ADOPT_ONLY_WITHOUT_RESTORE
 #define ADOPT_PATH (rfrom == 0 && pfrom[srv] == 0)
 #else
@@ -727,6 +776,12 @@ inline look_answer(c, s) {
 #define CAN_PUT(c) (hold[c] == 1 && pu[c] == 0)
 #define CAN_REPEAT(c) (c == CA && hold[c] == 1 && pu[c] == 0 && lastans[c] != 0 && eiss[lastans[c]] == hand[c])
 #define CAN_APPEND(c) (pu[c] != 0 && pw[c] <= frontier)
+#define HAS_PUT(c) (pu[c] != 0)
+#ifdef REPLAY
+#define GIVE_UP_ANY true
+#else
+#define GIVE_UP_ANY false
+#endif
 #define CAN_RETRY(c) (idem[c] != 0)
 #define CAN_LOOK(c) (lk[c] == 0 && !lhalted && rfrom == 0 && !untrusted)
 #define IN_LOOK1(c) (lk[c] == 1)
@@ -734,13 +789,22 @@ inline look_answer(c, s) {
 #define CAN_READ(k) (ks[k] == IDLE && (unread || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k)))
 #define CAN_BE_CLAIMED(k) (ks[k] >= HOLDING && ks[k] <= COMMITTED && kb[k] != 0 && ks[3 - k] == IDLE)
 #define IS(S, k) (ks[k] == S)
+#ifdef REPLAY
+#define HOLDING_K(k) (IS(HOLDING, k) || IS(BEGUN, k))
+#define RQ_FREE(k) (IS(IDLE, k) || IS(RQ_BEGUN, k))
+#define RS_FREE(k) (IS(IDLE, k) || IS(RS_BEGUN, k))
+#else
 #define HOLDING_K(k) IS(HOLDING, k)
+#define RQ_FREE(k) IS(IDLE, k)
+#define RS_FREE(k) IS(IDLE, k)
+#endif
 #define BEGUN_K(k) IS(BEGUN, k)
 #define COMMITTED_K(k) IS(COMMITTED, k)
 #define TAKEN_K(k) IS(TAKEN, k)
 #define IDLE_K(k) IS(IDLE, k)
+#define BUSY_NOW(k) (ks[k] != IDLE)
 #define RQ_K(k) IS(RQ_BEGUN, k)
-#define ADOPTING_K(k) IS(ADOPTING, k)
+#define RS_K(k) IS(RS_BEGUN, k)
 #define BUSY_K(k) (ks[k] != IDLE || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k))
 
 /* ---------------------------------------------------------------------------------- */
@@ -846,10 +910,11 @@ active proctype protocol() {
        STEPPED; CLEAN }
 
   /* ---- a PUT gives up (ledger_wait_s: 503, nothing answered): its entry or its
-   *      outcome was lost with Redis state ---- */
-  :: atomic { WHEN(A_GIVE_UP, stranded != 0) ->
+   *      outcome was lost with Redis state (replaying: or it timed out: the code gives
+   *      up on any PUT after ledger_wait_s) ---- */
+  :: atomic { WHEN(A_GIVE_UP, stranded != 0 || GIVE_UP_ANY) ->
 #ifdef REPLAY
-       PARAM1(e); assert(e > 0 && e < ne && (stranded & bitof(e)) != 0);
+       PARAM1(e); assert(e > 0 && e < ne && eop[e] != ISSUE && !eans[e]);
 #else
        e = 1;
        do
@@ -862,12 +927,37 @@ active proctype protocol() {
        printf("give up: entry %d\n", e);
        STEPPED; CLEAN }
 
+  /* ---- a PUT is abandoned before it appended its change (replaying: the code's wait
+   *      for keysync to catch up timed out, or a store failed: 503) ---- */
+  :: atomic { WHEN(A_ABANDON, GIVE_UP_ANY && ANY_C(HAS_PUT)) ->
+       PICK_C(HAS_PUT);
+       pu[c] = 0; pw[c] = 0;
+       STEPPED; CLEAN }
+
   /* ---- a keysync's turn looks at the record (LedgerDrain.watch: a restore pending
    *      or a halt comes first), then reads a batch (LedgerStream.read: its own pending
    *      entries first, then the oldest new ones; one or two) ---- */
-  :: atomic { WHEN(A_READ, !lhalted && rfrom == 0 && ANY_K(CAN_READ)) ->
-       PICK_K(CAN_READ);
+#ifdef REPLAY
+  /* replaying: the watch came before a read that blocked (XREADGROUP's BLOCK) across a
+   * fence or a halt; what it delivers is judged at the commit, by the guard */
+#define READ_WATCHED true
+#else
+#define READ_WATCHED (!lhalted && rfrom == 0)
+#endif
+#ifdef REPLAY
+#define CAN_READ_R(k) (CAN_READ(k) || (ks[k] == IDLE && kkeep[k] != 0))
+#else
+#define CAN_READ_R(k) CAN_READ(k)
+#endif
+  :: atomic { WHEN(A_READ, READ_WATCHED && ANY_K(CAN_READ_R)) ->
+       PICK_K(CAN_READ_R);
        PARAM2(n);
+#ifdef REPLAY
+       /* 3: the batch its turn kept in memory across a restore, again */
+       if
+       :: n == 3 -> assert(kkeep[k] != 0); kb[k] = kkeep[k]; kkeep[k] = 0
+       :: else ->
+#endif
        kb[k] = 0; e = 1;
        do
        :: e < ne -> if :: est[e] == 2 + k -> kb[k] = kb[k] | bitof(e) :: else -> skip fi; e++
@@ -881,19 +971,28 @@ active proctype protocol() {
           :: est[e] == UNREAD -> break
           od;
           est[e] = 2 + k; kb[k] = bitof(e);
+          /* the next entry the stream still holds (one Redis lost is skipped) */
+          t = e + 1;
+          do
+          :: t < ne && est[t] == LOST -> t++
+          :: else -> break
+          od;
 #ifdef REPLAY
           if
-          :: n == 2 && e + 1 < ne && est[e + 1] == UNREAD -> est[e + 1] = 2 + k; kb[k] = kb[k] | bitof(e + 1)
+          :: n == 2 && t < ne && est[t] == UNREAD -> est[t] = 2 + k; kb[k] = kb[k] | bitof(t)
           :: else -> assert(n != 2)
           fi
 #else
           if
-          :: e + 1 < ne && est[e + 1] == UNREAD -> est[e + 1] = 2 + k; kb[k] = kb[k] | bitof(e + 1)
+          :: t < ne && est[t] == UNREAD -> est[t] = 2 + k; kb[k] = kb[k] | bitof(t)
           :: true -> skip
           fi
 #endif
        :: else -> skip
        fi;
+#ifdef REPLAY
+       fi;
+#endif
        ks[k] = HOLDING;
        printf("read: keysync %d batch %d\n", k, kb[k]);
        STEPPED; CLEAN }
@@ -916,7 +1015,7 @@ active proctype protocol() {
   /* ---- its ledger transaction reads the record it is judged against
    *      (LedgerDrain._transact: GuardedCold.record) ---- */
   :: atomic { WHEN(A_BEGIN, !fhalted && !untrusted && ANY_K(HOLDING_K)) ->
-       PICK_K(HOLDING_K);
+       PICK_K(HOLDING_K);   /* replaying: BEGUN too (the record read again) */
        krec[k] = rec; ks[k] = BEGUN;
        STEPPED; CLEAN }
 
@@ -954,8 +1053,10 @@ active proctype protocol() {
           do
           :: e < ne ->
              if
-             :: (kb[k] & bitof(e)) != 0 && est[e] != LOST ->
-                est[e] = ACKED;
+             /* acknowledged, and its outcome published: an entry Redis lost since it
+              * was read too (ledger_confirm.lua publishes every decided outcome) */
+             :: (kb[k] & bitof(e)) != 0 ->
+                if :: est[e] != LOST -> est[e] = ACKED :: else -> skip fi;
                 if :: eop[e] != ISSUE && outc[e] == 0 -> outc[e] = kso[e] :: else -> skip fi
              :: else -> skip
              fi;
@@ -986,7 +1087,7 @@ active proctype protocol() {
        :: e < ne -> if :: est[e] == 2 + k -> est[e] = UNREAD :: else -> skip fi; e++
        :: e >= ne -> break
        od;
-       ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0;
+       ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0; ktarget[k] = 0;
        STEPPED; CLEAN }
 
   /* ---- keysync takes K from the cold table (Keysync.refill: GuardedCold.begin_take,
@@ -1003,21 +1104,36 @@ active proctype protocol() {
        ks[k] = IDLE; knode[k] = 0;
        STEPPED; CLEAN }
 
-  /* ---- a release older than reissue_after_s goes back to the cold table: a ledger
-   *      transaction of its own (LedgerDrain.requeue_released, table.requeue) ---- */
-  :: atomic { WHEN(A_RQ_BEGIN, b_req > 0 && REQUEUE_DUE && !fhalted && !untrusted && ANY_K(IDLE_K)) ->
-       PICK_K(IDLE_K);
+  /* ---- the requeue (LedgerDrain.requeue_released, table.requeue): a ledger
+   *      transaction of its own, every ledger_requeue_every_s, whether or not a release
+   *      is due (then its link writes nothing); a due release's key goes back to the
+   *      cold table unless an issue of it is live ---- */
+  :: atomic { WHEN(A_RQ_BEGIN, b_req > 0 && !fhalted && !untrusted && ANY_K(RQ_FREE)) ->
+       PICK_K(RQ_FREE);
        krec[k] = rec; ks[k] = RQ_BEGUN;
        STEPPED; CLEAN }
+#ifdef REPLAY
+#define RQ_MOVES (tp2[step] == 1)
+#define RQ_WAITS (tp2[step] == 0)
+#else
+#define RQ_MOVES true
+#define RQ_WAITS true
+#endif
   :: atomic { WHEN(A_RQ_COMMIT, nn < MAXN && ANY_K(RQ_K)) ->
        PICK_K(RQ_K);
        covers(srv, krec[k]);
        if
-       :: r && ON_TIMELINE(krec[k]) && NO_RESTORE_HERE && !fhalted && REQUEUE_DUE && b_req > 0 ->
+       :: r && ON_TIMELINE(krec[k]) && NO_RESTORE_HERE && !fhalted && b_req > 0 ->
           b_req--;
           ledger_node();
-          if :: live[srv] == 0 -> cold[srv] = 1 :: else -> skip fi;   /* never a live key */
-          req[srv] = hist[srv]; wrote(OP_REQ);
+          /* a release is due once older than reissue_after_s: a requeue finds it due,
+           * or not yet (REPLAY: the trace's second parameter says which) */
+          if
+          :: RQ_MOVES && REQUEUE_DUE ->
+             if :: live[srv] == 0 -> cold[srv] = 1 :: else -> skip fi;   /* never a live key */
+             req[srv] = hist[srv]; wrote(OP_REQ)
+          :: RQ_WAITS -> skip
+          fi;
           ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0;
           printf("requeue: node %d cold %d\n", srv, cold[srv])
        :: else -> ks[k] = IDLE; krec[k] = 0
@@ -1025,16 +1141,11 @@ active proctype protocol() {
        STEPPED; CLEAN }
 
   /* ---- a promoted server whose history covers the record adopts its timeline
-   *      (postgres_fence.settle(adopt=True): a guarded write, the record claimed) ---- */
-  :: atomic { WHEN(A_ADOPT, ADOPT_PATH && tl[rec] != curtl && GUARD_PASSES && !behind && nn < MAXN && ANY_K(IDLE_K)) ->
-       PICK_K(IDLE_K);
-       newnode(); ks[k] = ADOPTING; knode[k] = srv; printf("adopt: node %d\n", srv);
-       STEPPED; CLEAN }
-  :: atomic { WHEN(A_ADOPTED, ANY_K(ADOPTING_K)) ->
-       PICK_K(ADOPTING_K);
-       record(knode[k], ok);                      /* else a late stamp came first: fence */
-       if :: ok -> repoch++ :: else -> skip fi;
-       ks[k] = IDLE; knode[k] = 0;
+   *      (postgres_fence.settle(adopt=True), _adopt: a guarded write, and the record
+   *      claimed for it before it commits; a claim refused, 'moved', rolls it back) ---- */
+  :: atomic { WHEN(A_ADOPT, ADOPT_PATH && tl[rec] != curtl && GUARD_PASSES && !behind && nn < MAXN) ->
+       newnode(); rec = srv; rhead = lhead[srv]; repoch++; rsref = 0;
+       printf("adopt: node %d\n", srv);
        STEPPED; CLEAN }
 
   /* ---- the fence (postgres_fence.settle, _fence, _restore_target): a guarded write
@@ -1061,35 +1172,69 @@ active proctype protocol() {
        :: else -> skip
        fi;
        if :: rfrom == 0 -> rfrom = x :: else -> skip fi;   /* reset_record.lua keeps one */
-       rec = srv; rhead = lhead[srv]; repoch++; rflost = 0;
+       rec = srv; rhead = lhead[srv]; repoch++; rsref = 0; rflost = 0;
        printf("fence: node %d restore pending %d (record %d)\n", srv, pfrom[srv], rfrom);
        STEPPED; CLEAN }
 
 #ifndef REPLAY_AFTER_NEXT_BATCH
-  /* ---- the restore (LedgerDrain.restore, _chain): walk the log from the target back
-   *      to a link the primary holds and write those links again as written, in one
-   *      ledger transaction that is itself a link (it passes the guard as the restore);
-   *      a link gone from the log halts the ledger ---- */
-  :: atomic { WHEN(A_RESTORE, (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && !behind && ON_TIMELINE(rec) && !lhalted && nn < MAXN && ANY_K(IDLE_K) && RESTORE_TARGET_PENDING) ->
-       PICK_K(IDLE_K);
-       n = rfrom; if :: n == 0 -> n = pfrom[srv] :: else -> skip fi;
-       chain_intact(n);
-       if
-       :: !r ->
-          /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
-           * with Redis state, may do this (the log holds every committed link else) */
-          assert(gone[m] == 1 || gone[m] == 3);
-          lhalted = 1; printf("halt: link %d gone\n", m)
-       :: r ->
-          ledger_node();
-#ifdef REPLAY_REDECIDES
-          redecide(n);
+  /* ---- the restore (LedgerDrain.restore): a keysync that sees a restore pending (its
+   *      watch, or a refusal) reads the record its restore is judged against and takes
+   *      its target: the record's pending restore, else the server's ---- */
+#ifdef REPLAY
+  /* replaying: the restore another keysync committed since this one saw it pending
+   * (the trace's second parameter: its target, a link the primary holds now): its
+   * transaction finds nothing to write, a link of no operations */
+#define RS_HELD (tp2[step] != 0 && (held[srv] & (1 << tp2[step])) != 0)
 #else
-          restore_ops(n);
+#define RS_HELD false
 #endif
-          rest[srv] = n; pfrom[srv] = 0;
-          ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0;
-          printf("restore: node %d up to %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
+#ifdef REPLAY
+#define RS_RETRY true
+#else
+#define RS_RETRY (!rsref)     /* a refused restore begins again once something changed */
+#endif
+  :: atomic { WHEN(A_RS_BEGIN, (rfrom != 0 || pfrom[srv] != 0 || RS_HELD) && RS_RETRY && !fhalted && !untrusted && !lhalted && ANY_K(RS_FREE)) ->
+       PICK_K(RS_FREE);
+       krec[k] = rec; ks[k] = RS_BEGUN;
+       ktarget[k] = rfrom; if :: ktarget[k] == 0 -> ktarget[k] = pfrom[srv] :: else -> skip fi;
+#ifdef REPLAY
+       if :: ktarget[k] == 0 -> ktarget[k] = tp2[step] :: else -> skip fi;
+#endif
+       STEPPED; CLEAN }
+
+  /* ---- its transaction (LedgerDrain._restoring, _chain): under the ledger's lock, walk
+   *      the log from the target back to a link the primary holds and write those links
+   *      again as written, in one ledger transaction that is itself a link; it passes the
+   *      guard for its own target only (another a later fence put in its place refuses
+   *      it); a link gone from the log halts the ledger ---- */
+  :: atomic { WHEN(A_RESTORE, nn < MAXN && ANY_K(RS_K)) ->
+       PICK_K(RS_K);
+       covers(srv, krec[k]);
+       if
+       :: r && ON_TIMELINE(krec[k]) && (pfrom[srv] == 0 || pfrom[srv] == ktarget[k]) && !fhalted && !lhalted ->
+          n = ktarget[k];
+          chain_intact(n);
+          if
+          :: !r ->
+             /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
+              * with Redis state, may do this (the log holds every committed link else) */
+             assert(gone[m] == 1 || gone[m] == 3);
+             lhalted = 1; ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0;
+             printf("halt: link %d gone\n", m)
+          :: r ->
+             ledger_node();
+#ifdef REPLAY_REDECIDES
+             redecide(n);
+#else
+             restore_ops(n);
+#endif
+             rest[srv] = n; pfrom[srv] = 0;
+             ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0; ktarget[k] = 0;
+             printf("restore: node %d up to %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
+          fi
+       :: else ->        /* refused: settle, begin again (at once when the record moved since) */
+          if :: krec[k] == rec -> rsref = 1 :: else -> skip fi;
+          ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0
        fi;
        STEPPED; CLEAN }
 #else
@@ -1168,7 +1313,17 @@ active proctype protocol() {
        hot = 0;
        idem[CA] = 0; idem[CB % 3] = 0;               /* records older than the fence: never replayed */
        untrusted = 1;
+#ifdef REPLAY
+       /* a vouch committed before this loss is not written after it (vouch_record.lua:
+        * the record's epoch, fenced_at, moved on: 'stale') */
+       t = 1;
+       do
+       :: t < MAXN -> isvouch[t] = 0; t++
+       :: t >= MAXN -> break
+       od;
+#endif
        if
+       :: x == 4 -> inloss = 1                       /* replaying: the pieces follow */
        :: x == 2 ->                                  /* empty: every entry, the log, the record */
           t = 1;
           do
@@ -1182,7 +1337,7 @@ active proctype protocol() {
           od;
           if :: rfrom != 0 -> rflost = 1 :: else -> skip fi;
           rec = 0; rhead = 0; rfrom = 0; lhalted = 0
-       :: x != 2 ->                                  /* a lagging copy: the newest writes */
+       :: x != 2 && x != 4 ->                        /* a lagging copy: the newest writes */
           if
           :: (m & 1) != 0 ->
              t = ne - 1;
@@ -1223,30 +1378,98 @@ active proctype protocol() {
              od
           :: else -> skip
           fi;
-          if :: (m & 16) != 0 && rfrom != 0 -> rfrom = 0; rflost = 1 :: else -> skip fi
+          /* the record's newest change: its pending restore, or the ledger's halt */
+          if :: (m & 16) != 0 && rfrom != 0 -> rfrom = 0; rflost = 1 :: else -> skip fi;
+          if :: (m & 16) != 0 -> lhalted = 0 :: else -> skip fi
        fi;
        /* keysyncs' reads and confirmations in flight fail: their batches stay pending */
        printf("redis loss: kind %d lost %d\n", x, m);
        STEPPED; CLEAN }
 
+#ifdef REPLAY
+  /* ---- replaying: a keysync gives its turn up (an error: a store unavailable, the
+   *      guard refusing every attempt, a confirmation that failed): the batch it held is
+   *      dropped, its entries stay pending under it, its next turn reads them first; a
+   *      refill's batch not pushed is lost. (A crash, which the search explores, does all
+   *      this and more: its entries go to any keysync.) ---- */
+  :: atomic { WHEN(A_DROP, ANY_K(BUSY_NOW)) ->
+       PICK_K(BUSY_NOW);
+       PARAM2(x);   /* 1: the batch kept in memory, its refusal's restore first */
+       if :: x == 1 -> kkeep[k] = kb[k] :: else -> skip fi;
+       ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0; ktarget[k] = 0;
+       STEPPED; CLEAN }
+
+  /* ---- replaying: a Redis loss as it happened, piece by piece, between A_RLOSS of kind
+   *      4 (the identity changed: lists discarded, the record untrusted, Idempotency-Key
+   *      records gone) and A_LOSS_END: each entry's state taken back (gone; an
+   *      acknowledgement lost: pending again, under its reader or none; a delivery
+   *      lost: unread), an outcome, a log entry, the pending restore lost ---- */
+  :: atomic { WHEN(A_LOSS_ENTRY, inloss) ->
+       PARAM1(e); PARAM2(x);
+       assert(e > 0 && e < ne);
+       assert(x == LOST || (x == UNREAD && est[e] != LOST) || (x >= 3 && x <= 5 && est[e] == ACKED));
+       est[e] = x;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_LOSS_OUTCOME, inloss) ->
+       PARAM1(e); assert(e > 0 && e < ne && outc[e] != 0 && !eans[e]);
+       outc[e] = 0;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_LOSS_LINK, inloss) ->
+       PARAM1(x); assert(x > 0 && x < nn && inlog[x]);
+       inlog[x] = 0; gone[x] = 3;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_LOSS_RESTORE, inloss) ->
+       PARAM1(x);
+       if
+       :: x == 0 -> assert(rfrom != 0); rfrom = 0; rflost = 1
+       :: x == 1 -> assert(lhalted); lhalted = 0    /* the ledger's halt (Redis only) */
+       fi;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_LOSS_END, inloss) ->
+       inloss = 0;
+       STEPPED; CLEAN }
+#endif
+
   /* ---- the first guarded write after it rebuilds the record from PostgreSQL
    *      (settle: vouch_record.lua, with the server's pending restore), or halts when
    *      PostgreSQL forked since its last guarded write or is behind what Redis still
    *      knows (verdict.py) ---- */
-  :: atomic { WHEN(A_VOUCH, untrusted && !fhalted) ->
-       covers(srv, rec);
+  :: atomic { WHEN(A_VOUCH, untrusted && !fhalted && nn < MAXN) ->
+       PARAM1(x); assert(x < nn);
        if
-       :: tl[srv] == curtl && r ->
-          rec = srv; rhead = lhead[srv]; rfrom = pfrom[srv]; untrusted = 0; repoch++;
-          printf("vouch: node %d\n", srv)
-       :: else -> fhalted = 1; printf("halt: both tiers lost state\n")
+       :: x == 0 ->
+          /* the verdict, the guarded write (VOUCH: a commit of its own) and the
+           * record rebuilt from it, at once */
+          covers(srv, rec);
+          if
+          :: tl[srv] == curtl && r -> newnode(); x = srv
+          :: else -> fhalted = 1; printf("halt: both tiers lost state\n")
+          fi
+#ifdef REPLAY
+       :: else -> assert(isvouch[x]); isvouch[x] = 0  /* rebuilt from node x, VOUCH's commit */
+#endif
+       fi;
+       if
+       :: !fhalted ->
+          rec = x; rhead = lhead[x]; rfrom = pfrom[x]; untrusted = 0; repoch++; rsref = 0;
+          printf("vouch: node %d\n", x)
+       :: else -> skip
        fi;
        STEPPED; CLEAN }
+#ifdef REPLAY
+  /* ---- the vouch in the code's two steps: VOUCH commits (the verdict under the
+   *      clock row's lock), then vouch_record.lua rebuilds the record from that
+   *      commit (A_VOUCH with its node), or finds it rebuilt by another ---- */
+  :: atomic { WHEN(A_VOUCH_COMMIT, untrusted && !fhalted && nn < MAXN) ->
+       covers(srv, rec); assert(tl[srv] == curtl && r);
+       newnode(); isvouch[srv] = 1; printf("vouch commit: node %d\n", srv);
+       STEPPED; CLEAN }
+#endif
 
   /* ---- a PostgreSQL promotion: the replica had replayed up to the primary's latest
    *      commit or one of its ancestors ---- */
   :: atomic { WHEN(A_PROMOTE, b_prom > 0 && srv != 0) ->
-       b_prom--;
+       b_prom--; rsref = 0;
 #ifdef REPLAY
        PARAM1(x); covers(srv, x); assert(r);
 #else
@@ -1284,9 +1507,13 @@ active proctype protocol() {
 #endif
   :: atomic { WHEN(A_LOOK_ANSWER, ANY_C(IN_LOOK2)) ->
        PICK_C(IN_LOOK2);
+       PARAM2(x);   /* REPLAY: 1, the code answered 503 for a reason of its own (an error) */
        covers(rec, ls[c]);
        if
-       :: LOOK_COVERED(c) && !lhalted && rfrom == 0 && !untrusted ->
+       /* the record read first covered the snapshot: answered with nothing read again
+        * (LedgerReader._read); else the record read again must cover it, the same
+        * history, neither halted nor restoring */
+       :: x == 0 && (ls[c] == lr[c] || (LOOK_COVERED(c) && !lhalted && rfrom == 0 && !untrusted)) ->
           look_answer(c, ls[c]);
           printf("lookup: client %d answered from node %d\n", c, ls[c])
        :: else -> skip                                                   /* 503 */
@@ -1312,7 +1539,13 @@ active proctype protocol() {
      fi;
      break
 #else
-  :: atomic { step >= NSTEPS -> printf("REPLAYED %d\n", step); break }
+  :: atomic { step >= NSTEPS ->
+       printf("REPLAYED %d\n", step);
+       printf("STATE srv=%d nn=%d ne=%d rec=%d rhead=%d rfrom=%d curtl=%d hot=%d untrusted=%d lhalted=%d fhalted=%d\n",
+              srv, nn, ne, rec, rhead, rfrom, curtl, hot, untrusted, lhalted, fhalted);
+       printf("HERE live=%d used=%d hist=%d req=%d cold=%d lhead=%d pfrom=%d app=%d dv=%d\n",
+              live[srv], used[srv], hist[srv], req[srv], cold[srv], lhead[srv], pfrom[srv], app[srv], dv[srv]);
+       break }
 #endif
   od
 }

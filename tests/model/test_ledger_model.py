@@ -37,15 +37,15 @@ RUN_DEADLINE_S = 600
 
 # Each world and the states its complete search stores (pinned: see the docstring).
 WORLDS = {
-    "W_PAIR": 74_621,
-    "W_REISSUE": 92_858,
-    "W_QUIET": 2_205,
-    "W_TWICE": 2_203_156,
-    "W_REDIS": 1_732_631,
-    "W_MIXED": 903_912,
-    "W_CLAIM": 65_763,
-    "W_LOSS": 2_103_215,
-    "W_LOOK": 27_085,
+    "W_PAIR": 89_063,
+    "W_REISSUE": 695_239,
+    "W_QUIET": 2_706,
+    "W_TWICE": 3_175_364,
+    "W_REDIS": 9_104_288,
+    "W_MIXED": 2_663_417,
+    "W_CLAIM": 74_283,
+    "W_LOSS": 5_082_437,
+    "W_LOOK": 34_782,
 }
 
 pytestmark = pytest.mark.model

@@ -157,7 +157,7 @@ async def _settle_once(
     if vouched is not None:  # committed first: PostgreSQL ahead of the record is harmless
         for sync, each in found.items():
             if each == "vouch":
-                await _record_vouch(sync, row, *vouched)
+                await _record_vouch(sync, row, *vouched, epoch=read[sync].fenced_at)
     if halt:
         await _halt(judged, halt)
     # Committed: the claims this settle made, or found made by a fence that committed,
@@ -247,12 +247,18 @@ async def _record_vouch(
     stamp: Stamp,
     highs: dict[str, int],
     restores: dict[str, str],
+    *,
+    epoch: str,
 ) -> None:
-    """Rebuild the record from this server (lua/vouch_record.lua)."""
-    status = await sync.vouch(stamp, highs, restores.get(sync.namespace, ""))
+    """Rebuild the record from this server (lua/vouch_record.lua), if Redis has not lost
+    state again since the record was read as of ``epoch`` (else settle again)."""
+    status = await sync.vouch(stamp, highs, restores.get(sync.namespace, ""), epoch)
     if status in ("ok", "trusted"):
         log.info("postgres_vouched", extra={"status": status, "clock": stamp.clock})
         return
+    if status == "stale":
+        log.warning("postgres_vouch_stale", extra={"clock": stamp.clock})
+        raise _Moved()
     _refuse(status, row, await sync.read(), sync.namespace)
     raise FenceHalted(HALT_REASON)  # 'halted': another process found it so meanwhile
 

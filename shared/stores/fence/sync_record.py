@@ -52,6 +52,10 @@ class Record:
     head: str = ""
     restore_from: str = ""
     ledger_halt: str = ""
+    # When this Redis server's fence last took over (fence.lua; "": never): the epoch a
+    # record read belongs to. A vouch decided on a record of one epoch is not written
+    # into a later one (a Redis loss since, while the vouching process stalled).
+    fenced_at: str = ""
 
     @property
     def needs_vouch(self) -> bool:
@@ -84,6 +88,7 @@ class Record:
             head=fields.get("head", ""),
             restore_from=fields.get("restore_from", ""),
             ledger_halt=fields.get("ledger_halt", ""),
+            fenced_at=fields.get("fenced_at", ""),
         )
 
 
@@ -128,12 +133,17 @@ class SyncRecord(RedisPort):
             bound, _ = await self._run(BIND_RECORD, fence_slots(self.namespace), [database])
         return str(bound)
 
-    async def vouch(self, stamp: Stamp, leased: dict[str, int], restore_to: str = "") -> str:
+    async def vouch(
+        self, stamp: Stamp, leased: dict[str, int], restore_to: str = "", epoch: str | None = None
+    ) -> str:
         """Rebuild a lost record from a server that has not forked (``stamp``), the
         highest counters its history leased and the ledger restore it holds pending
-        (``restore_to``): 'ok', 'trusted' (already rebuilt), 'foreign', 'superseded' or
-        'halted' (lua/vouch_record.lua)."""
-        args = [*stamp.args(self.namespace), restore_to, *_pairs(leased)]
+        (``restore_to``): 'ok', 'trusted' (already rebuilt), 'foreign', 'superseded',
+        'halted', or 'stale': the record's epoch is no longer ``epoch`` (the
+        ``fenced_at`` of the record the vouch was decided on; None: not checked), Redis
+        lost state again since (lua/vouch_record.lua)."""
+        args = [*stamp.args(self.namespace), restore_to, "-" if epoch is None else epoch]
+        args += _pairs(leased)
         async with self._guard("vouch_record"):
             status, _ = await self._run(VOUCH_RECORD, fence_slots(self.namespace), args)
         return str(status)

@@ -6,14 +6,21 @@
 -- claim Redis lost), before anything judges PostgreSQL by the record again.
 -- Returns {status, discarded}: 'ok' (rebuilt), 'trusted' (another process rebuilt it
 -- first: nothing changed), 'foreign', 'superseded' (the record follows a newer
--- timeline), 'halted'.
+-- timeline), 'halted', 'stale' (Redis lost state again since the vouch was decided).
 local database = ARGV[1]
 local timeline, fork, clock = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local head = ARGV[5]
 local restore_to = ARGV[6]        -- '' when none is pending
-local FIRST_HIGH = 7              -- ARGV[7..]: leased:<type>, highest counter, ...
+local epoch = ARGV[7]             -- fenced_at of the record the vouch was decided on ('-': any)
+local FIRST_HIGH = 8              -- ARGV[8..]: leased:<type>, highest counter, ...
 
 local discarded = enforce_fence()
+-- Redis lost state again since the vouch read the record (the vouching process stalled
+-- between its commit and this): the stamp may be older than guarded writes recorded in
+-- between, whose record Redis lost; a record rebuilt from it would not cover them.
+if epoch ~= '-' and (redis.call('HGET', SYNC_RECORD, 'fenced_at') or '') ~= epoch then
+  return {'stale', discarded}
+end
 local rec = redis.call('HMGET', SYNC_RECORD, 'timeline', 'untrusted', 'halted', 'database')
 if rec[3] == '1' then
   return {'halted', discarded}

@@ -1,0 +1,441 @@
+"""One run of the ledger's real code under simulated faults, drawn from a seed.
+
+The world is the model's: one ledger type with ``reissue_released``, one key K in its
+cold table, two API clients, one or two keysyncs (each a ledger drain and a refill, as
+keysync's process runs them), and the faults a seed draws: PostgreSQL promotions that
+lose commits, Redis failovers, restarts empty or from an older copy, keysyncs killed
+and restarted, processes frozen past every timeout (so that another keysync claims
+their batch).
+
+The code is the service's own: ``keysync.ledger.LedgerDrain`` and
+``keysync.main.drain_ledger``, ``Keysync.refill``, the fence (``settle``), the hot
+store's Lua, MOSIP's PUT (``dispenser.mosip._change``), the ledger's lookup
+(``LedgerReader``), over the fakes of ``fake_redis`` and ``fake_postgres``. Subclasses
+of the stores (``Traced...``) call the real method and then tell the ``Recorder`` what
+happened; nothing of the service is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from dispenser import mosip
+from dispenser.metrics import DispenserMetrics
+from dispenser.service import Dispenser, Stores
+from keydispenser_ops.simulation.clock import Chance, Deadlock, VirtualLoop, patched
+from keydispenser_ops.simulation.fake_postgres import SimPostgres, cold_store
+from keydispenser_ops.simulation.fake_redis import SimRedis, endpoint
+from keydispenser_ops.simulation.recorder import Recorder
+from keysync.ledger import LedgerDrain
+from keysync.main import Keysync, drain_ledger
+from keysync.metrics import KeysyncMetrics
+from shared.domain.config import Settings, load_settings
+from shared.domain.errors import KeydispenserError
+from shared.domain.idtypes import build_id_types
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.sync_record import Record, SyncRecord
+from shared.stores.groups import SyncRecords
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.reader import LedgerReader
+from shared.stores.ledger.stream import LedgerStream
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.redis.endpoint import RedisEndpoint
+
+ACTOR: contextvars.ContextVar[str] = contextvars.ContextVar("actor", default="world")
+INTENT: contextvars.ContextVar[str] = contextvars.ContextVar("intent", default="")
+# What a keysync's ledger drain is doing: "requeue", "restore", or "" (a batch).
+PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("phase", default="")
+# The link a restore was asked to restore up to.
+RESTORING: contextvars.ContextVar[str] = contextvars.ContextVar("restoring", default="")
+TYPE = "uin"
+KEY = "8175680160"  # K: a valid UIN of the type (MOSIP's filters, Verhoeff; checked by a test)
+CLIENTS = ("client-a", "client-b")
+EMPTY_CONFIG = Path(__file__).with_name("empty.yaml")
+
+
+# The world's type and keysync: short waits, so that faults outlast them.
+TYPE_CONFIG: dict[str, Any] = {
+    "kind": "numeric",
+    "length": 10,
+    "filter_profile": "mosip",
+    "ledger": True,
+    "reissue_released": True,
+    "reissue_after_s": 1,
+    "range_size": 1000,
+    "hot": {"low": 1, "high": 2},
+    "cold": {"low": 1, "high": 2},
+    "sync_batch": 1,
+}
+KEYSYNC_CONFIG: dict[str, Any] = {
+    "ledger_batch": 2,
+    "ledger_retain_s": 4,
+    "ledger_claim_idle_s": 2,
+    "ledger_requeue_every_s": 3,
+    "poll_interval_s": 0.5,
+    "push_retry_s": 2,
+}
+
+
+def settings() -> Settings:
+    """The world's configuration."""
+    return load_settings(
+        EMPTY_CONFIG,
+        postgres_dsn="postgresql://simulation/kd",
+        redis_url="redis://simulation/0",
+        id_types={TYPE: TYPE_CONFIG},
+        keysync=KEYSYNC_CONFIG,
+        dispenser={"mosip": {"uin": TYPE, "ledger_wait_s": 20}},
+    )
+
+
+@dataclass
+class Fault:
+    at: float  # seconds after the start
+    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause
+    arg: int = 0  # how far back (commits, writes), which keysync, how long (s)
+
+
+@dataclass
+class Plan:
+    """What a seed draws: the keysyncs, how long the clients act, the faults."""
+
+    keysyncs: int
+    active_s: float
+    faults: list[Fault] = field(default_factory=list)
+
+    @classmethod
+    def draw(cls, chance: Chance) -> Plan:
+        rng = chance.rng
+        plan = cls(keysyncs=rng.choice((1, 2)), active_s=rng.uniform(10, 40))
+        kinds = ("promote", "redis_failover", "redis_empty", "redis_old", "crash", "pause")
+        weights = (5, 3, 1, 1, 3, 3)
+        for _ in range(rng.choice((0, 1, 2, 2, 3, 4))):
+            kind = rng.choices(kinds, weights)[0]
+            at = rng.uniform(2, plan.active_s)
+            arg = {
+                "promote": rng.choice((0, 1, 2, 3, 5, 8)),
+                "redis_failover": rng.choice((0, 1, 2, 4, 8)),
+                "redis_empty": 0,
+                "redis_old": rng.choice((10, 30, 60)),
+                "crash": rng.randint(1, plan.keysyncs),
+                "pause": rng.choice((1, 3, 5, 12, 30)),
+            }[kind]
+            plan.faults.append(Fault(at, kind, arg))
+        plan.faults.sort(key=lambda f: f.at)
+        return plan
+
+
+# --- the stores, traced -----------------------------------------------------------------
+# The recorder hears every Redis command and PostgreSQL commit as it happens on the
+# server (the fakes tell it); these say only what the process is doing around one.
+
+# Inside GuardedCold.record: the record read is the one a transaction is judged against.
+JUDGING: contextvars.ContextVar[bool] = contextvars.ContextVar("judging", default=False)
+
+
+class TracedGuard(GuardedCold):
+    async def record(self, name: str) -> Record:
+        token = JUDGING.set(True)
+        try:
+            return await super().record(name)
+        finally:
+            JUDGING.reset(token)
+
+
+class TracedDrain(LedgerDrain):
+    """The ledger drain, saying which of its transactions a record is read for."""
+
+    async def requeue_released(self) -> dict[str, int]:
+        token = PHASE.set("requeue")
+        try:
+            return await super().requeue_released()
+        finally:
+            PHASE.reset(token)
+
+    async def restore(self, target: str) -> int:
+        token, asked = PHASE.set("restore"), RESTORING.set(target)
+        try:
+            return await super().restore(target)
+        finally:
+            PHASE.reset(token)
+            RESTORING.reset(asked)
+
+
+# --- the world ------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    seed: int
+    plan: Plan
+    steps: list[tuple[str, int, int]]
+    log: list[str]
+    failure: str  # "" when the run held everywhere
+    virtual_s: float
+
+
+class World:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.chance = Chance(seed)
+        self.plan = Plan.draw(self.chance)
+        self.settings = settings()
+        self.types = build_id_types(self.settings, generating=False)
+        self.paused: dict[str, float] = {}  # actor -> frozen until (loop time)
+        self.loop: VirtualLoop | None = None
+        self.redis = SimRedis(self._latency, self.chance.hex40)
+        self.postgres = SimPostgres({TYPE: 1000}, self._latency)
+        self.postgres.root.tables.cold[TYPE][KEY] = None
+        self.recorder = Recorder(self, self.plan.keysyncs)
+        self.stop = asyncio.Event()
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    # --- chance and time ------------------------------------------------------------
+
+    def _latency(self) -> float:
+        """A round trip's half: mostly fractions of a millisecond, now and then more;
+        a frozen actor's next one lasts until it thaws."""
+        rng = self.chance.rng
+        delay = rng.expovariate(2000.0) if rng.random() < 0.97 else rng.uniform(0.005, 0.2)
+        frozen = self.paused.get(ACTOR.get(), 0.0)
+        assert self.loop is not None
+        return max(delay, frozen - self.loop.time())
+
+    # --- the stores of each process -------------------------------------------------
+
+    def endpoint(self) -> RedisEndpoint:
+        return endpoint(self.redis)
+
+    def cold(self) -> ColdStore:
+        return cold_store(self.postgres, ACTOR.get)
+
+    # --- actors -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The clients and keysyncs act for the plan's active time under its faults;
+        then the faults stop and everything pending must be done within a quiet
+        spell."""
+        for k in range(1, self.plan.keysyncs + 1):
+            self.start(f"keysync-{k}", self.drain(k))
+            self.start(f"refill-{k}", self.refill(k))
+        for name in CLIENTS:
+            self.start(name, self.client(name))
+        self.start("faults", self.faults())
+        await asyncio.sleep(self.plan.active_s)
+        self.recorder.clients_stop()
+        # The quiet end: everything pending must be done within QUIET_S (the model's
+        # liveness); it ends as soon as it is (the rest would only idle).
+        quiet_until = asyncio.get_running_loop().time() + QUIET_S
+        while asyncio.get_running_loop().time() < quiet_until:
+            await asyncio.sleep(QUIET_STEP_S)
+            if self.recorder.failure or not self.recorder.mirror.settled():
+                break
+        self.stop.set()
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def start(self, actor: str, work: Awaitable[None]) -> None:
+        async def as_actor() -> None:
+            ACTOR.set(actor)
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a crash of the world itself: the run fails
+                self.recorder.fail(f"{actor} crashed: {type(exc).__name__}: {exc}")
+
+        self.tasks[actor] = asyncio.get_running_loop().create_task(as_actor())
+
+    async def drain(self, k: int) -> None:
+        endpoint = self.endpoint()
+        ns = self.settings.redis_key_namespace
+        stream = LedgerStream(endpoint, ns)
+        sync = SyncRecord(endpoint, ns)
+        cold = self.cold()
+        guard = TracedGuard(cold, sync, self.types)
+        config = self.settings.keysync
+        drain = TracedDrain(
+            stream,
+            cold,
+            self.types,
+            f"keysync-{k}",
+            config.ledger_batch,
+            config.ledger_claim_idle_s,
+            guard=guard,
+            retain_s=config.ledger_retain_s,
+            sync=sync,
+        )
+        metrics = KeysyncMetrics(CollectorRegistry())
+        await drain_ledger(
+            drain, metrics, stream.backlog, self.stop, prune_every_s=config.ledger_requeue_every_s
+        )
+
+    async def refill(self, k: int) -> None:
+        endpoint = self.endpoint()
+        ns = self.settings.redis_key_namespace
+        hot = HotStore(endpoint, ns)
+        guard = TracedGuard(self.cold(), SyncRecord(endpoint, ns), self.types)
+        keysync = Keysync(self.settings, guard, hot)
+        keysync.sleep = asyncio.sleep
+        while not self.stop.is_set():
+            with contextlib.suppress(KeydispenserError):
+                await keysync.refill(self.types[TYPE])
+            await asyncio.sleep(self.settings.keysync.poll_interval_s)
+
+    def dispenser(self) -> Dispenser:
+        endpoint = self.endpoint()
+        ns = self.settings.redis_key_namespace
+        hot = HotStore(endpoint, ns)
+        stream = LedgerStream(endpoint, ns)
+        records = SyncRecords.single(SyncRecord(endpoint, ns))
+        reader = LedgerReader(self.settings.postgres_dsn, records)
+        reader._store = self.cold()  # its pool, on the simulation's PostgreSQL
+        stores = Stores(hot=hot, wake=_NoNudges(), ledger_stream=stream, ledger=reader)
+        return Dispenser(self.settings, stores, DispenserMetrics(CollectorRegistry()))
+
+    async def client(self, name: str) -> None:
+        dispenser = self.dispenser()
+        hot = dispenser.hot
+        rng = self.chance.rng
+        while self.recorder.clients_act:
+            await asyncio.sleep(rng.uniform(0.05, 3.0))
+            held, may_put = self.recorder.holds(name), self.recorder.may_put(name)
+            choice = rng.random()
+            with contextlib.suppress(KeydispenserError):
+                if not held:
+                    await hot.pop(TYPE, 1, [name], ledger=True)
+                elif choice < 0.35 and may_put:
+                    await self.put(dispenser, name, "ASSIGNED")
+                elif choice < 0.6 and may_put:
+                    await self.put(dispenser, name, "UNASSIGNED")
+                elif choice < 0.85:
+                    await self.lookup(dispenser, name)
+
+    async def put(self, dispenser: Dispenser, name: str, status: str) -> None:
+        INTENT.set("used" if status == "ASSIGNED" else "release")
+        try:
+            final = await mosip._change(dispenser, TYPE, KEY, status, name, False)
+        except mosip.Refused as refused:
+            self.recorder.on_put_done(name, refused.code[0])
+        except KeydispenserError as exc:
+            self.recorder.on_put_done(name, f"error: {exc}")
+        else:
+            self.recorder.on_put_done(name, final[1])  # the status MOSIP reports
+        finally:
+            INTENT.set("")
+
+    async def lookup(self, dispenser: Dispenser, name: str) -> None:
+        INTENT.set("lookup")
+        try:
+            found = await dispenser.ledger.lookup(TYPE, KEY)
+        except KeydispenserError:
+            self.recorder.on_lookup_done(name, None)
+        else:
+            self.recorder.on_lookup_done(name, found)
+        finally:
+            INTENT.set("")
+
+    async def faults(self) -> None:
+        started = asyncio.get_running_loop().time()
+        for fault in self.plan.faults:
+            wait = started + fault.at - asyncio.get_running_loop().time()
+            await asyncio.sleep(max(wait, 0.0))
+            await self.inject(fault)
+
+    async def inject(self, fault: Fault) -> None:
+        loop = asyncio.get_running_loop()
+        if fault.kind == "promote":
+            if self.recorder.mirror.srv == 0:
+                return  # nothing the model's promotion starts from (ledger.pml: srv != 0)
+            ancestors = self.postgres.head.ancestors()
+            target = ancestors[min(fault.arg, len(ancestors) - 1)]
+            self.recorder.on_promote(target)
+            self.postgres.promote(target)
+        elif fault.kind.startswith("redis_"):
+            before = self.recorder.redis_view()
+            if fault.kind == "redis_failover":
+                self.redis.fail_over(fault.arg)
+            elif fault.kind == "redis_empty":
+                self.redis.restart(None)
+            else:
+                self.redis.restart(fault.arg)
+            self.recorder.on_redis_loss(before, self.recorder.redis_view())
+        elif fault.kind == "crash":
+            actor = f"keysync-{fault.arg}"
+            task = self.tasks.get(actor)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self.recorder.on_crash(fault.arg)
+                await asyncio.sleep(self.chance.rng.uniform(0.2, 3))
+                self.start(actor, self.drain(fault.arg))
+        elif fault.kind == "pause":
+            victims = [a for a in self.tasks if a != "faults"]
+            actor = self.chance.rng.choice(sorted(victims))
+            self.paused[actor] = loop.time() + fault.arg
+
+    # --- one run --------------------------------------------------------------------
+
+    def result(self) -> Result:
+        loop = VirtualLoop()
+        self.loop = loop
+        started = loop.time()
+        with patched(loop, self.chance), _quiet():
+            try:
+                loop.run_until_complete(self.run())
+            except Deadlock as exc:
+                self.recorder.fail(f"deadlock: {exc}")
+            finally:
+                loop.close()
+        self.recorder.finish()
+        return Result(
+            self.seed,
+            self.plan,
+            self.recorder.steps,
+            self.recorder.log,
+            self.recorder.failure,
+            loop.time() - started,
+        )
+
+
+QUIET_S = 40.0  # the quiet end: no new request, no fault; everything pending must end
+QUIET_STEP_S = 2.0  # how often the quiet end looks whether it is over
+
+
+class _NoNudges:
+    """The dispenser's nudges to keysync: the world's refills poll."""
+
+    async def nudge(self, name: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """The service's log lines are not the run's: kept below warnings."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+Runner = Callable[[int], Result]
+
+
+def run_seed(seed: int) -> Result:
+    return World(seed).result()
