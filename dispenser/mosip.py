@@ -53,6 +53,7 @@ from shared.domain.errors import (
     KeydispenserError,
     KeyspaceExhausted,
     LedgerBacklogFull,
+    LedgerHalted,
     PoolEmpty,
     StoreUnavailable,
 )
@@ -80,6 +81,7 @@ REPORTED: Final = {
 }
 NOT_FOUND: Final = outcomes.NOT_FOUND
 LEDGER_POLL_S: Final = 0.02  # how often a PUT looks whether keysync has caught up
+HALT_CHECK_S: Final = 0.5  # how often a waiting PUT looks whether the ledger halted
 
 
 class Refused(Exception):
@@ -154,6 +156,8 @@ def _refusal(
         return Refused((internal[0], str(exc)), 413)
     if isinstance(exc, InvalidInput):
         return Refused((internal[0], str(exc)))
+    if isinstance(exc, LedgerHalted):  # at once, and why: an operator must act
+        return Refused((internal[0], str(exc)), 200, {"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, StoreUnavailable | LedgerBacklogFull):
         return Refused(internal, 200, {"Retry-After": "1"})
     return Refused(internal)
@@ -280,6 +284,7 @@ async def _change(
     uin = id_type.normalise(given)
     wanted = WANTED.get(status) if isinstance(status, str) else None
     deadline = time.monotonic() + _wait_s(dispenser)
+    await _refuse_if_halted(dispenser, name)  # at once: a halted ledger applies nothing
     newest = await dispenser.ledger_stream.newest_entry(name)
     await _caught_up(dispenser, name, newest, deadline)
     if wanted is None:
@@ -317,14 +322,30 @@ async def _no_such_status(
 
 async def _outcome(dispenser: Dispenser, name: str, entry: str, deadline: float) -> str:
     """The outcome keysync decided for the change ``entry``, once published."""
-    return await _polled(lambda: dispenser.ledger_stream.outcome(name, entry), entry, deadline)
+
+    async def published() -> str | None:
+        return await dispenser.ledger_stream.outcome(name, entry)
+
+    return await _waited(dispenser, name, published, entry, deadline)
 
 
-async def _polled(probe: Callable[[], Awaitable[T | None]], entry: str, deadline: float) -> T:
+async def _waited(
+    dispenser: Dispenser,
+    name: str,
+    probe: Callable[[], Awaitable[T | None]],
+    entry: str,
+    deadline: float,
+) -> T:
     """What ``probe`` answers once it answers (not None), looking every LEDGER_POLL_S
-    until ``deadline``: then the ledger is behind keysync (503-like, Retry-After)."""
+    until ``deadline``: then the ledger is behind keysync (503-like, Retry-After). A
+    ledger halted meanwhile is said at once (looked at every HALT_CHECK_S)."""
+    checked = time.monotonic()
     while (found := await probe()) is None:
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline or now - checked >= HALT_CHECK_S:
+            await _refuse_if_halted(dispenser, name)
+            checked = now
+        if now >= deadline:
             log.warning("mosip_ledger_behind", extra={"entry": entry})
             raise Refused(
                 (UIN_INTERNAL[0], "the ledger is behind (is keysync running?); retry later"),
@@ -333,6 +354,14 @@ async def _polled(probe: Callable[[], Awaitable[T | None]], entry: str, deadline
             )
         await asyncio.sleep(LEDGER_POLL_S)
     return found
+
+
+async def _refuse_if_halted(dispenser: Dispenser, name: str) -> None:
+    """LedgerHalted while the type's ledger is halted: nothing is applied to it until an
+    operator resumes it, so waiting for keysync would only end in "behind"."""
+    reason = await dispenser.ledger.halted(name)
+    if reason:
+        raise LedgerHalted(reason)
 
 
 def _visible(found: KeyStatus, client: str, admin: bool) -> KeyStatus:
@@ -357,4 +386,4 @@ async def _caught_up(dispenser: Dispenser, name: str, entry: str | None, deadlin
     async def applied() -> bool | None:
         return True if await dispenser.ledger_stream.applied(name, entry) else None
 
-    await _polled(applied, entry, deadline)
+    await _waited(dispenser, name, applied, entry, deadline)

@@ -66,6 +66,13 @@ HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
+        "a_halted_ledger_left_to_the_put_s_wait",
+        "dispenser/mosip.py",
+        "    reason = await dispenser.ledger.halted(name)\n",
+        '    reason = ""\n',
+        (f"{LEDGER_HISTORY_TESTS}::test_a_halted_ledger_says_so_at_once_to_puts_and_lookups",),
+    ),
+    Mutant(
         "types_share_one_slot_on_a_cluster",
         "shared/domain/config/redis.py",
         '            return "{" + f"{self.redis_namespace}.{name}" + "}"',

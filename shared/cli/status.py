@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.domain.config import Settings
+from shared.domain.errors import ledger_halt_message
 from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores.fence import sql as fence_sql
@@ -113,10 +114,7 @@ def _ledger_lines(fence: dict[str, Any]) -> list[str]:
     lines = []
     for lane, state in fence.get("ledger", {}).items():
         if state["halted"]:
-            lines.append(
-                f"ledger ({lane}): HALTED ({state['halted']}): run "
-                "`keydispenser ledger-resume --accept-loss` (docs/operations.md)"
-            )
+            lines.append(f"ledger ({lane}): HALTED: {ledger_halt_message(state['halted'])}")
         elif state["restoring_to"]:
             lines.append(
                 f"ledger ({lane}): restoring what a PostgreSQL promotion lost "

@@ -102,6 +102,10 @@ class LedgerLookup(Protocol):
 
     async def status(self, name: str, key: str) -> KeyStatus: ...
 
+    async def halted(self, name: str) -> str:
+        """Why the type's ledger is halted ("": it is not)."""
+        ...
+
     problem: str | None  # the last failure's detail, for the log
 
     async def probe(self) -> str | None:

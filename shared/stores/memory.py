@@ -325,6 +325,10 @@ class MemoryLedger:
         return KeyStatus("issued", row.issue.client, idempotency_key=row.issue.idempotency_key)
 
     problem: str | None = None
+    halt: str = ""  # why the ledger is halted ("": it is not)
+
+    async def halted(self, name: str) -> str:
+        return self.halt
 
     async def probe(self) -> str | None:
         return None

@@ -12,6 +12,7 @@ tests/acceptance/test_ledger_failover.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,18 +38,20 @@ from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
-from tests.integration.fixtures import Servers, make_settings
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote
 
 HIGH_COUNTER = 900_000_000  # far above anything a keygen leases here
 
 
 def ledger_settings(
-    servers: Servers, database: str, *, reissue: bool, retain_s: float = 300
+    servers: Servers, database: str, *, reissue: bool, retain_s: float = 300, **more: Any
 ) -> Settings:
     types = small_types()
     types["farmer"] |= {"ledger": True, "reissue_released": reissue, "reissue_after_s": 0.3}
-    return make_settings(servers, database, id_types=types, keysync={"ledger_retain_s": retain_s})
+    return make_settings(
+        servers, database, id_types=types, keysync={"ledger_retain_s": retain_s}, **more
+    )
 
 
 @dataclass
@@ -167,8 +170,9 @@ async def ledger_of(
     *,
     reissue: bool,
     retain_s: float = 300,
+    **more: Any,
 ) -> Ledger:
-    settings = ledger_settings(servers, database, reissue=reissue, retain_s=retain_s)
+    settings = ledger_settings(servers, database, reissue=reissue, retain_s=retain_s, **more)
     await run_migrate(settings)
     farmer = build_id_types(settings)["farmer"]
     await hot.push("farmer", farmer.generate(HIGH_COUNTER, HIGH_COUNTER + 100)[0][:1], "b1")
@@ -517,18 +521,19 @@ async def test_a_lookup_waits_for_the_restore_and_never_reads_a_server_behind(
     assert (await ledger.lookup(key))["client"] == "client-a"
 
 
-async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resumes(
+async def halted_ledger(
     servers: Servers,
     database: str,
     hot: HotStore,
     sync: SyncRecord,
     redis_client: Any,
     promotion: PromotionPlan,
-) -> None:
-    """The log lost the link a restore needs (Redis restarted from an older snapshot, or
-    the promotion lagged longer than the retention): the ledger halts rather than
-    decide without it; keys are still served, and an operator accepts the loss."""
-    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    **more: Any,
+) -> tuple[Ledger, str]:
+    """A promotion whose lost link the log no longer holds (Redis restarted from an
+    older snapshot, or the promotion lagged longer than the retention): the ledger
+    halts rather than decide without it. (ledger, the key issued in the lost link)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, **more)
     await promotion.replica_copies_now()
     key = await ledger.pop("client-a")
     await ledger.applied()
@@ -537,14 +542,62 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     with pytest.raises(LedgerHalted):
         await ledger.applied()
     assert "gone from the log" in (await sync.read()).ledger_halt
-    with pytest.raises(StoreUnavailable, match="halted"):
+    return ledger, key
+
+
+async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resumes(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+) -> None:
+    """The ledger halts rather than decide without the lost link; keys are still
+    served, and an operator accepts the loss."""
+    ledger, key = await halted_ledger(servers, database, hot, sync, redis_client, promotion)
+    with pytest.raises(LedgerHalted, match="halted: ledger history lost"):
         await ledger.lookup(key)
     shown = format_status(await collect_status(ledger.settings))
-    assert f"ledger ({hot.namespace}): HALTED" in shown and "ledger-resume" in shown
+    assert f"ledger ({hot.namespace}): HALTED: halted: ledger history lost" in shown
+    assert "gone from the log" in shown and "ledger-resume" in shown
     resumed = await resume_ledger(ledger.settings)  # `ledger-resume --accept-loss`
     assert set(resumed["resumed"]) == {hot.namespace}
     await ledger.applied()
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
+
+
+async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+) -> None:
+    """While the ledger is halted, MOSIP's PUT and a lookup answer at once why (the
+    halt, its reason, the runbook's section), not "behind" after ``ledger_wait_s``."""
+    wait_s = 30.0
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": wait_s}}
+    ledger, key = await halted_ledger(
+        servers, database, hot, sync, redis_client, promotion, dispenser=mosip
+    )
+    async with dispenser_over_http(ledger.settings) as http:
+        started = time.monotonic()
+        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = await http.put(
+            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
+        )
+        looked = await http.get(f"/v1/keys/farmer/{key}")
+        answered_s = time.monotonic() - started
+    assert answered_s < wait_s  # answered before ledger_wait_s elapsed
+    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
+    (error,) = put.json()["errors"]
+    assert error["errorCode"] == "KER-UIG-005"
+    for message in (error["message"], looked.json()["errors"][0]["message"]):
+        assert message.startswith("halted: ledger history lost (")
+        assert "gone from the log" in message and '"KdLedgerHalted"' in message
+    assert looked.status_code == 503 and looked.json()["errors"][0]["errorCode"] == "IDG-017"
 
 
 async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(
