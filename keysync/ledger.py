@@ -52,9 +52,6 @@ from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 Work = Callable[[asyncpg.Connection], Awaitable[Applied]]
-# How often an idle loop asks PostgreSQL whether it is still the record's history (a
-# promotion with no traffic is fenced, and restored, within this).
-WATCH_EVERY_S = 1.0
 ATTEMPTS = 4  # a ledger transaction refused this often is left for the next turn
 # Chain links and outcomes are kept this many times the log's retention (at least a day).
 LINK_AGE_FACTOR = 4
@@ -84,6 +81,7 @@ class LedgerDrain:
         retain_s: float = 300.0,
         sync: SyncRecord | None = None,
         fault: FaultPoint = no_fault,
+        watch_s: float = 1.0,
     ) -> None:
         self._stream = stream
         self._cold = cold
@@ -98,6 +96,9 @@ class LedgerDrain:
         # The type whose key group's record the transactions are judged against (one
         # group per drain: its types share it).
         self._lane_type = next(iter(sorted(types)), "")
+        # How often an idle loop asks PostgreSQL whether it is still the record's history
+        # (keysync.ledger_watch_s: a promotion with no traffic is fenced within this).
+        self._watch_s = watch_s
         self._watched = 0.0  # when PostgreSQL was last asked (monotonic)
         self.restored = 0  # links restored, in all
         self.halted = ""  # why the ledger is halted ("" : it is not)
@@ -244,7 +245,7 @@ class LedgerDrain:
 
     async def watch(self) -> None:
         """Before every batch: a halt refuses; a restore pending runs now; and at most
-        every ``WATCH_EVERY_S`` PostgreSQL is asked whether its history is still the
+        every ``watch_s`` PostgreSQL is asked whether its history is still the
         record's (a promotion with no traffic is fenced, then restored, at once)."""
         if self._guard is None or self._sync is None:
             return
@@ -256,7 +257,7 @@ class LedgerDrain:
         if record.restore_from:
             await self.restore(record.restore_from)
             return
-        if time.monotonic() - self._watched < WATCH_EVERY_S:
+        if time.monotonic() - self._watched < self._watch_s:
             return
         self._watched = time.monotonic()
         state = await self._state()

@@ -66,6 +66,13 @@ HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
+        "a_ledger_log_shorter_than_the_fence_s_detection_accepted",
+        "shared/domain/config/settings.py",
+        "        floor = self.promotion_detected_s\n",
+        "        floor = 1.0\n",
+        ("tests/unit/test_settings.py",),
+    ),
+    Mutant(
         "a_halted_ledger_left_to_the_put_s_wait",
         "dispenser/mosip.py",
         "    reason = await dispenser.ledger.halted(name)\n",

@@ -44,14 +44,10 @@ from tests.integration.test_postgres_fence import clone, drop, promote
 HIGH_COUNTER = 900_000_000  # far above anything a keygen leases here
 
 
-def ledger_settings(
-    servers: Servers, database: str, *, reissue: bool, retain_s: float = 300, **more: Any
-) -> Settings:
+def ledger_settings(servers: Servers, database: str, *, reissue: bool, **more: Any) -> Settings:
     types = small_types()
     types["farmer"] |= {"ledger": True, "reissue_released": reissue, "reissue_after_s": 0.3}
-    return make_settings(
-        servers, database, id_types=types, keysync={"ledger_retain_s": retain_s}, **more
-    )
+    return make_settings(servers, database, id_types=types, **more)
 
 
 @dataclass
@@ -63,6 +59,9 @@ class Ledger:
     hot: HotStore
     sync: SyncRecord | None
     stream: LedgerStream
+    # The ledger log's retention, given to the drains directly: shorter than the
+    # settings allow (the fence's detection time), to show what a short log does.
+    retain_s: float = 300
 
     @property
     def farmer(self) -> IdType:
@@ -78,7 +77,7 @@ class Ledger:
             consumer,
             1,  # one entry a batch: each test says which transaction holds which
             guard=guard,
-            retain_s=self.settings.keysync.ledger_retain_s,
+            retain_s=self.retain_s,
             sync=self.sync,
         )
 
@@ -172,11 +171,11 @@ async def ledger_of(
     retain_s: float = 300,
     **more: Any,
 ) -> Ledger:
-    settings = ledger_settings(servers, database, reissue=reissue, retain_s=retain_s, **more)
+    settings = ledger_settings(servers, database, reissue=reissue, **more)
     await run_migrate(settings)
     farmer = build_id_types(settings)["farmer"]
     await hot.push("farmer", farmer.generate(HIGH_COUNTER, HIGH_COUNTER + 100)[0][:1], "b1")
-    return Ledger(settings, hot, sync, LedgerStream(hot.endpoint, hot.namespace))
+    return Ledger(settings, hot, sync, LedgerStream(hot.endpoint, hot.namespace), retain_s)
 
 
 async def refill(ledger: Ledger) -> None:
