@@ -20,7 +20,6 @@ included, but for 401/403 (MOSIP's auth adapter), 413 and 429.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -80,7 +79,8 @@ REPORTED: Final = {
     outcomes.UNUSED: UNUSED,
 }
 NOT_FOUND: Final = outcomes.NOT_FOUND
-LEDGER_POLL_S: Final = 0.02  # how often a PUT looks whether keysync has caught up
+# The longest a PUT waits for keysync's next confirmation before it looks again anyway.
+LEDGER_POLL_MS: Final = 20
 HALT_CHECK_S: Final = 0.5  # how often a waiting PUT looks whether the ledger halted
 
 
@@ -336,9 +336,14 @@ async def _waited(
     entry: str,
     deadline: float,
 ) -> T:
-    """What ``probe`` answers once it answers (not None), looking every LEDGER_POLL_S
-    until ``deadline``: then the ledger is behind keysync (503-like, Retry-After). A
-    ledger halted meanwhile is said at once (looked at every HALT_CHECK_S)."""
+    """What ``probe`` answers once it answers (not None), looked at again as soon as
+    keysync confirms a ledger transaction (``wait_confirmed``: woken by the
+    confirmation, not a poll) and at least every LEDGER_POLL_MS (a wake-up missed, on a
+    Redis failover, costs that much), until ``deadline``: then the ledger is behind
+    keysync (503-like, Retry-After). A ledger halted meanwhile is said at once (looked
+    at every HALT_CHECK_S)."""
+    stream = dispenser.ledger_stream
+    mark = await stream.confirmed_mark(name)  # before the look: nothing after it missed
     checked = time.monotonic()
     while (found := await probe()) is None:
         now = time.monotonic()
@@ -352,7 +357,7 @@ async def _waited(
                 200,
                 {"Retry-After": "1"},
             )
-        await asyncio.sleep(LEDGER_POLL_S)
+        mark = await stream.wait_confirmed(name, mark, LEDGER_POLL_MS)
     return found
 
 

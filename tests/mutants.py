@@ -66,6 +66,16 @@ HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
+        "a_confirmation_wakes_no_waiting_put",
+        "shared/stores/ledger/lua/ledger_confirm.lua",
+        "redis.call('XADD', confirmed, 'MAXLEN', confirmed_kept, '*', 'acked', acked)\n",
+        "",
+        (
+            f"{LEDGER_HISTORY_TESTS}::"
+            "test_a_client_waiting_for_an_outcome_is_woken_by_its_confirmation",
+        ),
+    ),
+    Mutant(
         "a_ledger_log_shorter_than_the_fence_s_detection_accepted",
         "shared/domain/config/settings.py",
         "        floor = self.promotion_detected_s\n",

@@ -14,6 +14,7 @@ guarantee is proven against real servers.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -289,6 +290,13 @@ class MemoryLedger:
 
     async def applied(self, name: str, entry: str) -> bool:
         return True
+
+    async def confirmed_mark(self, name: str) -> str:
+        return "0-0"  # applied at once: nothing to wait for
+
+    async def wait_confirmed(self, name: str, mark: str, timeout_ms: int) -> str:
+        await asyncio.sleep(timeout_ms / 1000)
+        return mark
 
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
         self._drain()

@@ -336,6 +336,25 @@ async def test_nothing_trims_the_log_while_a_restore_waits(
     assert await redis_client.xlen(log) < kept
 
 
+async def test_a_client_waiting_for_an_outcome_is_woken_by_its_confirmation(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A PUT waits for its outcome blocked on the confirmations (not a poll): keysync's
+    confirmation of the transaction that decided it wakes it, and the outcome is there
+    when it looks again. With no confirmation, the wait ends at its timeout."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    mark = await ledger.stream.confirmed_mark("farmer")
+    entry = await ledger.change("used", key, "client-a")
+    waiting = asyncio.create_task(ledger.stream.wait_confirmed("farmer", mark, 10_000))
+    await ledger.applied()  # keysync decides it, commits, confirms
+    woken = await asyncio.wait_for(waiting, 10)
+    assert woken != mark
+    assert await ledger.outcome(entry) == outcomes.ASSIGNED
+    assert await ledger.stream.wait_confirmed("farmer", woken, 20) == woken
+
+
 async def _stamp_of(sync: SyncRecord) -> Stamp:
     """A stamp of the record as it is (recording it moves nothing)."""
     record = await sync.read()
