@@ -36,6 +36,7 @@ from dispenser.codes import (
     UIN_INTERNAL,
     UIN_NOT_FOUND,
     UIN_NOT_ISSUED,
+    UIN_QUARANTINED,
     UIN_STATUS_NOT_FOUND,
     VID_EXPIRY_EMPTY,
     VID_EXPIRY_PAST,
@@ -304,6 +305,8 @@ async def _change(
     outcome = await _outcome(dispenser, name, entry, deadline)
     if outcome in REPORTED:
         return uin, REPORTED[outcome]
+    if outcome == outcomes.QUARANTINED:
+        raise Refused(UIN_QUARANTINED)
     raise Refused(UIN_NOT_FOUND if outcome == NOT_FOUND else UIN_NOT_ISSUED)
 
 

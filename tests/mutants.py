@@ -58,6 +58,9 @@ SHARD_TESTS = ("tests/integration/test_cluster_types.py",)
 GROUP_TESTS = ("tests/integration/test_key_groups.py",)
 LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
+QUARANTINE_TEST = (
+    f"{LEDGER_HISTORY_TESTS}::test_accepting_a_loss_quarantines_what_it_cannot_vouch_for"
+)
 PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
 REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
@@ -65,6 +68,27 @@ ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
+    Mutant(
+        "a_quarantined_key_given_back",
+        "shared/stores/ledger/sql.py",
+        "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $1 AND q.key = u.key",
+        "SELECT 1 WHERE false",
+        (QUARANTINE_TEST,),
+    ),
+    Mutant(
+        "a_quarantined_key_requeued",
+        "shared/stores/ledger/sql.py",
+        "            OR EXISTS (\n",
+        "            OR false AND EXISTS (\n",
+        (QUARANTINE_TEST,),
+    ),
+    Mutant(
+        "nothing_quarantined_when_a_loss_is_accepted",
+        "shared/cli/status.py",
+        "quarantined = {n: await _quarantine(conn, n, reason) for n in ledgers}",
+        "quarantined = {n: list[str]() for n in ledgers}",
+        (QUARANTINE_TEST,),
+    ),
     Mutant(
         "a_confirmation_wakes_no_waiting_put",
         "shared/stores/ledger/lua/ledger_confirm.lua",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from shared.domain.config import Settings
@@ -15,6 +17,7 @@ from shared.stores.fence.sync_record import Record
 from shared.stores.fence.verdict import ClockRow, combined, verdict
 from shared.stores.groups import Groups, HotRouter, SyncRecords
 from shared.stores.ledger import sql as ledger_sql
+from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 
 _STATUS_CAP = 10_000_000
@@ -256,35 +259,60 @@ def _server_fields(row: ClockRow) -> dict[str, Any]:
     }
 
 
-async def resume_ledger(settings: Settings) -> dict[str, Any]:
+async def resume_ledger(settings: Settings, quarantine_file: Path | None = None) -> dict[str, Any]:
     """The operator accepts what a halted ledger lost (``ledger-resume --accept-loss``):
     in each key group whose ledger is halted or has a restore pending, the restore is
-    given up (PostgreSQL and Redis), every release not requeued yet is settled (the lost
-    history may have requeued and issued it: never issued again), and the ledger
-    resumes from what this server holds. What the ledger log could not restore is lost
-    to the record, and said so here."""
+    given up (PostgreSQL and Redis), every key the lost history may have changed is
+    quarantined (an issue still open, a release not requeued yet: never given back nor
+    issued again; listed in ``quarantine_file``, CSV ``id_type,key``), every release not
+    requeued yet is settled (the lost history may have requeued and issued it: never
+    issued again), and the ledger resumes from what this server holds. What the ledger
+    log could not restore is lost to the record, and said so here."""
+    types = build_id_types(settings, generating=False)
     cold = await ColdStore.for_settings(settings)
     groups = Groups(settings)
     sync = SyncRecords.open(groups)
     resumed: dict[str, Any] = {}
+    held: list[tuple[str, str]] = []
     try:
         for record_of in sync:
             record = await record_of.read()
+            lane = record_of.namespace
+            ledgers = [n for n in groups.types.get(lane, ()) if types[n].config.ledger]
             async with cold.connection() as conn, conn.transaction():
                 row = ClockRow.of(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK))
-                lane = record_of.namespace
                 pending = row.restores.get(lane) or record.restore_from
                 if not (pending or record.ledger_halt):
                     continue
                 await conn.execute(ledger_sql.CLEAR_RESTORE, lane)
+                reason = f"ledger-resume --accept-loss: {record.ledger_halt or 'restore given up'}"
+                quarantined = {n: await _quarantine(conn, n, reason) for n in ledgers}
                 settled = await conn.fetch(ledger_sql.SETTLE_RELEASES)
             await record_of.halt_ledger("")
+            held += [(name, key) for name, keys in quarantined.items() for key in keys]
             resumed[lane] = {
                 "halt_reason": record.ledger_halt or None,
                 "given_up_restore_to": pending or None,
                 "releases_settled": {r["id_type"]: int(r["releases"]) for r in settled},
+                "quarantined": {name: len(keys) for name, keys in quarantined.items()},
             }
     finally:
         await cold.close()
         await groups.close()
-    return {"resumed": resumed}
+    listed = _list_quarantined(held, quarantine_file) if resumed else None
+    return {"resumed": resumed, "quarantined": len(held), "quarantine_file": listed}
+
+
+async def _quarantine(conn: Any, name: str, reason: str) -> list[str]:
+    """Quarantine every key of type ``name`` a lost history may have changed; them."""
+    rows = await conn.fetch(sql.for_type(ledger_sql.QUARANTINE_UNVOUCHED, name), name, reason)
+    return sorted(str(r["key"]) for r in rows)
+
+
+def _list_quarantined(held: list[tuple[str, str]], path: Path | None) -> str:
+    """The keys quarantined, one ``id_type,key`` line each, in ``path`` (default: a file
+    named after the time in the working directory); the file's path."""
+    if path is None:
+        path = Path(f"ledger-quarantine-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.csv")
+    path.write_text("id_type,key\n" + "".join(f"{name},{key}\n" for name, key in held))
+    return str(path)

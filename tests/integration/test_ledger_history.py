@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
 from shared.cli.status import collect_status, format_status, resume_ledger
 from shared.domain import outcomes, redis_keys
+from shared.domain.apikeys import ANONYMOUS
 from shared.domain.config import Settings
 from shared.domain.errors import LedgerHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
@@ -616,6 +618,77 @@ async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
         assert message.startswith("halted: ledger history lost (")
         assert "gone from the log" in message and '"KdLedgerHalted"' in message
     assert looked.status_code == 503 and looked.json()["errors"][0]["errorCode"] == "IDG-017"
+
+
+async def test_accepting_a_loss_quarantines_what_it_cannot_vouch_for(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+    tmp_path: Path,
+) -> None:
+    """(A: the anonymous client, as the dispenser over HTTP sees it without API keys.)
+    A's PUT ASSIGNED was answered, then lost with a link the log no longer holds: the
+    promoted server has the UIN issued and unused. Accepting the loss quarantines it,
+    and a UIN A gave back that was not requeued yet (listed in the file), so A's
+    release is refused (not given back and issued to another client while A uses it),
+    a release recorded anyway is never requeued, and neither key is handed out; a mark
+    of use still stands."""
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": 30}}
+    ledger = await ledger_of(servers, database, hot, sync, reissue=True, dispenser=mosip)
+    await hot.push(
+        "farmer", ledger.farmer.generate(HIGH_COUNTER + 100, HIGH_COUNTER + 200)[0][:1], "b2"
+    )
+    key, given_back = await ledger.pop(ANONYMOUS), await ledger.pop(ANONYMOUS)
+    released = await ledger.change("release", given_back, ANONYMOUS)
+    await ledger.applied()
+    assert await ledger.outcome(released) == outcomes.UNUSED  # not requeued yet
+    await promotion.replica_copies_now()
+    assigned = await ledger.change("used", key, ANONYMOUS)
+    await ledger.applied()
+    assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+    await redis_client.delete(redis_keys.ledger_log_key(hot.namespace))
+    await promotion.promote()
+    with pytest.raises(LedgerHalted):
+        await ledger.applied()
+    listed = tmp_path / "quarantined.csv"
+    resumed = await resume_ledger(ledger.settings, listed)
+    assert resumed["quarantined"] == 2 and resumed["quarantine_file"] == str(listed)
+    assert resumed["resumed"][hot.namespace]["quarantined"] == {"farmer": 2}
+    header, *lines = listed.read_text().splitlines()
+    assert header == "id_type,key" and sorted(lines) == sorted(
+        f"farmer,{k}" for k in (key, given_back)
+    )
+    async with dispenser_over_http(ledger.settings) as http:
+        request = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = asyncio.create_task(
+            http.put(
+                "/v1/idgenerator/uin",
+                json=request | {"request": {"uin": key, "status": "UNASSIGNED"}},
+            )
+        )
+        while not put.done():
+            await ledger.applied()
+            await asyncio.sleep(0.01)
+    (error,) = (await put).json()["errors"]
+    assert error["errorCode"] == "IDG-018" and "quarantined" in error["message"]
+    await asyncio.sleep(0.4)  # reissue_after_s
+    assert await requeue(ledger) == {}
+    await ledger.rows(  # a release recorded anyway (an earlier version's keysync)
+        "INSERT INTO kd_released_issues (id_type, key, issued_at, client, entry_id, "
+        "released_at, released_by, recorded_at) VALUES ('farmer', $1, now(), '-', "
+        "'1-1', now(), '-', now() - interval '1 hour')",
+        given_back,
+    )
+    assert await requeue(ledger) == {}  # never requeued
+    await refill(ledger)
+    popped = (await hot.pop("farmer", 100)).keys
+    assert key not in popped and given_back not in popped
+    again = await ledger.change("used", key, ANONYMOUS)  # its holder keeps it
+    await ledger.applied()
+    assert await ledger.outcome(again) == outcomes.ASSIGNED
 
 
 async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(
