@@ -57,6 +57,7 @@ from shared.domain.errors import (
     PoolEmpty,
     StoreUnavailable,
 )
+from shared.domain.idtypes import IdType
 from shared.domain.tiers import KeyStatus
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,7 @@ async def _change(
             name, [uin], client, admin, forget, reply=True
         )
     outcome = await _outcome(dispenser, name, entry, deadline)
+    await _durable(dispenser, id_type)
     if outcome in REPORTED:
         return uin, REPORTED[outcome]
     if outcome == outcomes.QUARANTINED:
@@ -362,6 +364,34 @@ async def _waited(
             )
         mark = await stream.wait_confirmed(name, mark, LEDGER_POLL_MS)
     return found
+
+
+async def _durable(dispenser: Dispenser, id_type: IdType) -> None:
+    """For a type whose ledger_durability is not async: return once the change's entry,
+    its outcome and the link that decided it (all written before this call) are on the
+    replicas (on disk, fsynced) as the type asks, else refuse (Retry-After: asked
+    again, the outcome decided is answered as the first time). A WAIT covers every
+    write the server replicated before it, whichever connection made it."""
+    config = id_type.config
+    if config.ledger_durability == "async":
+        return
+    try:
+        durable = await dispenser.ledger_stream.confirm(
+            id_type.name, config.ledger_durability, config.ledger_replicas, config.ledger_wait_ms
+        )
+    except StoreUnavailable:
+        durable = False
+    if not durable:
+        log.warning("mosip_change_unconfirmed", extra={"id_type": id_type.name})
+        raise Refused(
+            (
+                UIN_INTERNAL[0],
+                f"the change is not {config.ledger_durability} on {config.ledger_replicas} "
+                "replica(s) yet; retry later (it is answered as decided)",
+            ),
+            200,
+            {"Retry-After": "1"},
+        )
 
 
 async def _refuse_if_halted(dispenser: Dispenser, name: str) -> None:

@@ -69,6 +69,26 @@ HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
+        "a_put_answered_before_its_change_is_replicated",
+        "dispenser/mosip.py",
+        "    await _durable(dispenser, id_type)\n",
+        "",
+        (
+            "tests/integration/test_ledger_durability.py::"
+            "test_a_put_is_answered_only_once_its_change_is_replicated",
+        ),
+    ),
+    Mutant(
+        "a_ledger_link_committed_before_it_is_replicated",
+        "keysync/ledger.py",
+        "            await self._link_durable()\n",
+        "",
+        (
+            "tests/integration/test_ledger_durability.py::"
+            "test_a_ledger_link_commits_only_once_it_is_replicated",
+        ),
+    ),
+    Mutant(
         "a_quarantined_key_given_back",
         "shared/stores/ledger/sql.py",
         "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $1 AND q.key = u.key",
