@@ -69,6 +69,16 @@ HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
     Mutant(
+        "a_quarantined_key_released",
+        "shared/stores/ledger/sql.py",
+        "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $5 AND q.key = u.key",
+        "SELECT 1 WHERE false",
+        (
+            f"{LEDGER_HISTORY_TESTS}::"
+            "test_a_quarantined_key_of_a_type_never_reissuing_is_not_released",
+        ),
+    ),
+    Mutant(
         "a_put_answered_before_its_change_is_replicated",
         "dispenser/mosip.py",
         "    await _durable(dispenser, id_type)\n",

@@ -691,6 +691,24 @@ async def test_accepting_a_loss_quarantines_what_it_cannot_vouch_for(
     assert await ledger.outcome(again) == outcomes.ASSIGNED
 
 
+async def test_a_quarantined_key_of_a_type_never_reissuing_is_not_released(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A type that never issues a key again: a quarantined key's release is refused
+    too (the ledger never says "given back" of a key whose use may have been lost)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await ledger.rows(
+        "INSERT INTO kd_quarantined_keys (id_type, key, reason) VALUES ('farmer', $1, 't')", key
+    )
+    released = await ledger.change("release", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(released) == outcomes.QUARANTINED
+    live = await ledger.rows("SELECT released_at FROM {ledger} WHERE key = $1", key)
+    assert [r["released_at"] for r in live] == [None]
+
+
 async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
 ) -> None:
