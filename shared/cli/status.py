@@ -51,6 +51,8 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 "estimated_keys_left": None if rate is None else int(state.headroom * rate),
             }
         fence = await postgres_fence_state(cold, sync)
+        async with cold.connection() as conn:
+            quarantined = await conn.fetch(ledger_sql.COUNT_QUARANTINED)
     finally:
         await cold.close()
         await groups.close()
@@ -58,6 +60,8 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
         "id_types": report,
         "snowflake_types": snowflake_status(settings),
         "postgres_fence": fence,
+        # Keys an accepted ledger loss quarantined, per type (never given back nor issued).
+        "ledger_quarantined": {r["id_type"]: int(r["keys"]) for r in quarantined},
     }
 
 
@@ -109,6 +113,11 @@ def format_status(report: dict[str, Any]) -> str:
         )
     lines.append(_fence_line(report["postgres_fence"]))
     lines.extend(_ledger_lines(report["postgres_fence"]))
+    for name, count in report.get("ledger_quarantined", {}).items():
+        lines.append(
+            f"{name.ljust(16)}ledger: {count} keys quarantined (an accepted loss: never "
+            "given back nor issued again; kd_quarantined_keys)"
+        )
     return "\n".join(lines)
 
 

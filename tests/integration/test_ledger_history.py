@@ -657,6 +657,7 @@ async def test_accepting_a_loss_quarantines_what_it_cannot_vouch_for(
     resumed = await resume_ledger(ledger.settings, listed)
     assert resumed["quarantined"] == 2 and resumed["quarantine_file"] == str(listed)
     assert resumed["resumed"][hot.namespace]["quarantined"] == {"farmer": 2}
+    assert (await collect_status(ledger.settings))["ledger_quarantined"] == {"farmer": 2}
     header, *lines = listed.read_text().splitlines()
     assert header == "id_type,key" and sorted(lines) == sorted(
         f"farmer,{k}" for k in (key, given_back)

@@ -197,6 +197,11 @@ ON CONFLICT DO NOTHING
 RETURNING key
 """
 
+# No parameters. How many keys are quarantined, per type.
+COUNT_QUARANTINED: Final = (
+    "SELECT id_type, count(*) AS keys FROM kd_quarantined_keys GROUP BY id_type ORDER BY 1"
+)
+
 # $1: key, $2: id type. Whether the key is quarantined (kd_quarantined_keys).
 IS_QUARANTINED: Final = (
     "SELECT EXISTS (SELECT 1 FROM kd_quarantined_keys WHERE id_type = $2 AND key = $1)"
