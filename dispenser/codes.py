@@ -22,6 +22,7 @@ from shared.domain.errors import (
     KeyspaceExhausted,
     LedgerBacklogFull,
     LedgerDisabled,
+    LedgerHalted,
     MachineIdUnavailable,
     PoolEmpty,
     StoreUnavailable,
@@ -76,6 +77,18 @@ CODES: Final = (
         (MachineIdUnavailable,),
         True,
     ),
+    ErrorCode(
+        "IDG-017",
+        503,
+        "halted: ledger history lost (the message says why; an operator must resume it)",
+        (LedgerHalted,),
+        True,
+    ),
+    ErrorCode(
+        "IDG-018",
+        409,
+        "the key is quarantined (a ledger history lost and accepted): never given back",
+    ),
     ErrorCode("IDG-500", 500, "internal error"),
 )
 BY_CODE: Final = {entry.code: entry for entry in CODES}
@@ -122,6 +135,14 @@ UIN_NOT_FOUND: Final = MosipCode("KER-UIG-001", "UIN could not be found")
 UIN_STATUS_NOT_FOUND: Final = MosipCode("KER-UIG-003", "Given UIN status not found")
 UIN_NOT_ISSUED: Final = MosipCode("KER-UIG-004", "Given UIN is not in ISSUED status")
 UIN_INTERNAL: Final = MosipCode("KER-UIG-005", "Internal Server Error")
+# Not MOSIP's: a release of a UIN ``ledger-resume --accept-loss`` quarantined (HTTP 200
+# in MOSIP's wrapper, as MOSIP answers its own refusals; IDG-018 in CODES).
+UIN_QUARANTINED: Final = (
+    BY_CODE["IDG-018"].code,
+    "UIN quarantined: an operator accepted a lost ledger history that may have changed "
+    "it (ledger-resume --accept-loss); it is never given back nor issued again "
+    '(runbook: docs/operations.md, "KdLedgerHalted")',
+)
 VID_NOT_AVAILABLE: Final = MosipCode("KER-VID-001", "VID not available for allocation")
 VID_EXPIRY_EMPTY: Final = MosipCode("KER-VID-002", "Vid expiry date is empty")
 VID_EXPIRY_PAST: Final = MosipCode("KER-VID-003", "Vid expiry date is before current utc time")

@@ -20,7 +20,6 @@ included, but for 401/403 (MOSIP's auth adapter), 413 and 429.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -37,6 +36,7 @@ from dispenser.codes import (
     UIN_INTERNAL,
     UIN_NOT_FOUND,
     UIN_NOT_ISSUED,
+    UIN_QUARANTINED,
     UIN_STATUS_NOT_FOUND,
     VID_EXPIRY_EMPTY,
     VID_EXPIRY_PAST,
@@ -53,9 +53,11 @@ from shared.domain.errors import (
     KeydispenserError,
     KeyspaceExhausted,
     LedgerBacklogFull,
+    LedgerHalted,
     PoolEmpty,
     StoreUnavailable,
 )
+from shared.domain.idtypes import IdType
 from shared.domain.tiers import KeyStatus
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,9 @@ REPORTED: Final = {
     outcomes.UNUSED: UNUSED,
 }
 NOT_FOUND: Final = outcomes.NOT_FOUND
-LEDGER_POLL_S: Final = 0.02  # how often a PUT looks whether keysync has caught up
+# The longest a PUT waits for keysync's next confirmation before it looks again anyway.
+LEDGER_POLL_MS: Final = 20
+HALT_CHECK_S: Final = 0.5  # how often a waiting PUT looks whether the ledger halted
 
 
 class Refused(Exception):
@@ -154,6 +158,8 @@ def _refusal(
         return Refused((internal[0], str(exc)), 413)
     if isinstance(exc, InvalidInput):
         return Refused((internal[0], str(exc)))
+    if isinstance(exc, LedgerHalted):  # at once, and why: an operator must act
+        return Refused((internal[0], str(exc)), 200, {"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, StoreUnavailable | LedgerBacklogFull):
         return Refused(internal, 200, {"Retry-After": "1"})
     return Refused(internal)
@@ -280,6 +286,7 @@ async def _change(
     uin = id_type.normalise(given)
     wanted = WANTED.get(status) if isinstance(status, str) else None
     deadline = time.monotonic() + _wait_s(dispenser)
+    await _refuse_if_halted(dispenser, name)  # at once: a halted ledger applies nothing
     newest = await dispenser.ledger_stream.newest_entry(name)
     await _caught_up(dispenser, name, newest, deadline)
     if wanted is None:
@@ -297,8 +304,11 @@ async def _change(
             name, [uin], client, admin, forget, reply=True
         )
     outcome = await _outcome(dispenser, name, entry, deadline)
+    await _durable(dispenser, id_type)
     if outcome in REPORTED:
         return uin, REPORTED[outcome]
+    if outcome == outcomes.QUARANTINED:
+        raise Refused(UIN_QUARANTINED)
     raise Refused(UIN_NOT_FOUND if outcome == NOT_FOUND else UIN_NOT_ISSUED)
 
 
@@ -317,22 +327,79 @@ async def _no_such_status(
 
 async def _outcome(dispenser: Dispenser, name: str, entry: str, deadline: float) -> str:
     """The outcome keysync decided for the change ``entry``, once published."""
-    return await _polled(lambda: dispenser.ledger_stream.outcome(name, entry), entry, deadline)
+
+    async def published() -> str | None:
+        return await dispenser.ledger_stream.outcome(name, entry)
+
+    return await _waited(dispenser, name, published, entry, deadline)
 
 
-async def _polled(probe: Callable[[], Awaitable[T | None]], entry: str, deadline: float) -> T:
-    """What ``probe`` answers once it answers (not None), looking every LEDGER_POLL_S
-    until ``deadline``: then the ledger is behind keysync (503-like, Retry-After)."""
+async def _waited(
+    dispenser: Dispenser,
+    name: str,
+    probe: Callable[[], Awaitable[T | None]],
+    entry: str,
+    deadline: float,
+) -> T:
+    """What ``probe`` answers once it answers (not None), looked at again as soon as
+    keysync confirms a ledger transaction (``wait_confirmed``: woken by the
+    confirmation, not a poll) and at least every LEDGER_POLL_MS (a wake-up missed, on a
+    Redis failover, costs that much), until ``deadline``: then the ledger is behind
+    keysync (503-like, Retry-After). A ledger halted meanwhile is said at once (looked
+    at every HALT_CHECK_S)."""
+    stream = dispenser.ledger_stream
+    mark = await stream.confirmed_mark(name)  # before the look: nothing after it missed
+    checked = time.monotonic()
     while (found := await probe()) is None:
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline or now - checked >= HALT_CHECK_S:
+            await _refuse_if_halted(dispenser, name)
+            checked = now
+        if now >= deadline:
             log.warning("mosip_ledger_behind", extra={"entry": entry})
             raise Refused(
                 (UIN_INTERNAL[0], "the ledger is behind (is keysync running?); retry later"),
                 200,
                 {"Retry-After": "1"},
             )
-        await asyncio.sleep(LEDGER_POLL_S)
+        mark = await stream.wait_confirmed(name, mark, LEDGER_POLL_MS)
     return found
+
+
+async def _durable(dispenser: Dispenser, id_type: IdType) -> None:
+    """For a type whose ledger_durability is not async: return once the change's entry,
+    its outcome and the link that decided it (all written before this call) are on the
+    replicas (on disk, fsynced) as the type asks, else refuse (Retry-After: asked
+    again, the outcome decided is answered as the first time). A WAIT covers every
+    write the server replicated before it, whichever connection made it."""
+    config = id_type.config
+    if config.ledger_durability == "async":
+        return
+    try:
+        durable = await dispenser.ledger_stream.confirm(
+            id_type.name, config.ledger_durability, config.ledger_replicas, config.ledger_wait_ms
+        )
+    except StoreUnavailable:
+        durable = False
+    if not durable:
+        log.warning("mosip_change_unconfirmed", extra={"id_type": id_type.name})
+        raise Refused(
+            (
+                UIN_INTERNAL[0],
+                f"the change is not {config.ledger_durability} on {config.ledger_replicas} "
+                "replica(s) yet; retry later (it is answered as decided)",
+            ),
+            200,
+            {"Retry-After": "1"},
+        )
+
+
+async def _refuse_if_halted(dispenser: Dispenser, name: str) -> None:
+    """LedgerHalted while the type's ledger is halted: nothing is applied to it until an
+    operator resumes it, so waiting for keysync would only end in "behind"."""
+    reason = await dispenser.ledger.halted(name)
+    if reason:
+        raise LedgerHalted(reason)
 
 
 def _visible(found: KeyStatus, client: str, admin: bool) -> KeyStatus:
@@ -357,4 +424,4 @@ async def _caught_up(dispenser: Dispenser, name: str, entry: str | None, deadlin
     async def applied() -> bool | None:
         return True if await dispenser.ledger_stream.applied(name, entry) else None
 
-    await _polled(applied, entry, deadline)
+    await _waited(dispenser, name, applied, entry, deadline)

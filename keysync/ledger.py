@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from shared.domain.errors import LedgerHalted, PostgresBehind
+from shared.domain.errors import LedgerHalted, PostgresBehind, StoreUnavailable
 from shared.domain.idtypes import IdType
 from shared.domain.tiers import Stamp
 from shared.runtime import FaultPoint, no_fault
@@ -52,13 +52,21 @@ from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)
 Work = Callable[[asyncpg.Connection], Awaitable[Applied]]
-# How often an idle loop asks PostgreSQL whether it is still the record's history (a
-# promotion with no traffic is fenced, and restored, within this).
-WATCH_EVERY_S = 1.0
 ATTEMPTS = 4  # a ledger transaction refused this often is left for the next turn
 # Chain links and outcomes are kept this many times the log's retention (at least a day).
 LINK_AGE_FACTOR = 4
 MIN_LINK_AGE_S = 86_400.0
+
+
+def durability_of(types: dict[str, IdType]) -> tuple[str, int, int]:
+    """The strictest ledger durability of ``types``: (mode, replicas, wait ms)."""
+    ranked = ("async", "replicated", "fsynced")
+    asking = [t.config for t in types.values() if t.config.ledger]
+    mode = max((c.ledger_durability for c in asking), key=ranked.index, default="async")
+    if mode == "async":
+        return mode, 0, 0
+    strict = [c for c in asking if c.ledger_durability != "async"]
+    return mode, max(c.ledger_replicas for c in strict), max(c.ledger_wait_ms for c in strict)
 
 
 class _Refused(Exception):
@@ -84,6 +92,7 @@ class LedgerDrain:
         retain_s: float = 300.0,
         sync: SyncRecord | None = None,
         fault: FaultPoint = no_fault,
+        watch_s: float = 1.0,
     ) -> None:
         self._stream = stream
         self._cold = cold
@@ -98,6 +107,12 @@ class LedgerDrain:
         # The type whose key group's record the transactions are judged against (one
         # group per drain: its types share it).
         self._lane_type = next(iter(sorted(types)), "")
+        # How durable a link must be in the ledger log before its transaction commits:
+        # the strictest ledger_durability of the group's types (``_link_durable``).
+        self._durability = durability_of(types)
+        # How often an idle loop asks PostgreSQL whether it is still the record's history
+        # (keysync.ledger_watch_s: a promotion with no traffic is fenced within this).
+        self._watch_s = watch_s
         self._watched = 0.0  # when PostgreSQL was last asked (monotonic)
         self.restored = 0  # links restored, in all
         self.halted = ""  # why the ledger is halted ("" : it is not)
@@ -195,8 +210,24 @@ class LedgerDrain:
             # Before the commit, the clock row's lock held: once committed, the link is
             # in the log (a restore never finds it missing unless trimmed or lost).
             await self._stream.add_link(link, prev, applied.ops)
+            await self._link_durable()
         await self._confirm(Stamp.of(row), applied, entry_ids, restored)
         return applied
+
+    async def _link_durable(self) -> None:
+        """With a type asking for ``replicated`` (or ``fsynced``) ledger durability: the
+        link just added to the log is on the replicas (on disk) before the transaction
+        commits, else it does not commit (StoreUnavailable: rolled back, its entries
+        stay pending), so a Redis failover never loses a committed link a restore
+        needs."""
+        mode, replicas, wait_ms = self._durability
+        if mode == "async":
+            return
+        if not await self._stream.confirm(self._lane_type, mode, replicas, wait_ms):
+            raise StoreUnavailable(
+                "redis",
+                f"ledger link not {mode} on {replicas} replica(s) within {wait_ms} ms",
+            )
 
     async def _confirm(
         self, stamp: Stamp, applied: Applied, entry_ids: list[str], restored: str
@@ -244,7 +275,7 @@ class LedgerDrain:
 
     async def watch(self) -> None:
         """Before every batch: a halt refuses; a restore pending runs now; and at most
-        every ``WATCH_EVERY_S`` PostgreSQL is asked whether its history is still the
+        every ``watch_s`` PostgreSQL is asked whether its history is still the
         record's (a promotion with no traffic is fenced, then restored, at once)."""
         if self._guard is None or self._sync is None:
             return
@@ -256,7 +287,7 @@ class LedgerDrain:
         if record.restore_from:
             await self.restore(record.restore_from)
             return
-        if time.monotonic() - self._watched < WATCH_EVERY_S:
+        if time.monotonic() - self._watched < self._watch_s:
             return
         self._watched = time.monotonic()
         state = await self._state()

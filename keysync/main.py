@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from keysync.ledger import LedgerDrain
 from keysync.metrics import KeysyncMetrics
 from shared.domain.config import IdTypeConfig, Settings
+from shared.domain.config.pipeline import LEDGER_READ_BLOCK_S
 from shared.domain.errors import LedgerHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
 from shared.domain.ports import ColdInventory, HotLists, OpenBatch
@@ -314,7 +315,7 @@ async def drain_ledger(
     while not stop.is_set():
         restored = drain.restored
         try:
-            applied = await drain.drain_once(block_ms=500)
+            applied = await drain.drain_once(block_ms=int(LEDGER_READ_BLOCK_S * 1000))
             if time.monotonic() >= next_prune:
                 metrics.ledger_marks_expired.inc(await drain.prune(early_mark_ttl_s))
                 await drain.requeue_released()
@@ -461,6 +462,7 @@ async def _sync(
             retain_s=settings.keysync.ledger_retain_s,
             sync=sync.records.get(namespace) if sync is not None else None,
             fault=faults,
+            watch_s=settings.keysync.ledger_watch_s,
         )
         if drain.enabled:
             with contextlib.suppress(StoreUnavailable):

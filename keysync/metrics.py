@@ -42,7 +42,8 @@ class KeysyncMetrics:
         )
         self.ledger_halted = Gauge(
             "kd_ledger_halted",
-            "1 while the ledger is halted (a promotion lost what the ledger log cannot restore)",
+            "1 while the ledger is halted: ledger history lost (a PostgreSQL promotion lost "
+            "what the ledger log cannot restore); runbook: docs/operations.md, KdLedgerHalted",
             registry=registry,
         )
         self.ledger_duplicates = Counter(

@@ -60,6 +60,9 @@ LEDGER_RECORD_TESTS = "tests/integration/test_ledger_record.py"
 LEDGER_HISTORY_TESTS = "tests/integration/test_ledger_history.py"
 # The ledger's real code under simulated faults, checked against the model.
 SIMULATION_TESTS = "tests/model/test_simulation.py::test_every_seed_holds"
+QUARANTINE_TEST = (
+    f"{LEDGER_HISTORY_TESTS}::test_accepting_a_loss_quarantines_what_it_cannot_vouch_for"
+)
 PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
 REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
@@ -67,6 +70,81 @@ ROLE_TESTS = ("tests/integration/test_roles.py",)
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
+    Mutant(
+        "a_quarantined_key_released",
+        "shared/stores/ledger/sql.py",
+        "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $5 AND q.key = u.key",
+        "SELECT 1 WHERE false",
+        (
+            f"{LEDGER_HISTORY_TESTS}::"
+            "test_a_quarantined_key_of_a_type_never_reissuing_is_not_released",
+        ),
+    ),
+    Mutant(
+        "a_put_answered_before_its_change_is_replicated",
+        "dispenser/mosip.py",
+        "    await _durable(dispenser, id_type)\n",
+        "",
+        (
+            "tests/integration/test_ledger_durability.py::"
+            "test_a_put_is_answered_only_once_its_change_is_replicated",
+        ),
+    ),
+    Mutant(
+        "a_ledger_link_committed_before_it_is_replicated",
+        "keysync/ledger.py",
+        "            await self._link_durable()\n",
+        "",
+        (
+            "tests/integration/test_ledger_durability.py::"
+            "test_a_ledger_link_commits_only_once_it_is_replicated",
+        ),
+    ),
+    Mutant(
+        "a_quarantined_key_given_back",
+        "shared/stores/ledger/sql.py",
+        "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $1 AND q.key = u.key",
+        "SELECT 1 WHERE false",
+        (QUARANTINE_TEST,),
+    ),
+    Mutant(
+        "a_quarantined_key_requeued",
+        "shared/stores/ledger/sql.py",
+        "            OR EXISTS (\n",
+        "            OR false AND EXISTS (\n",
+        (QUARANTINE_TEST,),
+    ),
+    Mutant(
+        "nothing_quarantined_when_a_loss_is_accepted",
+        "shared/cli/status.py",
+        "quarantined = {n: await _quarantine(conn, n, reason) for n in ledgers}",
+        "quarantined = {n: list[str]() for n in ledgers}",
+        (QUARANTINE_TEST,),
+    ),
+    Mutant(
+        "a_confirmation_wakes_no_waiting_put",
+        "shared/stores/ledger/lua/ledger_confirm.lua",
+        "redis.call('XADD', confirmed, 'MAXLEN', confirmed_kept, '*', 'acked', acked)\n",
+        "",
+        (
+            f"{LEDGER_HISTORY_TESTS}::"
+            "test_a_client_waiting_for_an_outcome_is_woken_by_its_confirmation",
+        ),
+    ),
+    Mutant(
+        "a_ledger_log_shorter_than_the_fence_s_detection_accepted",
+        "shared/domain/config/settings.py",
+        "        floor = self.promotion_detected_s\n",
+        "        floor = 1.0\n",
+        ("tests/unit/test_settings.py",),
+    ),
+    Mutant(
+        "a_halted_ledger_left_to_the_put_s_wait",
+        "dispenser/mosip.py",
+        "    reason = await dispenser.ledger.halted(name)\n",
+        '    reason = ""\n',
+        (f"{LEDGER_HISTORY_TESTS}::test_a_halted_ledger_says_so_at_once_to_puts_and_lookups",),
+    ),
     Mutant(
         "types_share_one_slot_on_a_cluster",
         "shared/domain/config/redis.py",

@@ -166,7 +166,7 @@ def run_ledger_resume(settings: Settings, args: argparse.Namespace) -> None:
             "ledger log could not restore (`keydispenser status` names the halt): add "
             "--accept-loss to confirm"
         )
-    print(json.dumps(asyncio.run(resume_ledger(settings)), indent=2))
+    print(json.dumps(asyncio.run(resume_ledger(settings, args.quarantine_file)), indent=2))
 
 
 def run_retire(settings: Settings, args: argparse.Namespace) -> None:
@@ -240,6 +240,13 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     resume.add_argument(
         "--accept-loss", action="store_true", help="confirm: the lost records stay lost"
+    )
+    resume.add_argument(
+        "--quarantine-file",
+        metavar="PATH",
+        type=Path,
+        help="where to list the keys quarantined, as id_type,key lines (default: "
+        "ledger-quarantine-<UTC time>.csv in the working directory)",
     )
     _add_retire(commands)
     _add_lease(commands)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from shared.domain.config import Settings
+from shared.domain.errors import ledger_halt_message
 from shared.domain.idtypes import build_id_types
 from shared.domain.snowflake import build_snowflake_types
 from shared.stores.fence import sql as fence_sql
@@ -14,6 +17,7 @@ from shared.stores.fence.sync_record import Record
 from shared.stores.fence.verdict import ClockRow, combined, verdict
 from shared.stores.groups import Groups, HotRouter, SyncRecords
 from shared.stores.ledger import sql as ledger_sql
+from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 
 _STATUS_CAP = 10_000_000
@@ -47,6 +51,8 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 "estimated_keys_left": None if rate is None else int(state.headroom * rate),
             }
         fence = await postgres_fence_state(cold, sync)
+        async with cold.connection() as conn:
+            quarantined = await conn.fetch(ledger_sql.COUNT_QUARANTINED)
     finally:
         await cold.close()
         await groups.close()
@@ -54,6 +60,8 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
         "id_types": report,
         "snowflake_types": snowflake_status(settings),
         "postgres_fence": fence,
+        # Keys an accepted ledger loss quarantined, per type (never given back nor issued).
+        "ledger_quarantined": {r["id_type"]: int(r["keys"]) for r in quarantined},
     }
 
 
@@ -105,6 +113,11 @@ def format_status(report: dict[str, Any]) -> str:
         )
     lines.append(_fence_line(report["postgres_fence"]))
     lines.extend(_ledger_lines(report["postgres_fence"]))
+    for name, count in report.get("ledger_quarantined", {}).items():
+        lines.append(
+            f"{name.ljust(16)}ledger: {count} keys quarantined (an accepted loss: never "
+            "given back nor issued again; kd_quarantined_keys)"
+        )
     return "\n".join(lines)
 
 
@@ -113,10 +126,7 @@ def _ledger_lines(fence: dict[str, Any]) -> list[str]:
     lines = []
     for lane, state in fence.get("ledger", {}).items():
         if state["halted"]:
-            lines.append(
-                f"ledger ({lane}): HALTED ({state['halted']}): run "
-                "`keydispenser ledger-resume --accept-loss` (docs/operations.md)"
-            )
+            lines.append(f"ledger ({lane}): HALTED: {ledger_halt_message(state['halted'])}")
         elif state["restoring_to"]:
             lines.append(
                 f"ledger ({lane}): restoring what a PostgreSQL promotion lost "
@@ -258,35 +268,60 @@ def _server_fields(row: ClockRow) -> dict[str, Any]:
     }
 
 
-async def resume_ledger(settings: Settings) -> dict[str, Any]:
+async def resume_ledger(settings: Settings, quarantine_file: Path | None = None) -> dict[str, Any]:
     """The operator accepts what a halted ledger lost (``ledger-resume --accept-loss``):
     in each key group whose ledger is halted or has a restore pending, the restore is
-    given up (PostgreSQL and Redis), every release not requeued yet is settled (the lost
-    history may have requeued and issued it: never issued again), and the ledger
-    resumes from what this server holds. What the ledger log could not restore is lost
-    to the record, and said so here."""
+    given up (PostgreSQL and Redis), every key the lost history may have changed is
+    quarantined (an issue still open, a release not requeued yet: never given back nor
+    issued again; listed in ``quarantine_file``, CSV ``id_type,key``), every release not
+    requeued yet is settled (the lost history may have requeued and issued it: never
+    issued again), and the ledger resumes from what this server holds. What the ledger
+    log could not restore is lost to the record, and said so here."""
+    types = build_id_types(settings, generating=False)
     cold = await ColdStore.for_settings(settings)
     groups = Groups(settings)
     sync = SyncRecords.open(groups)
     resumed: dict[str, Any] = {}
+    held: list[tuple[str, str]] = []
     try:
         for record_of in sync:
             record = await record_of.read()
+            lane = record_of.namespace
+            ledgers = [n for n in groups.types.get(lane, ()) if types[n].config.ledger]
             async with cold.connection() as conn, conn.transaction():
                 row = ClockRow.of(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK))
-                lane = record_of.namespace
                 pending = row.restores.get(lane) or record.restore_from
                 if not (pending or record.ledger_halt):
                     continue
                 await conn.execute(ledger_sql.CLEAR_RESTORE, lane)
+                reason = f"ledger-resume --accept-loss: {record.ledger_halt or 'restore given up'}"
+                quarantined = {n: await _quarantine(conn, n, reason) for n in ledgers}
                 settled = await conn.fetch(ledger_sql.SETTLE_RELEASES)
             await record_of.halt_ledger("")
+            held += [(name, key) for name, keys in quarantined.items() for key in keys]
             resumed[lane] = {
                 "halt_reason": record.ledger_halt or None,
                 "given_up_restore_to": pending or None,
                 "releases_settled": {r["id_type"]: int(r["releases"]) for r in settled},
+                "quarantined": {name: len(keys) for name, keys in quarantined.items()},
             }
     finally:
         await cold.close()
         await groups.close()
-    return {"resumed": resumed}
+    listed = _list_quarantined(held, quarantine_file) if resumed else None
+    return {"resumed": resumed, "quarantined": len(held), "quarantine_file": listed}
+
+
+async def _quarantine(conn: Any, name: str, reason: str) -> list[str]:
+    """Quarantine every key of type ``name`` a lost history may have changed; them."""
+    rows = await conn.fetch(sql.for_type(ledger_sql.QUARANTINE_UNVOUCHED, name), name, reason)
+    return sorted(str(r["key"]) for r in rows)
+
+
+def _list_quarantined(held: list[tuple[str, str]], path: Path | None) -> str:
+    """The keys quarantined, one ``id_type,key`` line each, in ``path`` (default: a file
+    named after the time in the working directory); the file's path."""
+    if path is None:
+        path = Path(f"ledger-quarantine-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.csv")
+    path.write_text("id_type,key\n" + "".join(f"{name},{key}\n" for name, key in held))
+    return str(path)

@@ -153,17 +153,31 @@ class FenceHalted(KeydispenserError):
         self.reason = reason
 
 
+# The runbook section an operator follows after a ledger halt (docs/operations.md).
+LEDGER_HALT_RUNBOOK = 'docs/operations.md, "KdLedgerHalted"'
+
+
+def ledger_halt_message(reason: str) -> str:
+    """What a halted ledger says, the same everywhere: the answers to lookups and
+    MOSIP's PUTs, keysync's log, ``keydispenser status``."""
+    return (
+        f"halted: ledger history lost ({reason}); keys are still served, the ledger "
+        "answers nothing until an operator runs `keydispenser ledger-resume "
+        f"--accept-loss` (runbook: {LEDGER_HALT_RUNBOOK})"
+    )
+
+
 class LedgerHalted(KeydispenserError):
     """The ledger failed closed: a PostgreSQL promotion lost ledger transactions that the
     ledger log can no longer restore whole (a link trimmed, or lost with Redis state).
     Nothing is applied to the ledger, and it answers nothing, until an operator accepts
     what was lost (`keydispenser ledger-resume --accept-loss`); keys are still served."""
 
+    # An answer refused for a halt says when to ask again: an operator must act first.
+    retry_after_s = 60
+
     def __init__(self, reason: str) -> None:
-        super().__init__(
-            f"the ledger is halted: {reason}; an operator must run "
-            "`keydispenser ledger-resume --accept-loss` (docs/operations.md)"
-        )
+        super().__init__(ledger_halt_message(reason))
         self.reason = reason
 
 

@@ -13,7 +13,10 @@ UNASSIGNED: Final = "unassigned"  # given back (never issued again)
 UNUSED: Final = "unused"  # given back, to be issued again (reissue_released)
 NOT_ISSUED: Final = "not_issued"  # not ISSUED any more (used, or given back)
 NOT_FOUND: Final = "not_found"  # never issued, or issued to another client
-ALL: Final = frozenset({ASSIGNED, UNASSIGNED, UNUSED, NOT_ISSUED, NOT_FOUND})
+# A release refused: the key is quarantined (an operator accepted a lost history that
+# may have changed it; docs/operations.md, "KdLedgerHalted").
+QUARANTINED: Final = "quarantined"
+ALL: Final = frozenset({ASSIGNED, UNASSIGNED, UNUSED, NOT_ISSUED, NOT_FOUND, QUARANTINED})
 
 
 def outcome_of(op: str, client: str, admin: bool, found: KeyStatus) -> str:
@@ -24,6 +27,8 @@ def outcome_of(op: str, client: str, admin: bool, found: KeyStatus) -> str:
     "release"."""
     if found.state == "unknown" or (found.client != client and not admin):
         return NOT_FOUND
+    if found.state == "quarantined" and op == "release":
+        return QUARANTINED
     wanted = "assigned" if op == "used" else "released"
     if found.state != wanted:
         return NOT_ISSUED

@@ -94,6 +94,15 @@ class LedgerWrites(Protocol):
 
     async def applied(self, name: str, entry: str) -> bool: ...
 
+    async def confirmed_mark(self, name: str) -> str:
+        """The newest confirmation of a ledger transaction keysync made ("0-0": none)."""
+        ...
+
+    async def wait_confirmed(self, name: str, mark: str, timeout_ms: int) -> str:
+        """Wait until a ledger transaction is confirmed after ``mark`` (at most
+        ``timeout_ms``); the newest mark seen."""
+        ...
+
 
 class LedgerLookup(Protocol):
     """What the ledger knows of one key (``GET /v1/keys/{type}/{key}``)."""
@@ -101,6 +110,10 @@ class LedgerLookup(Protocol):
     async def lookup(self, name: str, key: str) -> dict[str, Any]: ...
 
     async def status(self, name: str, key: str) -> KeyStatus: ...
+
+    async def halted(self, name: str) -> str:
+        """Why the type's ledger is halted ("": it is not)."""
+        ...
 
     problem: str | None  # the last failure's detail, for the log
 

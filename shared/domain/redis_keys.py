@@ -87,6 +87,14 @@ def ledger_outcome_key(namespace: str, entry: str) -> str:
     return f"{namespace}:ledger:outcome:{entry}"
 
 
+def ledger_confirmed_key(namespace: str) -> str:
+    """Stream of one short entry per ledger transaction confirmed (its outcomes
+    published, its entries acknowledged), capped (``LedgerStream.CONFIRMED_KEPT``): a
+    client waiting for an outcome, or for keysync to catch up, blocks on it (XREAD)
+    instead of polling, and reads what it waits for again after each wake-up."""
+    return f"{namespace}:ledger:confirmed"
+
+
 # Left by earlier versions (the retained copies of applied entries, and how far they
 # were applied again); keysync deletes them at start-up.
 def ledger_retained_key(namespace: str) -> str:

@@ -143,9 +143,10 @@ class FenceReport:
 class KeyStatus:
     """What the ledger says of one key now: never issued (``unknown``), issued, marked
     used (``assigned``) or given back by its client (``released``; ``reissued``: put
-    back in the cold tier to be issued again)."""
+    back in the cold tier to be issued again), or issued and ``quarantined`` (a history
+    lost and accepted: never given back nor issued again)."""
 
-    state: Literal["unknown", "issued", "assigned", "released"]
+    state: Literal["unknown", "issued", "assigned", "released", "quarantined"]
     client: str | None = None  # the client it was issued to
     reissued: bool = False
     idempotency_key: str | None = None  # the Idempotency-Key it was issued under

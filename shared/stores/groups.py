@@ -238,6 +238,14 @@ class LedgerRouter(_ByType[LedgerStream], LedgerWrites):
         """Returns whether keysync has applied type ``name``'s stream up to ``entry``."""
         return await self.of(name).applied(name, entry)
 
+    async def confirmed_mark(self, name: str) -> str:
+        """Returns the newest confirmation of type ``name``'s ledger transactions."""
+        return await self.of(name).confirmed_mark(name)
+
+    async def wait_confirmed(self, name: str, mark: str, timeout_ms: int) -> str:
+        """Waits for a confirmation of type ``name``'s ledger after ``mark``."""
+        return await self.of(name).wait_confirmed(name, mark, timeout_ms)
+
     async def total_backlog(self) -> int:
         """Every stream's length, together (keysync's ``kd_ledger_backlog``)."""
         return sum(await self._all(lambda stream: stream.backlog()))

@@ -14,6 +14,7 @@ guarantee is proven against real servers.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,13 @@ class MemoryLedger:
     async def applied(self, name: str, entry: str) -> bool:
         return True
 
+    async def confirmed_mark(self, name: str) -> str:
+        return "0-0"  # applied at once: nothing to wait for
+
+    async def wait_confirmed(self, name: str, mark: str, timeout_ms: int) -> str:
+        await asyncio.sleep(timeout_ms / 1000)
+        return mark
+
     async def lookup(self, name: str, key: str) -> dict[str, Any]:
         self._drain()
         row = self.rows.get((name, key))
@@ -325,6 +333,10 @@ class MemoryLedger:
         return KeyStatus("issued", row.issue.client, idempotency_key=row.issue.idempotency_key)
 
     problem: str | None = None
+    halt: str = ""  # why the ledger is halted ("": it is not)
+
+    async def halted(self, name: str) -> str:
+        return self.halt
 
     async def probe(self) -> str | None:
         return None

@@ -21,6 +21,8 @@ def process_env(settings: Settings, config_path: Path, **extra: str) -> dict[str
             KD_POSTGRES_POOLER=settings.postgres_pooler,
             KD_REDIS_URL=settings.redis_url,
             KD_PERMUTATION_KEY=settings.permutation_key.get_secret_value(),
+            # Part of the fence's detection time a short ledger log is checked against.
+            KD_POSTGRES_CONNECT_TIMEOUT_S=str(settings.postgres_connect_timeout_s),
         )
         | extra
     )

@@ -30,6 +30,11 @@ pytestmark = pytest.mark.acceptance
             "id_types.t.hot",
         ),
         ("id_types: [", "config.yaml"),
+        (  # shorter than the fence's detection time (5 + 1 + 0.5 s by default)
+            "keysync:\n  ledger_retain_s: 5\n"
+            "id_types:\n  t:\n    kind: numeric\n    length: 10\n    ledger: true\n",
+            "keysync.ledger_retain_s: 5 s is shorter than the PostgreSQL fence's detection",
+        ),
     ],
 )
 def test_bad_config_exits_non_zero_naming_the_field(

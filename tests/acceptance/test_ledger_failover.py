@@ -173,8 +173,10 @@ def stack_settings(
             "ledger_retain_s": RETAIN_S,
             "ledger_requeue_every_s": 0.3,
             "ledger_claim_idle_s": 2,
+            # The fence's detection time (0.5 + 0.4 + 0.5 s) within RETAIN_S.
+            "ledger_watch_s": 0.4,
         },
-        postgres_connect_timeout_s=2,
+        postgres_connect_timeout_s=0.5,
     )
     return settings.model_copy(update={"postgres_dsn": pair.dsn(DATABASE)})
 

@@ -11,6 +11,7 @@ ledger is drained from it into real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -23,7 +24,10 @@ import pytest
 
 from keydispenser_ops.embedded import free_port
 from keysync.ledger import LedgerDrain
+from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.stream import LedgerStream
 from shared.stores.postgres import sql
@@ -157,3 +161,114 @@ async def test_a_ledger_types_retry_is_never_replayed_from_before_a_failover(pai
         assert kept.replayed and kept.keys == plain.keys
     finally:
         await promoted.close()
+
+
+# --- every answer the ledger gives, and the log's links --------------------------------
+
+
+def mosip_types(durability: str) -> dict[str, Any]:
+    types = small_types()
+    types["farmer"] |= {
+        "ledger": True,
+        "filter_profile": "mosip",
+        "ledger_durability": durability,
+        "ledger_wait_ms": 200,
+    }
+    return types
+
+
+async def test_a_put_is_answered_only_once_its_change_is_replicated(
+    servers: Servers, database: str, pair: Pair
+) -> None:
+    """A replicated type's PUT ASSIGNED is answered once its entry, its outcome and the
+    link that decided it are on a replica: with the replication link cut, keysync
+    decides it (its drain here waits for no replica) but the PUT is not acknowledged
+    (KER-UIG-005, Retry-After); the same PUT once the replica copies again is answered
+    as decided."""
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": 5}}
+    settings = make_settings(
+        servers,
+        database,
+        redis_url=pair.primary.url,
+        id_types=mosip_types("replicated"),
+        dispenser=mosip,
+    )
+    await run_migrate(settings)
+    hot = HotStore(RedisEndpoint(pair.primary.url), NS)
+    uin = build_id_types(settings)["farmer"].generate(0, 2_000)[0][0]
+    await hot.push("farmer", [uin], uuid.uuid4().hex)
+    async_types = build_id_types(
+        make_settings(servers, database, id_types=mosip_types("async"), dispenser=mosip)
+    )
+    stream = LedgerStream(RedisEndpoint(pair.primary.url), NS)
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    drain = LedgerDrain(stream, cold, async_types, "k", 1_000)
+    stop = asyncio.Event()
+
+    async def draining() -> None:
+        while not stop.is_set():
+            await drain.drain_once(block_ms=20)
+
+    task = asyncio.create_task(draining())
+    body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+    assign = body | {"request": {"uin": uin, "status": "ASSIGNED"}}
+    try:
+        async with dispenser_over_http(settings) as http:
+            assert (await http.get("/v1/idgenerator/uin")).json()["response"]["uin"] == uin
+            await caught_up(pair)
+            await replicaof(pair.replica_client, "127.0.0.1", str(free_port()))  # cut
+            cut = await http.put("/v1/idgenerator/uin", json=assign)
+            (error,) = cut.json()["errors"]
+            assert error["errorCode"] == "KER-UIG-005" and "replica" in error["message"]
+            assert cut.headers["Retry-After"] == "1"
+            await replicaof(pair.replica_client, "127.0.0.1", str(pair.primary.port))
+            await caught_up(pair)
+            again = await http.put("/v1/idgenerator/uin", json=assign)
+            assert again.json()["response"] == {"uin": uin, "status": "ASSIGNED"}
+    finally:
+        stop.set()
+        await task
+        await cold.close()
+        await stream.close()
+        await hot.close()
+
+
+async def test_a_ledger_link_commits_only_once_it_is_replicated(
+    servers: Servers, database: str, pair: Pair
+) -> None:
+    """For a replicated type, keysync's ledger transaction waits for its link in the
+    ledger log to be on a replica before it commits: with the replication link cut it
+    does not commit (its entry stays pending) and commits once the replica copies."""
+    settings = make_settings(
+        servers, database, redis_url=pair.primary.url, id_types=mosip_types("replicated")
+    )
+    await run_migrate(settings)
+    types = build_id_types(settings)
+    hot = HotStore(RedisEndpoint(pair.primary.url), NS)
+    uin = types["farmer"].generate(0, 2_000)[0][0]
+    await hot.push("farmer", [uin], uuid.uuid4().hex)
+    stream = LedgerStream(RedisEndpoint(pair.primary.url), NS)
+    sync = SyncRecord(RedisEndpoint(pair.primary.url), NS)
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        guard = GuardedCold(cold, sync, types)
+        drain = LedgerDrain(stream, cold, types, "k", 1_000, guard=guard, sync=sync)
+        await drain.drain_once(block_ms=10)  # the consumer group
+        await caught_up(pair)
+        await replicaof(pair.replica_client, "127.0.0.1", str(free_port()))  # cut
+        assert (await hot.pop("farmer", 1, ["c1"], ledger=True)).keys == [uin]
+        with pytest.raises(StoreUnavailable, match="not replicated"):
+            await drain.drain_once(block_ms=10)
+        found = "SELECT client FROM {ledger} WHERE key = $1"
+        async with cold.connection() as conn:
+            assert await conn.fetch(sql.for_type(found, "farmer"), uin) == []  # not committed
+        await replicaof(pair.replica_client, "127.0.0.1", str(pair.primary.port))
+        await caught_up(pair)
+        assert await drain.drain_once(block_ms=10) is not None  # its entry, again
+        async with cold.connection() as conn:
+            assert await conn.fetchval(sql.for_type(found, "farmer"), uin) == "c1"
+    finally:
+        await cold.close()
+        await stream.close()
+        await sync.close()
+        await hot.close()

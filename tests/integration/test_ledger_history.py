@@ -12,8 +12,10 @@ tests/acceptance/test_ledger_failover.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from keysync.ledger import LedgerDrain
 from keysync.main import Keysync
 from shared.cli.status import collect_status, format_status, resume_ledger
 from shared.domain import outcomes, redis_keys
+from shared.domain.apikeys import ANONYMOUS
 from shared.domain.config import Settings
 from shared.domain.errors import LedgerHalted, StoreUnavailable
 from shared.domain.idtypes import IdType, build_id_types
@@ -37,18 +40,16 @@ from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types
-from tests.integration.fixtures import Servers, make_settings
+from tests.integration.fixtures import Servers, dispenser_over_http, make_settings
 from tests.integration.test_postgres_fence import clone, drop, promote
 
 HIGH_COUNTER = 900_000_000  # far above anything a keygen leases here
 
 
-def ledger_settings(
-    servers: Servers, database: str, *, reissue: bool, retain_s: float = 300
-) -> Settings:
+def ledger_settings(servers: Servers, database: str, *, reissue: bool, **more: Any) -> Settings:
     types = small_types()
     types["farmer"] |= {"ledger": True, "reissue_released": reissue, "reissue_after_s": 0.3}
-    return make_settings(servers, database, id_types=types, keysync={"ledger_retain_s": retain_s})
+    return make_settings(servers, database, id_types=types, **more)
 
 
 @dataclass
@@ -60,6 +61,9 @@ class Ledger:
     hot: HotStore
     sync: SyncRecord | None
     stream: LedgerStream
+    # The ledger log's retention, given to the drains directly: shorter than the
+    # settings allow (the fence's detection time), to show what a short log does.
+    retain_s: float = 300
 
     @property
     def farmer(self) -> IdType:
@@ -75,7 +79,7 @@ class Ledger:
             consumer,
             1,  # one entry a batch: each test says which transaction holds which
             guard=guard,
-            retain_s=self.settings.keysync.ledger_retain_s,
+            retain_s=self.retain_s,
             sync=self.sync,
         )
 
@@ -167,12 +171,13 @@ async def ledger_of(
     *,
     reissue: bool,
     retain_s: float = 300,
+    **more: Any,
 ) -> Ledger:
-    settings = ledger_settings(servers, database, reissue=reissue, retain_s=retain_s)
+    settings = ledger_settings(servers, database, reissue=reissue, **more)
     await run_migrate(settings)
     farmer = build_id_types(settings)["farmer"]
     await hot.push("farmer", farmer.generate(HIGH_COUNTER, HIGH_COUNTER + 100)[0][:1], "b1")
-    return Ledger(settings, hot, sync, LedgerStream(hot.endpoint, hot.namespace))
+    return Ledger(settings, hot, sync, LedgerStream(hot.endpoint, hot.namespace), retain_s)
 
 
 async def refill(ledger: Ledger) -> None:
@@ -332,8 +337,8 @@ async def test_a_restore_refuses_a_ledger_another_keysync_halted(
         with pytest.raises(LedgerHalted):
             await drain.restore(target)
     assert drain.restored == 0
-    with pytest.raises(StoreUnavailable):
-        await ledger.lookup(key)
+    with pytest.raises(LedgerHalted):
+        await ledger.lookup(key)  # the halt said at once
 
 
 async def test_nothing_trims_the_log_while_a_restore_waits(
@@ -356,6 +361,25 @@ async def test_nothing_trims_the_log_while_a_restore_waits(
     await redis_client.hdel(record_key, "restore_from")
     assert await ledger.stream.confirm_link(stamp, {}, [], 1_000) == "ok"
     assert await redis_client.xlen(log) < kept
+
+
+async def test_a_client_waiting_for_an_outcome_is_woken_by_its_confirmation(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A PUT waits for its outcome blocked on the confirmations (not a poll): keysync's
+    confirmation of the transaction that decided it wakes it, and the outcome is there
+    when it looks again. With no confirmation, the wait ends at its timeout."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    mark = await ledger.stream.confirmed_mark("farmer")
+    entry = await ledger.change("used", key, "client-a")
+    waiting = asyncio.create_task(ledger.stream.wait_confirmed("farmer", mark, 10_000))
+    await ledger.applied()  # keysync decides it, commits, confirms
+    woken = await asyncio.wait_for(waiting, 10)
+    assert woken != mark
+    assert await ledger.outcome(entry) == outcomes.ASSIGNED
+    assert await ledger.stream.wait_confirmed("farmer", woken, 20) == woken
 
 
 async def _stamp_of(sync: SyncRecord) -> Stamp:
@@ -542,18 +566,19 @@ async def test_a_lookup_waits_for_the_restore_and_never_reads_a_server_behind(
     assert (await ledger.lookup(key))["client"] == "client-a"
 
 
-async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resumes(
+async def halted_ledger(
     servers: Servers,
     database: str,
     hot: HotStore,
     sync: SyncRecord,
     redis_client: Any,
     promotion: PromotionPlan,
-) -> None:
-    """The log lost the link a restore needs (Redis restarted from an older snapshot, or
-    the promotion lagged longer than the retention): the ledger halts rather than
-    decide without it; keys are still served, and an operator accepts the loss."""
-    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    **more: Any,
+) -> tuple[Ledger, str]:
+    """A promotion whose lost link the log no longer holds (Redis restarted from an
+    older snapshot, or the promotion lagged longer than the retention): the ledger
+    halts rather than decide without it. (ledger, the key issued in the lost link)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, **more)
     await promotion.replica_copies_now()
     key = await ledger.pop("client-a")
     await ledger.applied()
@@ -562,14 +587,152 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     with pytest.raises(LedgerHalted):
         await ledger.applied()
     assert "gone from the log" in (await sync.read()).ledger_halt
-    with pytest.raises(StoreUnavailable, match="halted"):
+    return ledger, key
+
+
+async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resumes(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+) -> None:
+    """The ledger halts rather than decide without the lost link; keys are still
+    served, and an operator accepts the loss."""
+    ledger, key = await halted_ledger(servers, database, hot, sync, redis_client, promotion)
+    with pytest.raises(LedgerHalted, match="halted: ledger history lost"):
         await ledger.lookup(key)
     shown = format_status(await collect_status(ledger.settings))
-    assert f"ledger ({hot.namespace}): HALTED" in shown and "ledger-resume" in shown
+    assert f"ledger ({hot.namespace}): HALTED: halted: ledger history lost" in shown
+    assert "gone from the log" in shown and "ledger-resume" in shown
     resumed = await resume_ledger(ledger.settings)  # `ledger-resume --accept-loss`
     assert set(resumed["resumed"]) == {hot.namespace}
     await ledger.applied()
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
+
+
+async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+) -> None:
+    """While the ledger is halted, MOSIP's PUT and a lookup answer at once why (the
+    halt, its reason, the runbook's section), not "behind" after ``ledger_wait_s``."""
+    wait_s = 30.0
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": wait_s}}
+    ledger, key = await halted_ledger(
+        servers, database, hot, sync, redis_client, promotion, dispenser=mosip
+    )
+    async with dispenser_over_http(ledger.settings) as http:
+        started = time.monotonic()
+        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = await http.put(
+            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
+        )
+        looked = await http.get(f"/v1/keys/farmer/{key}")
+        answered_s = time.monotonic() - started
+    assert answered_s < wait_s  # answered before ledger_wait_s elapsed
+    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
+    (error,) = put.json()["errors"]
+    assert error["errorCode"] == "KER-UIG-005"
+    for message in (error["message"], looked.json()["errors"][0]["message"]):
+        assert message.startswith("halted: ledger history lost (")
+        assert "gone from the log" in message and '"KdLedgerHalted"' in message
+    assert looked.status_code == 503 and looked.json()["errors"][0]["errorCode"] == "IDG-017"
+
+
+async def test_accepting_a_loss_quarantines_what_it_cannot_vouch_for(
+    servers: Servers,
+    database: str,
+    hot: HotStore,
+    sync: SyncRecord,
+    redis_client: Any,
+    promotion: PromotionPlan,
+    tmp_path: Path,
+) -> None:
+    """(A: the anonymous client, as the dispenser over HTTP sees it without API keys.)
+    A's PUT ASSIGNED was answered, then lost with a link the log no longer holds: the
+    promoted server has the UIN issued and unused. Accepting the loss quarantines it,
+    and a UIN A gave back that was not requeued yet (listed in the file), so A's
+    release is refused (not given back and issued to another client while A uses it),
+    a release recorded anyway is never requeued, and neither key is handed out; a mark
+    of use still stands."""
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": 30}}
+    ledger = await ledger_of(servers, database, hot, sync, reissue=True, dispenser=mosip)
+    await hot.push(
+        "farmer", ledger.farmer.generate(HIGH_COUNTER + 100, HIGH_COUNTER + 200)[0][:1], "b2"
+    )
+    key, given_back = await ledger.pop(ANONYMOUS), await ledger.pop(ANONYMOUS)
+    released = await ledger.change("release", given_back, ANONYMOUS)
+    await ledger.applied()
+    assert await ledger.outcome(released) == outcomes.UNUSED  # not requeued yet
+    await promotion.replica_copies_now()
+    assigned = await ledger.change("used", key, ANONYMOUS)
+    await ledger.applied()
+    assert await ledger.outcome(assigned) == outcomes.ASSIGNED
+    await redis_client.delete(redis_keys.ledger_log_key(hot.namespace))
+    await promotion.promote()
+    with pytest.raises(LedgerHalted):
+        await ledger.applied()
+    listed = tmp_path / "quarantined.csv"
+    resumed = await resume_ledger(ledger.settings, listed)
+    assert resumed["quarantined"] == 2 and resumed["quarantine_file"] == str(listed)
+    assert resumed["resumed"][hot.namespace]["quarantined"] == {"farmer": 2}
+    assert (await collect_status(ledger.settings))["ledger_quarantined"] == {"farmer": 2}
+    header, *lines = listed.read_text().splitlines()
+    assert header == "id_type,key" and sorted(lines) == sorted(
+        f"farmer,{k}" for k in (key, given_back)
+    )
+    async with dispenser_over_http(ledger.settings) as http:
+        request = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = asyncio.create_task(
+            http.put(
+                "/v1/idgenerator/uin",
+                json=request | {"request": {"uin": key, "status": "UNASSIGNED"}},
+            )
+        )
+        while not put.done():
+            await ledger.applied()
+            await asyncio.sleep(0.01)
+    (error,) = (await put).json()["errors"]
+    assert error["errorCode"] == "IDG-018" and "quarantined" in error["message"]
+    await asyncio.sleep(0.4)  # reissue_after_s
+    assert await requeue(ledger) == {}
+    await ledger.rows(  # a release recorded anyway (an earlier version's keysync)
+        "INSERT INTO kd_released_issues (id_type, key, issued_at, client, entry_id, "
+        "released_at, released_by, recorded_at) VALUES ('farmer', $1, now(), '-', "
+        "'1-1', now(), '-', now() - interval '1 hour')",
+        given_back,
+    )
+    assert await requeue(ledger) == {}  # never requeued
+    await refill(ledger)
+    popped = (await hot.pop("farmer", 100)).keys
+    assert key not in popped and given_back not in popped
+    again = await ledger.change("used", key, ANONYMOUS)  # its holder keeps it
+    await ledger.applied()
+    assert await ledger.outcome(again) == outcomes.ASSIGNED
+
+
+async def test_a_quarantined_key_of_a_type_never_reissuing_is_not_released(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A type that never issues a key again: a quarantined key's release is refused
+    too (the ledger never says "given back" of a key whose use may have been lost)."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await ledger.rows(
+        "INSERT INTO kd_quarantined_keys (id_type, key, reason) VALUES ('farmer', $1, 't')", key
+    )
+    released = await ledger.change("release", key, "client-a")
+    await ledger.applied()
+    assert await ledger.outcome(released) == outcomes.QUARANTINED
+    live = await ledger.rows("SELECT released_at FROM {ledger} WHERE key = $1", key)
+    assert [r["released_at"] for r in live] == [None]
 
 
 async def test_a_lookup_answers_its_snapshot_once_the_record_covers_it(

@@ -256,6 +256,7 @@ async def real(servers: Servers, database: str, redis_client: Any) -> AsyncItera
         id_types={TYPE: sim_world.TYPE_CONFIG},
         keysync=sim_world.KEYSYNC_CONFIG,
         dispenser={"mosip": {"uin": TYPE}},
+        postgres_connect_timeout_s=sim_world.CONNECT_TIMEOUT_S,
     )
     await run_migrate(settings)
     endpoint = RedisEndpoint(servers.redis_url)

@@ -1209,19 +1209,19 @@ active proctype protocol() {
    *      it); a link gone from the log halts the ledger ---- */
   :: atomic { WHEN(A_RESTORE, nn < MAXN && ANY_K(RS_K)) ->
        PICK_K(RS_K);
-       covers(srv, krec[k]);
+       n = ktarget[k];
+       chain_intact(n);      /* the walk comes first, in the transaction, the guard after */
        if
-       :: r && ON_TIMELINE(krec[k]) && (pfrom[srv] == 0 || pfrom[srv] == ktarget[k]) && !fhalted && !lhalted ->
-          n = ktarget[k];
-          chain_intact(n);
+       :: !r && !fhalted && !lhalted ->
+          /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
+           * with Redis state, may do this (the log holds every committed link else) */
+          assert(gone[m] == 1 || gone[m] == 3);
+          lhalted = 1; ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0;
+          printf("halt: link %d gone\n", m)
+       :: else ->
+          covers(srv, krec[k]);
           if
-          :: !r ->
-             /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
-              * with Redis state, may do this (the log holds every committed link else) */
-             assert(gone[m] == 1 || gone[m] == 3);
-             lhalted = 1; ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0;
-             printf("halt: link %d gone\n", m)
-          :: r ->
+          :: r && ON_TIMELINE(krec[k]) && (pfrom[srv] == 0 || pfrom[srv] == ktarget[k]) && !fhalted && !lhalted ->
              ledger_node();
 #ifdef REPLAY_REDECIDES
              redecide(n);
@@ -1231,10 +1231,10 @@ active proctype protocol() {
              rest[srv] = n; pfrom[srv] = 0;
              ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0; ktarget[k] = 0;
              printf("restore: node %d up to %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
+          :: else ->     /* refused: settle, begin again (at once when the record moved since) */
+             if :: krec[k] == rec -> rsref = 1 :: else -> skip fi;
+             ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0
           fi
-       :: else ->        /* refused: settle, begin again (at once when the record moved since) */
-          if :: krec[k] == rec -> rsref = 1 :: else -> skip fi;
-          ks[k] = IDLE; krec[k] = 0; ktarget[k] = 0
        fi;
        STEPPED; CLEAN }
 #else
@@ -1414,7 +1414,9 @@ active proctype protocol() {
        PARAM1(e); assert(e > 0 && e < ne && outc[e] != 0 && !eans[e]);
        outc[e] = 0;
        STEPPED; CLEAN }
-  :: atomic { WHEN(A_LOSS_LINK, inloss) ->
+  /* (also after a loss, before the vouch: a link written to the Redis that was lost,
+   *  its transaction committed after) */
+  :: atomic { WHEN(A_LOSS_LINK, inloss || untrusted) ->
        PARAM1(x); assert(x > 0 && x < nn && inlog[x]);
        inlog[x] = 0; gone[x] = 3;
        STEPPED; CLEAN }

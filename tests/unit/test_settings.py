@@ -181,3 +181,27 @@ def test_a_ledger_log_too_short_names_the_ledger_types(tmp_path: Path) -> None:
         load_settings(write(tmp_path, text))
     plain = "keysync:\n  ledger_retain_s: 0\nid_types:\n  t:\n    kind: base62\n    length: 7\n"
     assert load_settings(write(tmp_path, plain)).keysync.ledger_retain_s == 0  # no ledger
+
+
+LEDGER_TYPE = "id_types:\n  uin:\n    kind: numeric\n    length: 10\n    ledger: true\n"
+
+
+def test_a_ledger_log_shorter_than_the_fence_s_detection_time_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The floor is the fence's detection time, postgres_connect_timeout_s +
+    keysync.ledger_watch_s + the ledger read block (5 + 1 + 0.5 s by default): the
+    refusal names both settings, the formula and the figure."""
+    short = "keysync:\n  ledger_retain_s: 6\n" + LEDGER_TYPE
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, short))
+    refused = str(caught.value)
+    assert "keysync.ledger_retain_s: 6 s" in refused and "6.5 s" in refused
+    assert "postgres_connect_timeout_s" in refused and "keysync.ledger_watch_s" in refused
+    enough = "keysync:\n  ledger_retain_s: 6.5\n" + LEDGER_TYPE
+    assert load_settings(write(tmp_path, enough)).promotion_detected_s == 6.5
+    faster = (
+        "postgres_connect_timeout_s: 1\n"
+        "keysync:\n  ledger_retain_s: 2\n  ledger_watch_s: 0.5\n" + LEDGER_TYPE
+    )
+    assert load_settings(write(tmp_path, faster)).keysync.ledger_retain_s == 2

@@ -72,6 +72,7 @@ class Tables:
     sequences: dict[str, Row] = field(default_factory=dict)
     ranges: list[Row] = field(default_factory=list)
     fence_events: list[Row] = field(default_factory=list)
+    quarantined: set[tuple[str, str]] = field(default_factory=set)  # (type, key)
 
     def copy(self) -> Tables:
         """A copy a transaction may change: every table and row its own (rows hold
@@ -87,6 +88,7 @@ class Tables:
             sequences={t: dict(seq) for t, seq in self.sequences.items()},
             ranges=[dict(r) for r in self.ranges],
             fence_events=list(self.fence_events),
+            quarantined=set(self.quarantined),
         )
 
 
@@ -812,12 +814,19 @@ def UPDATE_LEDGER_USED(
 
 
 def RELEASE_LEDGER(
-    ctx: Context, keys: list[str], times: list[datetime], clients: list[str], admin: list[bool]
+    ctx: Context,
+    keys: list[str],
+    times: list[datetime],
+    clients: list[str],
+    admin: list[bool],
+    type_name: str,
 ) -> list[Row]:
     done = []
     for key, at, client, may in zip(keys, times, clients, admin, strict=True):
         row = ctx.ledger.get(key)
         if row is None or not _markable(row, at, client, may):
+            continue
+        if (type_name, key) in ctx.tables.quarantined:
             continue
         row.update(released_at=at, released_by=client)
         done.append({"key": key, "released_at": at, "released_by": client})
@@ -837,6 +846,8 @@ def RELEASE_TO_HISTORY(
     for key, at, client, may, entry in zip(keys, times, clients, admin, entries, strict=True):
         row = ctx.ledger.get(key)
         if row is None or not _markable(row, at, client, may):
+            continue
+        if (type_name, key) in ctx.tables.quarantined:
             continue
         if any(
             k[0] == type_name and k[1] == key and r["release_entry"] == entry
@@ -876,6 +887,7 @@ def REQUEUE_RELEASED(ctx: Context, type_name: str, seconds: float) -> list[Row]:
         if kind != type_name or row["requeued_at"] is not None or row["recorded_at"] > due:
             continue
         discarded = key in ctx.tables.ledger[type_name]
+        discarded = discarded or (type_name, key) in ctx.tables.quarantined
         row.update(requeued_at=ctx.now, requeue_discarded=discarded)
         back = False
         if not discarded and key not in ctx.tables.cold[type_name]:
@@ -900,6 +912,10 @@ def SETTLE_RELEASES(ctx: Context) -> list[Row]:
             row.update(requeued_at=ctx.now, requeue_discarded=True)
             counts[kind] = counts.get(kind, 0) + 1
     return [{"id_type": kind, "releases": n} for kind, n in counts.items()]
+
+
+def IS_QUARANTINED(ctx: Context, key: str, type_name: str) -> bool:
+    return (type_name, key) in ctx.tables.quarantined
 
 
 def SELECT_RELEASED_KEYS(ctx: Context, type_name: str, keys: list[str]) -> list[Row]:

@@ -211,15 +211,24 @@ class SimRedisClient:
         return SimPipeline(self._redis, transaction)
 
     async def xreadgroup(self, *args: Any, block: int | None = None, **kwargs: Any) -> Any:
+        return await self._blocking("xreadgroup", block, args, kwargs)
+
+    async def xread(self, *args: Any, block: int | None = None, **kwargs: Any) -> Any:
+        return await self._blocking("xread", block, args, kwargs)
+
+    async def _blocking(
+        self, name: str, block: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A stream read with BLOCK: read; if nothing, read again once the block's time
+        passed (on the virtual clock; an entry added meanwhile is found then, a little
+        later than a real server would deliver it)."""
         found = await self._redis.call(
-            "xreadgroup", lambda sync: sync.xreadgroup(*args, **kwargs), args
+            name, lambda sync: getattr(sync, name)(*args, **kwargs), args
         )
         if found or not block:
             return found
         await asyncio.sleep(block / 1000)
-        return await self._redis.call(
-            "xreadgroup", lambda sync: sync.xreadgroup(*args, **kwargs), args
-        )
+        return await self._redis.call(name, lambda sync: getattr(sync, name)(*args, **kwargs), args)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         async def command(*args: Any, **kwargs: Any) -> Any:

@@ -709,6 +709,17 @@ class Mirror:
         guard refused it."""
         ks = self.ks[k]
         self.enabled(ks.ks == RS_BEGUN, "restore: not begun")
+        n = ks.ktarget
+        # The walk comes first, in the transaction; the guard after.
+        intact, m = self.chain_intact(n)
+        if not intact and not self.fhalted and not self.lhalted:
+            self.check(
+                self.nodes[m].gone in (1, 3),
+                f"a halt for link {m}, which was neither trimmed before the fence nor lost",
+            )
+            self.lhalted = True
+            ks.ks, ks.krec, ks.ktarget = IDLE, 0, 0
+            return True
         passes = (
             self.covers(self.srv, ks.krec)
             and self.on_timeline(ks.krec)
@@ -719,16 +730,6 @@ class Mirror:
         if not passes:
             ks.ks, ks.krec, ks.ktarget = IDLE, 0, 0
             return False
-        n = ks.ktarget
-        intact, m = self.chain_intact(n)
-        if not intact:
-            self.check(
-                self.nodes[m].gone in (1, 3),
-                f"a halt for link {m}, which was neither trimmed before the fence nor lost",
-            )
-            self.lhalted = True
-            ks.ks, ks.krec, ks.ktarget = IDLE, 0, 0
-            return True
         self.ledger_node()
         self.restore_ops(n)
         self.here.rest, self.here.pfrom = n, 0
@@ -812,7 +813,12 @@ class Mirror:
         entry.outc = 0
 
     def loss_link(self, n: int) -> None:
-        self.enabled(self.inloss and 0 < n < self.nn and self.nodes[n].inlog, "loss: no link")
+        """A log entry lost with Redis; also after a loss, before the vouch: a link
+        written to the Redis that was lost, its transaction committed after."""
+        self.enabled(
+            (self.inloss or self.untrusted) and 0 < n < self.nn and self.nodes[n].inlog,
+            "loss: no link",
+        )
         self.nodes[n].inlog, self.nodes[n].gone = False, 3
 
     def loss_restore(self, what: int) -> None:

@@ -74,6 +74,8 @@ class Recorder:
         self.entry_no: dict[str, int] = {}  # stream entry ID -> model entry
         self.node_of: dict[int, int] = {0: 0}  # concrete commit -> model node
         self.vouched: dict[str, int] = {}  # actor -> the node its VOUCH committed
+        self.restore_read: dict[str, set[str]] = {}  # actor -> links its restore read
+        self.deferred: set[str] = set()  # links lost after a restore read them
         self.adopted: dict[str, int] = {}  # actor -> the node its adoption's claim made
         self.link_node: dict[str, int] = {}  # ledger link ID -> model node
         self.seen_outcome: dict[str, str] = {}  # entry ID -> outcome a PUT read
@@ -166,7 +168,18 @@ class Recorder:
         script = name.removeprefix("script:")
         if name in ("xreadgroup", "xautoclaim", "xclaim"):
             self.on_read(actor, _delivered(name, result))
-        elif name == "xrevrange" and INTENT.get() in ("used", "release"):
+        elif (
+            name == "xrevrange"
+            and PHASE.get() == "restore"
+            and _text(args[0]) == redis_keys.ledger_log_key(self._ns())
+        ):  # the restore's walk of the log: what it read, it writes (a loss after it
+            # does not take it from this restore)
+            self.restore_read.setdefault(actor, set()).update(_link_ids(result))
+        elif (
+            name == "xrevrange"
+            and INTENT.get() in ("used", "release")
+            and _text(args[0]) == redis_keys.ledger_stream_key(self._ns())
+        ):  # the PUT's look at the newest entry (not at the newest confirmation)
             newest = result[0][0] if result else None
             self.on_put_begin(actor, INTENT.get(), newest)
         elif script == "ledger_confirm":
@@ -350,6 +363,8 @@ class Recorder:
         if action is not None:
             committed = self.step(action, k, note="refused")
             self.expect(committed is False, "the guard refused what the model commits")
+            if action == "restore":
+                self.restore_ended(conn.actor)
 
     def on_commit(self, commit: Commit, conn: SimConnection) -> None:
         ran, actor = set(commit.statements), conn.actor
@@ -382,6 +397,7 @@ class Recorder:
         if conn.restored:
             committed = self.step("restore", k)
             self.expect(committed is not False, "the code restored where the model refuses")
+            self.restore_ended(conn.actor)
         elif "REQUEUE_RELEASED" in ran:
             committed = self.step("rq_commit", k, int(_requeued(commit)))
             self.expect(committed is not False, "the code requeued where the model refuses")
@@ -390,6 +406,19 @@ class Recorder:
             self.expect(committed is not False, "the code committed what the model refuses")
         self.node_of[commit.number] = self.mirror.srv
         self.link_node[link] = self.mirror.srv
+        if committed and link not in self.log_ids() and self.mirror.here.inlog:
+            # logged before the commit, on a Redis that was lost in between
+            self.step("loss_link", self.mirror.srv, note="logged on the Redis lost since")
+
+    def restore_ended(self, actor: str) -> None:
+        """The losses of links this restore had read, stepped now."""
+        self.restore_read.pop(actor, None)
+        still = set().union(*self.restore_read.values()) if self.restore_read else set()
+        for link in sorted(self.deferred - still, key=lambda x: self.link_node.get(x, 0)):
+            self.deferred.discard(link)
+            node = self.link_node.get(link, 0)
+            if node and self.mirror.nodes[node].inlog:
+                self.step("loss_link", node, note="lost while a restore that read it ran")
 
     def on_logged(self, actor: str, link: str) -> None:
         return None
@@ -459,8 +488,10 @@ class Recorder:
             return
         self.step("restore", k, note=reason)
         self.expect(self.mirror.lhalted, f"the ledger halted ({reason}); the model restores")
+        self.restore_ended(actor)
 
     def on_crash(self, k: int) -> None:
+        self.restore_ended(f"keysync-{k}")
         ks = self.mirror.ks[k]
         busy = ks.ks != 0 or any(e.st == 2 + k for e in self.mirror.entries[1:])
         if busy:
@@ -483,9 +514,13 @@ class Recorder:
             lost = entry in before["outcomes"] and entry not in after["outcomes"]
             if lost and self.mirror.entries[e].outc and not self.mirror.entries[e].ans:
                 self.step("loss_outcome", e)
+        read = set().union(*self.restore_read.values()) if self.restore_read else set()
         for link in sorted(before["log"] - after["log"], key=lambda x: self.link_node.get(x, 0)):
             if link in self.link_node and self.mirror.nodes[self.link_node[link]].inlog:
-                self.step("loss_link", self.link_node[link])
+                if link in read:
+                    self.deferred.add(link)  # stepped once that restore has ended
+                else:
+                    self.step("loss_link", self.link_node[link])
         if not after["restore_from"] and self.mirror.rfrom:  # the model's, gone from Redis
             self.step("loss_restore", 0)
         if not after["ledger_halt"] and self.mirror.lhalted:
@@ -608,6 +643,15 @@ def _requeued(commit: Commit) -> bool:
         and (place not in before or before[place]["requeued_at"] is None)
         for place, row in commit.tables.released.items()
     )
+
+
+def _link_ids(entries: list[tuple[Any, Any]]) -> set[str]:
+    """The link ids of the ledger log's entries an XREVRANGE answered."""
+    found = set()
+    for _, fields in entries:
+        values = {_text(k): _text(v) for k, v in dict(fields or {}).items()}
+        found.add(values.get("id", ""))
+    return found
 
 
 def _text(raw: bytes | str) -> str:

@@ -85,6 +85,12 @@ KEYSYNC_CONFIG: dict[str, Any] = {
 }
 
 
+# The fence's detection time (connect timeout + watch + read block) stays below the log's
+# retention (the configuration refuses a shorter log); a short retention lets trims meet
+# restores within a run.
+CONNECT_TIMEOUT_S = 1.0
+
+
 def settings() -> Settings:
     """The world's configuration."""
     return load_settings(
@@ -93,6 +99,7 @@ def settings() -> Settings:
         redis_url="redis://simulation/0",
         id_types={TYPE: TYPE_CONFIG},
         keysync=KEYSYNC_CONFIG,
+        postgres_connect_timeout_s=CONNECT_TIMEOUT_S,
         dispenser={"mosip": {"uin": TYPE, "ledger_wait_s": 20}},
     )
 

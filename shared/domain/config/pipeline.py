@@ -6,6 +6,10 @@ from pydantic import Field
 
 from shared.domain.config.base import Strict
 
+# How long keysync's ledger loop blocks on the stream for a batch before its next turn
+# (each turn starts with the ledger's watch: ``keysync.ledger.LedgerDrain.watch``).
+LEDGER_READ_BLOCK_S = 0.5
+
 
 class KeysyncConfig(Strict):
     poll_interval_s: float = Field(default=0.5, gt=0)
@@ -30,8 +34,12 @@ class KeysyncConfig(Strict):
     # What each ledger transaction wrote is kept this long in Redis (the ledger log): a
     # PostgreSQL promotion that lost at most this much of the ledger's last commits is
     # restored from it; one that lost more halts the ledger (set it above the standby's
-    # worst lag plus the time a failover takes). At least 1 s with a ledger type.
+    # worst lag plus the time a failover takes). With a ledger type, at least the fence's
+    # detection time (``Settings.promotion_detected_s``), or refused at start.
     ledger_retain_s: float = Field(default=300.0, ge=0, le=86_400)
+    # How often keysync's ledger loop asks PostgreSQL whether its history is still the
+    # record's (a promotion with no traffic is fenced, and restored, within this).
+    ledger_watch_s: float = Field(default=1.0, gt=0, le=60)
     # How often released keys due back in the cold table (reissue_released), and
     # "used" marks that waited too long, are looked for.
     ledger_requeue_every_s: float = Field(default=60.0, ge=0.1, le=3_600)

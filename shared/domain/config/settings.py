@@ -21,15 +21,18 @@ from shared.domain.config.id_types import (
     check_type_names,
     path_segments,
 )
-from shared.domain.config.pipeline import KeygenConfig, KeysyncConfig
+from shared.domain.config.pipeline import LEDGER_READ_BLOCK_S, KeygenConfig, KeysyncConfig
 from shared.domain.config.postgres import PostgresSettings
 from shared.domain.config.redis import RedisSettings
 from shared.domain.errors import ConfigError
 
 # Where systemd puts a unit's credentials (LoadCredential=): read like the environment.
 CREDENTIALS_DIRECTORY: Final = "CREDENTIALS_DIRECTORY"
-# The least ledger log a type with a ledger may run with (keysync.ledger_retain_s).
-MIN_LEDGER_RETAIN_S = 1.0
+# The fence's detection time, as the refusal of a shorter ledger log names it.
+DETECTION_FORMULA: Final = (
+    "postgres_connect_timeout_s + keysync.ledger_watch_s + "
+    f"{LEDGER_READ_BLOCK_S:g} s (keysync's ledger read block)"
+)
 
 
 class Settings(BaseSettings, PostgresSettings, RedisSettings):
@@ -76,19 +79,34 @@ class Settings(BaseSettings, PostgresSettings, RedisSettings):
         self._ledger_can_be_restored()
         return self
 
+    @property
+    def promotion_detected_s(self) -> float:
+        """The fence's detection time: how long after a PostgreSQL promotion keysync may
+        take to fence the promoted server (and so stop an old primary still reached by
+        some process from trimming the ledger log): a reconnection that first waits out
+        a dead host listed before it in the DSN (``postgres_connect_timeout_s``), then
+        its ledger loop's next turn (a read block) and look at PostgreSQL
+        (``keysync.ledger_watch_s``). ``DETECTION_FORMULA`` names it."""
+        return self.postgres_connect_timeout_s + self.keysync.ledger_watch_s + LEDGER_READ_BLOCK_S
+
     def _ledger_can_be_restored(self) -> None:
-        """A type with a ledger needs a ledger log to restore from after a PostgreSQL
-        promotion (docs/reliability.md, "The ledger's one history"): without one, every
-        promotion that lost a ledger transaction halts the ledger."""
+        """A type with a ledger needs a ledger log that outlives the fence's detection
+        time (docs/reliability.md, "The ledger's one history"): a promotion's lost links
+        are trimmed by an old primary still confirming until the fence is seen, so a
+        shorter log turns a promotion into a halt by construction, whatever the lag."""
         ledgers = sorted(
             n for n, c in self.id_types.items() if isinstance(c, IdTypeConfig) and c.ledger
         )
-        if ledgers and self.keysync.ledger_retain_s < MIN_LEDGER_RETAIN_S:
+        floor = self.promotion_detected_s
+        if ledgers and self.keysync.ledger_retain_s < floor:
             raise ValueError(
-                f"keysync.ledger_retain_s: {self.keysync.ledger_retain_s:g} s keeps no ledger "
-                f"log to restore from, and id_types {', '.join(ledgers)} keep a ledger "
-                "(ledger: true): a PostgreSQL promotion would halt it. Keep the log at least "
-                f"{MIN_LEDGER_RETAIN_S:g} s (above a replica's worst lag plus a failover's time)"
+                f"keysync.ledger_retain_s: {self.keysync.ledger_retain_s:g} s is shorter than "
+                f"the PostgreSQL fence's detection time, {floor:g} s = {DETECTION_FORMULA} "
+                f"(postgres_connect_timeout_s {self.postgres_connect_timeout_s:g} s, "
+                f"keysync.ledger_watch_s {self.keysync.ledger_watch_s:g} s), and id_types "
+                f"{', '.join(ledgers)} keep a ledger (ledger: true): a PostgreSQL promotion "
+                "would halt it. Keep the log at least that long (and above a replica's worst "
+                "lag plus a failover's time), or lower those settings"
             )
 
     def _mosip_types_keep_a_ledger(self) -> None:

@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from shared.domain.errors import ConfigError, KeydispenserError, SchemaError, StoreUnavailable
+from shared.domain.errors import (
+    ConfigError,
+    KeydispenserError,
+    LedgerHalted,
+    SchemaError,
+    StoreUnavailable,
+)
 from shared.domain.tiers import KeyStatus, not_issued
 from shared.stores.fence import sql as fence_sql
 from shared.stores.fence.sync_record import Record
@@ -71,6 +77,14 @@ class LedgerReader:
             "released_at": _iso(row["released_at"]),
             "released_by": row["released_by"],
         }
+
+    async def halted(self, name: str) -> str:
+        """Why the ledger that holds type ``name`` is halted ("": it is not), as the
+        fence's record says: a request refused for it is refused at once."""
+        sync = self._records.of(name) if self._records is not None else None
+        if sync is None:
+            return ""
+        return (await sync.read()).ledger_halt
 
     async def status(self, name: str, key: str) -> KeyStatus:
         """The key's state now: its current issue row, else its last issue that was
@@ -181,9 +195,7 @@ class LedgerReader:
 
 def _refuse_halted(halt: str, restoring: str) -> None:
     if halt:
-        raise StoreUnavailable(
-            "postgres", f"the ledger is halted ({halt}): see `keydispenser status`"
-        )
+        raise LedgerHalted(halt)
     if restoring:
         raise StoreUnavailable(
             "postgres", "the ledger is being restored after a PostgreSQL failover; retry"

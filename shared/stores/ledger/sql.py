@@ -96,22 +96,27 @@ RETURNING l.key, l.used_at, l.used_by
 """
 
 # $1 keys, $2 release times, $3 releasing clients, $4 whether each may release any key
-# (arrays). A key neither used nor released yet, by the client it was issued to (or one
-# with ledger permission), is recorded released (never by a release older than its
-# issue row); returns the keys released now, with what was recorded.
+# (arrays), $5 id type. A key neither used nor released yet, by the client it was issued
+# to (or one with ledger permission), is recorded released (never by a release older
+# than its issue row, never a quarantined key); returns the keys released now, with
+# what was recorded.
 RELEASE_LEDGER: Final = """
 UPDATE {ledger} AS l SET released_at = u.released_at, released_by = u.client
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bool[])
     AS u(key, released_at, client, admin)
 WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
   AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
+  AND NOT EXISTS (
+      SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $5 AND q.key = u.key
+  )
 RETURNING l.key, l.released_at, l.released_by
 """
 
 # $1: id type; $2-$5 as RELEASE_LEDGER's $1-$4, $6: the release entries (array). A type
 # with reissue_released: the issue row moves to kd_released_issues (REQUEUE_RELEASED
 # puts the key back in the cold table later); a release entry already recorded there
-# (applied again) does nothing. Returns the keys released now.
+# (applied again) does nothing, nor does the release of a quarantined key. Returns the
+# keys released now.
 RELEASE_TO_HISTORY: Final = """
 WITH released AS (
     DELETE FROM {ledger} AS l
@@ -119,6 +124,9 @@ WITH released AS (
         AS u(key, released_at, client, admin, entry)
     WHERE l.key = u.key AND l.used_at IS NULL AND l.released_at IS NULL
       AND u.released_at >= l.issued_at AND (u.admin OR l.client = u.client)
+      AND NOT EXISTS (
+          SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $1 AND q.key = u.key
+      )
       AND NOT EXISTS (
           SELECT 1 FROM kd_released_issues AS r
           WHERE r.id_type = $1 AND r.key = u.key AND r.release_entry = u.entry
@@ -139,14 +147,18 @@ RETURNING key, released_at, released_by, release_entry, recorded_at
 # $1: id type, $2: seconds. Releases PostgreSQL recorded longer ago than that (its own
 # clock: recorded_at, never the Redis server's released_at) are settled, each once
 # (requeued_at is set in the same statement): the key goes back to the cold table only
-# when no issue of it is live in the ledger (a live one keeps it out for good:
-# requeue_discarded). One row per release settled: its key and issue, whether it was
-# discarded, when, and whether the key went back (``back``).
+# when no issue of it is live in the ledger and it is not quarantined (either keeps it
+# out for good: requeue_discarded). One row per release settled: its key and issue,
+# whether it was discarded, when, and whether the key went back (``back``).
 REQUEUE_RELEASED: Final = """
 WITH due AS (
     UPDATE kd_released_issues AS r
     SET requeued_at = now(),
         requeue_discarded = EXISTS (SELECT 1 FROM {ledger} AS l WHERE l.key = r.key)
+            OR EXISTS (
+                SELECT 1 FROM kd_quarantined_keys AS q
+                WHERE q.id_type = r.id_type AND q.key = r.key
+            )
     WHERE r.id_type = $1 AND r.requeued_at IS NULL
       AND r.recorded_at <= now() - make_interval(secs => $2::double precision)
     RETURNING r.key, r.entry_id, r.requeue_discarded, r.requeued_at
@@ -172,6 +184,28 @@ WITH settled AS (
 )
 SELECT id_type, count(*) AS releases FROM settled GROUP BY id_type
 """
+
+# $1: id type, $2: reason. ``ledger-resume --accept-loss``: every key the lost history
+# may have changed is quarantined (kd_quarantined_keys): each issue still open (neither
+# used nor released) and each release not requeued yet. Returns the keys quarantined now.
+QUARANTINE_UNVOUCHED: Final = """
+INSERT INTO kd_quarantined_keys (id_type, key, reason)
+SELECT $1, key, $2 FROM {ledger} WHERE used_at IS NULL AND released_at IS NULL
+UNION
+SELECT $1, key, $2 FROM kd_released_issues WHERE id_type = $1 AND requeued_at IS NULL
+ON CONFLICT DO NOTHING
+RETURNING key
+"""
+
+# No parameters. How many keys are quarantined, per type.
+COUNT_QUARANTINED: Final = (
+    "SELECT id_type, count(*) AS keys FROM kd_quarantined_keys GROUP BY id_type ORDER BY 1"
+)
+
+# $1: key, $2: id type. Whether the key is quarantined (kd_quarantined_keys).
+IS_QUARANTINED: Final = (
+    "SELECT EXISTS (SELECT 1 FROM kd_quarantined_keys WHERE id_type = $2 AND key = $1)"
+)
 
 # $1: id type, $2: keys. Those of them whose last issue was given back and moved to
 # kd_released_issues (a mark of use for them is refused, never kept waiting).

@@ -26,12 +26,16 @@ LEDGER_CONFIRM = Script(
         *fence_slots(ns),
         redis_keys.ledger_stream_key(ns),
         redis_keys.ledger_log_key(ns),
+        redis_keys.ledger_confirmed_key(ns),
     ],
     fenced=True,
 )
 # How long the outcome of a status change is kept for the client waiting for it (it
 # waits dispenser.mosip.ledger_wait_s at most; a retry is answered from kd_outcomes).
 OUTCOME_TTL_S = 3_600
+# How many confirmations the confirmed stream keeps (redis_keys.ledger_confirmed_key): a
+# waiter needs only to be woken by the next one.
+CONFIRMED_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,27 @@ class LedgerStream(RedisPort):
                 redis_keys.ledger_outcome_key(self.namespace, entry)
             )
         return None if found is None else _entry_id(found)
+
+    async def confirmed_mark(self, name: str) -> str:
+        """The newest confirmation of the stream that holds type ``name``'s entries
+        ("0-0": none yet): what ``wait_confirmed`` waits past. Read before looking at
+        what a waiter waits for, so no confirmation after that look is missed."""
+        async with self._guard("ledger_confirmed"):
+            found = await (await self._endpoint.client()).xrevrange(
+                redis_keys.ledger_confirmed_key(self.namespace), count=1
+            )
+        return _entry_id(found[0][0]) if found else "0-0"
+
+    async def wait_confirmed(self, name: str, mark: str, timeout_ms: int) -> str:
+        """Block until a ledger transaction is confirmed after ``mark``, at most
+        ``timeout_ms``; the newest mark seen (``mark`` when none came)."""
+        key = redis_keys.ledger_confirmed_key(self.namespace)
+        async with self._guard("ledger_wait_confirmed"):
+            answer: Any = await (await self._endpoint.client()).xread(
+                {key: mark}, block=max(1, timeout_ms)
+            )
+        seen = [entry for _, entries in answer or [] for entry, _ in entries]
+        return _entry_id(seen[-1]) if seen else mark
 
     async def _record(
         self,
@@ -294,6 +319,7 @@ class LedgerStream(RedisPort):
             retain_ms,
             redis_keys.ledger_outcome_key(self.namespace, ""),
             OUTCOME_TTL_S,
+            CONFIRMED_KEPT,
             *stamp.args(self.namespace),
             restored,
             len(outcomes),
@@ -317,6 +343,8 @@ class LedgerStream(RedisPort):
                 if entry_ids:
                     pipe.xack(stream, LEDGER_GROUP, *entry_ids)
                     pipe.xdel(stream, *entry_ids)
+                confirmed = redis_keys.ledger_confirmed_key(self.namespace)
+                pipe.xadd(confirmed, {"acked": len(entry_ids)}, maxlen=CONFIRMED_KEPT)
                 await pipe.execute()
 
     async def links_newest_first(self, chunk: int = 200) -> AsyncIterator[Link]:

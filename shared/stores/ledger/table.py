@@ -427,7 +427,7 @@ async def _release(
             [_ms(r["recorded_at"]) for r in rows],
         ]
     else:
-        rows = await conn.fetch(sql.for_type(ledger_sql.RELEASE_LEDGER, name), *arrays)
+        rows = await conn.fetch(sql.for_type(ledger_sql.RELEASE_LEDGER, name), *arrays, name)
         written = [
             [r["key"] for r in rows],
             [_ms(r["released_at"]) for r in rows],
@@ -521,14 +521,16 @@ async def _decide(
 
 
 async def key_status(conn: asyncpg.Connection, name: str, key: str) -> KeyStatus:
-    """The key's state now: its current issue row, else its last issue that was
-    released back to the cold tier, else never issued."""
+    """The key's state now: its current issue row (an open one may be quarantined),
+    else its last issue that was released back to the cold tier, else never issued."""
     row = await conn.fetchrow(sql.for_type(ledger_sql.SELECT_LEDGER_KEY, name), key)
     if row is not None:
         if row["used_at"] is not None:
             return KeyStatus("assigned", row["client"])
         if row["released_at"] is not None:
             return KeyStatus("released", row["client"])
+        if await conn.fetchval(ledger_sql.IS_QUARANTINED, key, name):
+            return KeyStatus("quarantined", row["client"])
         return KeyStatus("issued", row["client"], idempotency_key=row["idempotency_key"])
     past = await conn.fetchrow(ledger_sql.SELECT_RELEASED_ISSUE, name, key)
     if past is not None:

@@ -61,6 +61,7 @@ TABLES: Final[dict[str, dict[str, str]]] = {
     "kd_ledger_early_marks": {"keysync": "SELECT, INSERT, DELETE", "status": _READ},
     "kd_chain_links": {"keygen": _READ, "keysync": "SELECT, INSERT, DELETE", "status": _READ},
     "kd_outcomes": {"keysync": "SELECT, INSERT, UPDATE, DELETE", "status": _READ},
+    "kd_quarantined_keys": {"keysync": "SELECT, INSERT", "dispenser": _READ, "status": _READ},
 }
 SEQUENCES: Final[dict[str, dict[str, str]]] = {
     "kd_fence_events_id_seq": {"keygen": "USAGE", "keysync": "USAGE"},

@@ -87,8 +87,11 @@ KEYSYNC: Final = frozenset(
         "incr",
     }
 )
-# The dispenser: pops, the nudge, ledger entries and their confirmation.
-DISPENSER: Final = frozenset({"lpop", "lpush", "ltrim", "xadd", "xlen", "incr"})
+# The dispenser: pops, the nudge, ledger entries and their confirmation; MOSIP's PUT
+# reads how far keysync applied the stream and blocks on its confirmations.
+DISPENSER: Final = frozenset(
+    {"lpop", "lpush", "ltrim", "xadd", "xlen", "incr", "xrange", "xrevrange", "xread"}
+)
 # retire: a type's state, in one transaction.
 RETIRE: Final = frozenset({"srem"})
 # keydispenser status: the ledger's backlog.
