@@ -102,6 +102,24 @@ class IdType:
         chars = self.format.columns(values)
         return to_strings(chars, self.config.prefix, self.config.suffix), stop - start
 
+    def counters_of(self, keys: list[str]) -> list[int | None]:
+        """The counter each key (valid, as the stores hold it) is generated from, the
+        inverse of ``generate``; None for a key no counter of this type generates."""
+        values = [self.format.value_of(self._bare(key)) for key in keys]
+        known = [v for v in values if v is not None and v < self.domain_size]
+        if self.sequential or not known:
+            counters = iter(known)
+        elif self._permutation is None:
+            raise ConfigError("permutation_key: required to find the counters of keys")
+        else:
+            inverted = self._permutation.invert(np.array(known, dtype=np.uint64))
+            counters = iter(int(c) for c in inverted)
+        return [None if v is None or v >= self.domain_size else next(counters) for v in values]
+
+    def _bare(self, key: str) -> str:
+        """A stored key without its affixes."""
+        return key[len(self.config.prefix) : len(key) - len(self.config.suffix)]
+
     def validate(self, value: str) -> bool:
         """True when ``value`` is a well-formed key of this type, as a client may write
         it (affixes, length, check scheme, filters)."""
