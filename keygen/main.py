@@ -249,7 +249,13 @@ class Keygen:
                     next_slice = self._generator.generate(id_type, *slices[i + 1])
                     pending = asyncio.ensure_future(next_slice)
                 await self._cold.insert_keys(
-                    id_type, leased, keys, tried, final=final, before_commit=self._copied
+                    id_type,
+                    leased,
+                    keys,
+                    tried,
+                    final=final,
+                    before_commit=self._copied,
+                    counters=slices[i],
                 )
                 self.metrics.keys.labels(id_type.name).inc(len(keys))
                 self.metrics.candidates.labels(id_type.name).inc(tried)

@@ -57,6 +57,7 @@ LOST_BECAUSE = {
     "stale": "postgres_lost_commits",
     "foreign": "namespace_bound_to_another_database",
     "halted": "postgres_fence_halted",
+    "superseded": "taken_before_an_import",
 }
 
 
@@ -184,7 +185,7 @@ class Keysync:
         return pushing.result(), following
 
     async def _push_recorded(self, name: str, taken: OpenBatch) -> int:
-        depth = await self.push(name, taken.keys, taken.stamp)
+        depth = await self.push(name, taken.keys, taken.stamp, taken.epoch)
         await self._record_refill(name, len(taken.keys))
         return depth
 
@@ -207,7 +208,9 @@ class Keysync:
             self._empty.add(name)
             log.warning("cold_empty", extra={"id_type": name})
 
-    async def push(self, name: str, keys: list[str], stamp: Stamp = NO_STAMP) -> int:
+    async def push(
+        self, name: str, keys: list[str], stamp: Stamp = NO_STAMP, epoch: int = 0
+    ) -> int:
         """Push a committed batch exactly once, or lose it (counted); never on two servers.
 
         Each attempt is pinned to the server identity the batch is meant for. A
@@ -219,7 +222,9 @@ class Keysync:
         a VM pause) gets 'expired', never a second copy. The push records ``stamp``
         (the PostgreSQL fence): a batch from a PostgreSQL that lost commits, from
         another history or another database is lost, never pushed; a record Redis lost
-        is rebuilt first (vouch), then the push is tried again.
+        is rebuilt first (vouch), then the push is tried again. A batch taken under an
+        import ``epoch`` older than one an import set since is lost ('superseded': it may
+        hold IDs the import excluded).
         """
         config = self._settings.keysync
         batch, pin, ambiguous = uuid.uuid4().hex, self._token, False
@@ -237,7 +242,7 @@ class Keysync:
                 continue
             try:
                 pushed = await self._hot.push(
-                    name, keys, batch, pin, stamp, not_after, config.batch_marker_ttl_s
+                    name, keys, batch, pin, stamp, not_after, config.batch_marker_ttl_s, epoch
                 )
             except StoreUnavailable:
                 ambiguous = True  # it may have landed on the pinned server

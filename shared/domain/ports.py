@@ -134,7 +134,11 @@ class KeyInventory(Protocol):
         *,
         final: bool,
         before_commit: Callable[[], object] = ...,
-    ) -> None: ...
+        counters: tuple[int, int] | None = None,
+    ) -> None:
+        """Add ``keys``, generated from ``counters`` (default: the whole range), but for
+        those an import excluded."""
+        ...
 
     async def sequence_state(self, id_type: IdType) -> SequenceState: ...
 
@@ -152,6 +156,11 @@ class OpenBatch(Protocol):
 
     @property
     def stamp(self) -> Stamp: ...
+
+    @property
+    def epoch(self) -> int:
+        """The type's import epoch when its keys were taken (``kd_import_epochs``)."""
+        ...
 
     async def commit(self) -> None: ...
 
@@ -184,6 +193,7 @@ class HotLists(Protocol):
         stamp: Stamp = ...,
         not_after_ms: int = 0,
         marker_ttl_s: float = ...,
+        epoch: int = 0,
     ) -> Pushed: ...
 
     async def server_time_ms(self) -> int: ...

@@ -27,6 +27,13 @@ def hot_list_key(namespace: str, name: str) -> str:
     return f"{namespace}:hot:{name}"
 
 
+def import_epoch_key(namespace: str, name: str) -> str:
+    """The import epoch of an ID type (``kd_import_epochs``), set by each import before
+    it sweeps the type's hot list: a keysync batch taken under an older epoch (before
+    the import removed its IDs from the cold table) is refused by push.lua."""
+    return f"{namespace}:import:epoch:{name}"
+
+
 def keysync_wake_key(namespace: str) -> str:
     """A short list that dispensers push ID-type names to when a hot list runs low."""
     return f"{namespace}:keysync:wake"

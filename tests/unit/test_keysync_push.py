@@ -51,6 +51,7 @@ class ServerEpochs:
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3600,
+        epoch: int = 0,
     ) -> Pushed:
         self.deadlines.append(not_after_ms)
         step = self.script.pop(0) if self.script else "ok"
@@ -226,6 +227,7 @@ class Batch:
 
     def __init__(self, keys: list[str], log: list[str]) -> None:
         self.keys, self.stamp, self._log = keys, NO_STAMP, log
+        self.epoch = 0
 
     async def commit(self) -> None:
         self._log.append(f"commit {self.keys[0]}")
@@ -261,6 +263,7 @@ class SlowPushes(ServerEpochs):
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3600,
+        epoch: int = 0,
     ) -> Pushed:
         await asyncio.sleep(self.delay_s)
         pushed = await super().push(name, keys, batch_id, pin, stamp, not_after_ms)
@@ -305,6 +308,7 @@ async def test_a_push_slower_than_the_hold_rolls_the_next_batch_back(
 class Empty:
     keys: list[str] = []
     stamp = NO_STAMP
+    epoch = 0
 
     async def commit(self) -> None:
         pass
