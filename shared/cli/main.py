@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from shared import logs
-from shared.cli import stack
+from shared.cli import moving, stack
 from shared.cli.plugins import (
     MORE_COMMANDS,
     Command,
@@ -242,6 +242,8 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--accept-loss", action="store_true", help="confirm: the lost records stay lost"
     )
     _add_retire(commands)
+    moving.add_import(commands)
+    moving.add_export(commands)
     _add_lease(commands)
     acl = subcommand(
         commands,

@@ -407,3 +407,28 @@ SELECT key FROM kd_excluded WHERE id_type = $1 AND key = ANY ($2::text[])
 SELECT_IMPORT_EPOCH: Final = """
 SELECT coalesce((SELECT epoch FROM kd_import_epochs WHERE id_type = $1), 0)
 """
+
+# $1: id type (identifiers: {ledger}). Every issue of a ledger type, for `keydispenser
+# export`: the ledger's, then the issues given back and moved out of it
+# (kd_released_issues); entry_id names the stream entry, or the import, that recorded it.
+EXPORT_LEDGER: Final = """
+SELECT key,
+       CASE WHEN released_at IS NOT NULL THEN 'released'
+            WHEN used_at IS NOT NULL THEN 'used' ELSE 'issued' END AS status,
+       client, issued_at, used_at, used_by, released_at, released_by, entry_id
+FROM {ledger}
+UNION ALL
+SELECT key, 'released', client, issued_at, NULL, NULL, released_at, released_by, entry_id
+FROM kd_released_issues WHERE id_type = $1
+"""
+EXPORT_COLUMNS: Final = (
+    "key",
+    "status",
+    "client",
+    "issued_at",
+    "used_at",
+    "used_by",
+    "released_at",
+    "released_by",
+    "entry_id",
+)
