@@ -27,7 +27,7 @@ from shared.domain.idtypes import build_id_types
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
-from shared.stores.ledger.table import key_status
+from shared.stores.ledger.table import Applied, key_status, requeue
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.postgres.imports import Source
@@ -225,6 +225,31 @@ async def test_mosip_history_answers_as_the_kernel_did(settings: Settings, sourc
     assert {states[k].client for k in THIRD[1:3]} == {"idrepo"}
     assert row is not None and row["source"] == "mosip" and row["status"] == "ASSIGNED"
     assert row["created_at"].isoformat() == "2024-01-02T03:04:05+00:00"
+
+
+async def test_a_released_id_the_import_excluded_never_goes_back(
+    settings: Settings, source: str
+) -> None:
+    """A key keydispenser issued, given back by its client, later found issued by the
+    old generator too: the requeue settles its release without putting it back."""
+    key = THIRD[4]
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO kd_released_issues (id_type, key, issued_at, client, entry_id,"
+            " released_at, released_by, recorded_at) VALUES ('uin', $1, now(), 'c', '1-0',"
+            " now(), 'c', now() - interval '2 hours')",
+            key,
+        )
+        words = ("openg2p", "--from", source, "--type", "uin", "--table", "id_pool_tiny")
+        await run_import(settings, *words)
+        async with conn.transaction():
+            back = await requeue(conn, build_id_types(settings)["uin"], Applied())
+        assert back == 0
+        assert not await conn.fetchval('SELECT count(*) FROM "kd_cold_uin"')
+        assert await conn.fetchval("SELECT requeue_discarded FROM kd_released_issues")
+    finally:
+        await conn.close()
 
 
 async def test_running_it_again_changes_nothing(settings: Settings, source: str) -> None:
