@@ -48,6 +48,12 @@ MOSIP_UIN: Final = {"UNUSED": FREE, "ISSUED": ISSUED, "ASSIGNED": ASSIGNED}
 MOSIP_VID: Final = {"AVAILABLE": FREE, "ASSIGNED": ISSUED, "EXPIRED": ISSUED}
 FILE: Final = {**OPENG2P, **MOSIP_UIN, **MOSIP_VID}
 EXAMPLES: Final = 5  # invalid IDs (and unknown statuses) shown by example
+# A dispenser hands out keys of its stock (keys popped ahead of requests) only within
+# this long of having read the type's stock epoch unchanged (a read issued then): an
+# import bumps the epoch after it swept the hot list, and returns once this long has
+# passed (when a dispenser held a stock in that time), so no key popped before the sweep
+# is handed out from a stock after the import returned.
+STOCK_FRESH_S: Final = 2.0
 
 
 @dataclass(frozen=True)

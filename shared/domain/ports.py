@@ -53,6 +53,11 @@ class HotPool(Protocol):
 
     async def refuse_eviction(self) -> None: ...
 
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        """The type's stock epoch (moved on by imports), marking a stock held for
+        ``hold_ms``."""
+        ...
+
 
 class Nudges(Protocol):
     """How a dispenser wakes keysync for a type at once."""

@@ -65,6 +65,7 @@ class MemoryHot:
     stamps: list[Stamp] = field(default_factory=list)  # each pushed batch's, in order
     refills: dict[str, tuple[float, float]] = field(default_factory=dict)  # rate, at
     import_epochs: dict[str, int] = field(default_factory=dict)  # exclude.lua's epochs
+    stock_epochs: dict[str, int] = field(default_factory=dict)  # moved on by imports
     _records: dict[tuple[str, str], tuple[str, Popped]] = field(default_factory=dict)
 
     def fill(self, name: str, keys: Iterable[str]) -> None:
@@ -101,6 +102,9 @@ class MemoryHot:
         self.stamps.append(stamp)
         hot.extend(keys)
         return Pushed(len(hot), self.token, "pushed")
+
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        return self.stock_epochs.get(name, 0)
 
     async def server_time_ms(self) -> int:
         return self.now_ms

@@ -173,6 +173,28 @@ class HotStore(RedisPort):
         self._discarded(int(discarded), "exclude")
         return int(removed)
 
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        """The type's stock epoch, marking a stock held for ``hold_ms``."""
+        ns = self.namespace
+        async with self._guard("stock_epoch"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get(redis_keys.stock_epoch_key(ns, name))
+                pipe.set(redis_keys.stock_held_key(ns, name), "1", px=hold_ms)
+                epoch, _ = await pipe.execute()
+        return int(epoch or 0)
+
+    async def bump_stock(self, name: str) -> bool:
+        """Move the type's stock epoch on; whether a dispenser held a stock lately."""
+        ns = self.namespace
+        async with self._guard("bump_stock"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.incr(redis_keys.stock_epoch_key(ns, name))
+                pipe.exists(redis_keys.stock_held_key(ns, name))
+                _, held = await pipe.execute()
+        return bool(held)
+
     async def listed(self, name: str) -> AsyncIterator[list[str]]:
         """The keys of a type's hot list, a chunk at a time, from its tail: pops at the
         head shift no key still to be read, and keys pushed meanwhile at the tail are
