@@ -31,6 +31,7 @@ from shared.domain.imports import (
     MOSIP_UIN,
     MOSIP_VID,
     OPENG2P,
+    STOCK_FRESH_S,
     Intake,
     Meaning,
     SourceRow,
@@ -53,6 +54,8 @@ from shared.stores.postgres.imports import (
 
 CHUNK = 50_000  # rows read, checked and copied at a time
 PROGRESS_EVERY_S = 1.0
+# Past STOCK_FRESH_S, for clocks that run a little apart.
+STOCK_MARGIN_S = 0.5
 MOSIP_UIN_TABLES = ("kernel.uin", "kernel.uin_assigned")
 MOSIP_VID_TABLES = ("kernel.vid", "kernel.vid_assigned")
 
@@ -228,7 +231,8 @@ async def _record(
 
 async def sweep(settings: Settings, name: str, epoch: int) -> int:
     """Raise the type's import epoch in Redis, then remove every excluded key its hot
-    list holds; how many were removed."""
+    list holds, then move the stock epoch on and, when a dispenser held a stock lately,
+    wait until every stock was read again (``STOCK_FRESH_S``); how many were removed."""
     groups = Groups(settings)
     conn = await asyncpg.connect(settings.postgres_dsn, **driver_options(settings.postgres_pooler))
     try:
@@ -238,6 +242,8 @@ async def sweep(settings: Settings, name: str, epoch: int) -> int:
             found = await excluded_among(conn, name, keys)
             if found:
                 removed += await hot.exclude(name, epoch, found)
+        if await hot.bump_stock(name):  # a dispenser held a stock lately: it reads again
+            await asyncio.sleep(STOCK_FRESH_S + STOCK_MARGIN_S)
         return removed
     finally:
         await conn.close()

@@ -31,7 +31,7 @@ from shared.stores.ledger.table import Applied, key_status, requeue
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.postgres.imports import Source
-from tests.integration.fixtures import Servers, make_settings
+from tests.integration.fixtures import Servers, dispenser_in_process, make_settings
 
 TINY = {
     "kind": "numeric",
@@ -41,8 +41,9 @@ TINY = {
     "hot": {"low": 100, "high": 300},
     "cold": {"low": 400, "high": 600},
     "sync_batch": 100,
+    "prefetch": 16,
 }
-TYPES = {"tiny": TINY, "uin": {**TINY, "ledger": True}}
+TYPES = {"tiny": TINY, "uin": {**TINY, "ledger": True, "prefetch": 0}}
 EVERY_KEY = [f"{n:03d}" + verhoeff_digit(f"{n:03d}") for n in range(1000)]
 THIRD = EVERY_KEY[::3]  # what the old generator issued or holds
 _sources = count()
@@ -168,6 +169,25 @@ async def test_a_serving_stack_never_hands_out_an_imported_id(
     assert not set(after) & set(THIRD)
     assert len(after) == len(set(after))
     assert set(taken) | set(after) | set(THIRD) == set(EVERY_KEY)
+
+
+async def test_no_key_a_dispenser_stocked_before_the_import_is_handed_out_after(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    await stack.fill("tiny", 3)
+    await stack.refill("tiny")
+    async with dispenser_in_process(settings) as http:
+
+        async def one() -> str:
+            reply = await http.post("/v1/idgenerator/tiny/id")
+            assert reply.status_code == 200, reply.text
+            return str(reply.json()["response"]["id"])
+
+        before = [await one() for _ in range(4)]  # the pops after the first fill a stock
+        await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+        after = [await one() for _ in range(40)]
+    assert not set(after) & set(THIRD)
+    assert not set(before) & set(after)
 
 
 async def _generated(settings: Settings, name: str) -> list[str]:
