@@ -209,7 +209,8 @@ class Keygen:
         stats = await self._cold.range_stats(id_type.name)
         rate = stats["accepted"] / stats["candidates"] if stats["candidates"] else None
         now = time.monotonic()
-        seen = self._watches[id_type.name].observe(now, state.leased_counters, rate)
+        watch = self._watches[id_type.name]
+        seen = watch.observe(now, state.leased_counters, rate, state.excluded_ahead)
         labels = id_type.name
         self.metrics.counters_headroom.labels(labels).set(seen.counters_left)
         self.metrics.headroom_ratio.labels(labels).set(seen.fraction_left)

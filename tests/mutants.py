@@ -530,8 +530,8 @@ MUTANTS: Final = (
     Mutant(
         "keys_a_pop_brings_after_the_stop_are_stocked_uncounted",
         "dispenser/sources.py",
-        "        if self._stock is not None and not self._closed:",
-        "        if self._stock is not None:",
+        "if self._stock is not None and not self._closed and issued >= self._stale_before:",
+        "if self._stock is not None and issued >= self._stale_before:",
         ("tests/unit/test_pool.py",),
     ),
     Mutant(
@@ -1474,6 +1474,20 @@ MUTANTS: Final = (
         "if epoch < tonumber",
         "if false and epoch < tonumber",
         (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "a_stock_is_kept_after_an_import",
+        "dispenser/sources.py",
+        "        if self._epoch is not None and epoch != self._epoch:",
+        "        if False:",
+        (IMPORT_TESTS, "tests/unit/test_pool.py"),
+    ),
+    Mutant(
+        "a_stale_stock_is_handed_out",
+        "dispenser/sources.py",
+        "        if not stock or not self._fresh():",
+        "        if not stock:",
+        ("tests/unit/test_pool.py",),
     ),
     Mutant(
         "a_requeue_puts_an_excluded_id_back",

@@ -355,3 +355,21 @@ async def test_the_source_is_read_only(source: str) -> None:
             await connected._conn.execute("DELETE FROM id_pool_tiny")
     finally:
         await connected.close()
+
+
+async def test_the_keyspace_left_does_not_count_the_excluded(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    await stack.fill("tiny", 2)  # counters [0, 256) leased
+    await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+    tiny = stack.types["tiny"]
+    ahead = [c for c in tiny.counters_of(THIRD) if c is not None and c >= 256]
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        state = await cold.sequence_state(tiny)
+    finally:
+        await cold.close()
+    assert state.excluded_ahead == len(ahead) > 0
+    assert state.headroom == 1000 - 256 - len(ahead)
+    seen = await stack.keygen.watch_headroom(tiny)
+    assert seen.counters_left == state.headroom

@@ -475,13 +475,19 @@ class ColdStore:
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
+        """The counters of the share leased, and the excluded ones still ahead (an
+        import's: headroom does not count them)."""
+        config = id_type.config
         async with self.connection() as conn, translated("sequence_state"):
             row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
-        row = one_row(row, "sequence_state")
-        config = id_type.config
-        end = int(row["last_value"]) + config.range_size if row["is_called"] else None
-        leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
-        return SequenceState(leased, config.counter_share)
+            row = one_row(row, "sequence_state")
+            end = int(row["last_value"]) + config.range_size if row["is_called"] else None
+            leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
+            first = config.counter_start + leased
+            ahead = await conn.fetchval(
+                sql.COUNT_EXCLUDED_BETWEEN, id_type.name, first, config.counter_stop
+            )
+        return SequenceState(leased, config.counter_share, int(ahead))
 
     async def range_stats(self, name: str) -> dict[str, int]:
         async with self.connection() as conn, translated("range_stats"):

@@ -184,8 +184,3 @@ async def excluded_among(conn: Any, name: str, keys: Sequence[str]) -> list[str]
     """Those of ``keys`` an import excluded."""
     rows = await conn.fetch(sql.SELECT_EXCLUDED_AMONG, name, list(keys))
     return [row["key"] for row in rows]
-
-
-async def excluded_ahead(conn: Any, name: str, first_counter: int) -> int:
-    """Excluded counters from ``first_counter`` on (still to be leased)."""
-    return int(await conn.fetchval(sql.COUNT_EXCLUDED_FROM, name, first_counter))

@@ -289,15 +289,11 @@ SELECT_EXCLUDED_IN_RANGE: Final = """
 SELECT key FROM kd_excluded WHERE id_type = $1 AND counter >= $2 AND counter < $3
 """
 
-# $1: id type, $2: from this counter on. Excluded counters still ahead of the sequence
-# (the headroom they take).
-COUNT_EXCLUDED_FROM: Final = """
-SELECT count(*) FROM kd_excluded WHERE id_type = $1 AND counter >= $2
+# $1: id type, $2: the first counter not leased, $3: the end of the share. Excluded
+# counters still ahead of the sequence (the headroom they take).
+COUNT_EXCLUDED_BETWEEN: Final = """
+SELECT count(*) FROM kd_excluded WHERE id_type = $1 AND counter >= $2 AND counter < $3
 """
-
-# $1: id type. Every ID excluded, and the first counter of the type's sequence not
-# leased yet is the caller's to compare.
-COUNT_EXCLUDED: Final = "SELECT count(*) FROM kd_excluded WHERE id_type = $1"
 
 # No parameters. Where an import's rows wait for the set-based statements below (the
 # transaction's own: dropped at its end).
