@@ -116,6 +116,40 @@ class IdType:
             counters = iter(int(c) for c in inverted)
         return [None if v is None or v >= self.domain_size else next(counters) for v in values]
 
+    def keys_of(self, values: list[str]) -> list[str | None]:
+        """``normalise`` of each value that ``validate`` accepts, None for the others, a
+        block at a time: a value its format reads back to a counter value is valid when
+        encoding that value (check symbol, filters: as keygen does) writes it again."""
+        cores = [self._readable_core(v) for v in values]
+        numbers = [None if c is None else self._number(c) for c in cores]
+        known = [n for n in numbers if n is not None]
+        written: set[str] = set()
+        if known:
+            written = set(to_strings(self.format.columns(np.array(known, dtype=np.uint64))))
+        out: list[str | None] = []
+        for core, number in zip(cores, numbers, strict=True):
+            good = core is not None and (
+                core in written if number is not None else self.format.valid(core)
+            )
+            out.append(self.config.prefix + core + self.config.suffix if good and core else None)
+        return out
+
+    def _readable_core(self, value: str) -> str | None:
+        """The normalised core of ``value`` when it has the type's length, else None."""
+        try:
+            core = self.core(value.strip())
+        except InvalidInput:
+            return None
+        return core if core is not None and len(core) == self.config.length else None
+
+    def _number(self, core: str) -> int | None:
+        """The counter value ``core`` writes (None: none does, or it cannot be read)."""
+        try:
+            number = self.format.value_of(core)
+        except ValueError:
+            return None
+        return number if number is not None and number < self.domain_size else None
+
     def _bare(self, key: str) -> str:
         """A stored key without its affixes."""
         return key[len(self.config.prefix) : len(key) - len(self.config.suffix)]

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
-from shared.domain.errors import InvalidInput
-
 if TYPE_CHECKING:
     from shared.domain.idtypes import IdType
 
@@ -87,23 +85,17 @@ class Intake:
         """The rows of ``rows`` to stage, each with its key as the stores hold it and the
         counter keygen makes it from."""
         self.rows += len(rows)
+        keys = self.id_type.keys_of([row.value for row in rows])
         kept: list[tuple[str, SourceRow, Meaning]] = []
-        for row in rows:
+        for row, key in zip(rows, keys, strict=True):
             meaning = self._meaning(row.status)
-            key = self._key(row.value)
-            if key is not None and meaning is not None:
+            if key is None:
+                self._invalid(row.value)
+            elif meaning is not None:
                 kept.append((key, row, meaning))
         counters = self.id_type.counters_of([key for key, _, _ in kept])
         return [
-            (
-                key,
-                counter,
-                _status(row),
-                _utc(row.created_at),
-                _utc(row.updated_at),
-                m.issued,
-                m.used,
-            )
+            (key, counter, _status(row), *_times(row), m.issued, m.used)
             for (key, row, m), counter in zip(kept, counters, strict=True)
         ]
 
@@ -113,19 +105,12 @@ class Intake:
             self.unknown[repr(status)] += 1
         return meaning
 
-    def _key(self, value: str) -> str | None:
-        """The key ``value`` names, as the stores hold it; None (counted) when it cannot
-        be one of the type's (length, alphabet, check digit, affixes, filters)."""
-        text = value.strip()
-        try:
-            if self.id_type.validate(text):
-                return self.id_type.normalise(text)
-        except InvalidInput:
-            pass
+    def _invalid(self, value: str) -> None:
+        """An ID that cannot be one of the type's keys (length, alphabet, check digit,
+        affixes, filters): counted, and shown by example."""
         self.invalid += 1
         if len(self.invalid_examples) < EXAMPLES:
             self.invalid_examples.append(value)
-        return None
 
     def refusal(self) -> str | None:
         """Why the import is refused (statuses its source does not have), if it is."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from shared.domain.config import IdTypeConfig
+from shared.domain.errors import InvalidInput
 from shared.domain.idtypes import IdType
 
 SECRET = b"unit-secret"
@@ -40,3 +43,24 @@ def test_a_key_no_counter_generates_has_none() -> None:
         "s", IdTypeConfig(kind="numeric", length=6, order="sequential", check_digit="none"), SECRET
     )
     assert padded.counters_of(["000042"]) == [42]
+
+
+@pytest.mark.parametrize("settings", TYPES, ids=lambda s: f"{s['kind']}{s['length']}")
+def test_keys_of_a_block_agree_with_validate_one_by_one(settings: dict[str, object]) -> None:
+    id_type = IdType("t", IdTypeConfig(**settings), SECRET)  # type: ignore[arg-type]
+    generated, _ = id_type.generate(0, 20_000)
+    rnd = random.Random(7)
+    alphabet = id_type.format.read_characters
+    affix = str(settings.get("prefix", "")), str(settings.get("suffix", ""))
+    values = [*generated[:300], "", " ", "x" * 300, generated[0].lower(), f" {generated[1]} "]
+    for _ in range(2_000):
+        size = id_type.config.length + rnd.choice((0, 0, 0, 1, -1))
+        values.append(affix[0] + "".join(rnd.choice(alphabet) for _ in range(size)) + affix[1])
+
+    def one(value: str) -> str | None:
+        try:
+            return id_type.normalise(value.strip()) if id_type.validate(value.strip()) else None
+        except InvalidInput:
+            return None
+
+    assert id_type.keys_of(values) == [one(v) for v in values]
