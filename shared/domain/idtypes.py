@@ -53,6 +53,7 @@ class IdType:
         self.name = name
         self.config = config
         self.rules = Rules.resolve(config.filter_profile, config.length, config.filters)
+        self._domain_size = config.domain_size  # (computed by the format: read per key)
         self._key_digest = ""
         self._permutation: FeistelPermutation | None = None
         key = None
@@ -64,7 +65,7 @@ class IdType:
 
     @property
     def domain_size(self) -> int:
-        return self.config.domain_size
+        return self._domain_size
 
     @property
     def sequential(self) -> bool:

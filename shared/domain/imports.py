@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
@@ -100,7 +101,7 @@ class Intake:
         ]
 
     def _meaning(self, status: str | None) -> Meaning | None:
-        meaning = None if status is None else self.statuses.get(status.strip().upper())
+        meaning = None if status is None else self.statuses.get(_spelled(status))
         if meaning is None:
             self.unknown[repr(status)] += 1
         return meaning
@@ -122,7 +123,13 @@ class Intake:
 
 
 def _status(row: SourceRow) -> str:
-    return (row.status or "").strip().upper()
+    return _spelled(row.status or "")
+
+
+@cache
+def _spelled(status: str) -> str:
+    """A status as the tables above write it (a source may pad or lower-case it)."""
+    return status.strip().upper()
 
 
 def _times(row: SourceRow) -> tuple[datetime | None, datetime | None]:

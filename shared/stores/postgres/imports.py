@@ -155,8 +155,8 @@ class ImportTarget:
         done.duplicate_keys, done.duplicate_rows = int(row["keys"]), int(row["extra"])
         done.duplicate_examples = list(row["examples"] or [])
         await conn.execute(sql.LOCK_IMPORT, name)
-        row = one_row(await conn.fetchrow(sql.UPSERT_EXCLUDED, name, source), "exclude")
-        done.excluded_added, done.excluded_changed = int(row["added"]), int(row["changed"])
+        done.excluded_changed = _rows(await conn.execute(sql.UPDATE_CHANGED_EXCLUDED, name, source))
+        done.excluded_added = _rows(await conn.execute(sql.INSERT_NEW_EXCLUDED, name, source))
         done.cold_removed = int(await conn.fetchval(sql.for_type(sql.DELETE_STAGED_COLD, name)))
         if id_type.config.ledger:
             await self._record_issues(name, source, client)
@@ -172,6 +172,11 @@ class ImportTarget:
         done.issued_here, done.issued_here_examples = int(row["keys"]), list(row["examples"] or [])
         statement = sql.for_type(sql.INSERT_IMPORTED_ISSUES, name)
         done.ledger_added = int(await conn.fetchval(statement, client, entry))
+
+
+def _rows(tag: str) -> int:
+    """The rows a statement's status tag says it wrote (``INSERT 0 5``, ``UPDATE 5``)."""
+    return int(tag.rsplit(" ", 1)[-1])
 
 
 def import_entry(source: str) -> str:

@@ -327,27 +327,32 @@ SELECT count(*) AS keys, coalesce(sum(n - 1), 0) AS extra,
 FROM (SELECT key, count(*) AS n FROM kd_import_staging GROUP BY key HAVING count(*) > 1) AS d
 """
 
-# $1: id type, $2: source. Records every staged ID as excluded (the newest row of a key
-# the source holds twice); a row already recorded is rewritten only when the source
-# says something else of it now. How many were added, how many changed.
-UPSERT_EXCLUDED: Final = """
-WITH seen AS (
-    SELECT DISTINCT ON (key) key, counter, status, created_at, updated_at
-    FROM kd_import_staging ORDER BY key, updated_at DESC NULLS LAST
-),
-written AS (
-    INSERT INTO kd_excluded AS e (id_type, key, counter, source, status, created_at, updated_at)
-    SELECT $1, key, counter, $2, status, created_at, updated_at FROM seen
-    ON CONFLICT (id_type, key) DO UPDATE
-    SET source = EXCLUDED.source, status = EXCLUDED.status,
-        created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, imported_at = now()
-    WHERE (e.source, e.status, e.created_at, e.updated_at)
-          IS DISTINCT FROM (EXCLUDED.source, EXCLUDED.status, EXCLUDED.created_at,
-                            EXCLUDED.updated_at)
-    RETURNING (xmax = 0) AS added
-)
-SELECT count(*) FILTER (WHERE added) AS added, count(*) FILTER (WHERE NOT added) AS changed
-FROM written
+# The staged rows, one per key (the newest of a key the source holds twice), in key
+# order (the index's: inserted in order, its pages are written once).
+_STAGED_ONCE: Final = """
+SELECT DISTINCT ON (key) key, counter, status, created_at, updated_at
+FROM kd_import_staging ORDER BY key, updated_at DESC NULLS LAST
+"""
+
+# $1: id type, $2: source. Rewrites the exclusions the source now says something else
+# of (a new status, new times). After LOCK_IMPORT. Status tag: UPDATE n.
+UPDATE_CHANGED_EXCLUDED: Final = f"""
+UPDATE kd_excluded AS e
+SET source = $2, status = s.status, created_at = s.created_at, updated_at = s.updated_at,
+    imported_at = now()
+FROM ({_STAGED_ONCE}) AS s
+WHERE e.id_type = $1 AND e.key = s.key
+  AND (e.source, e.status, e.created_at, e.updated_at)
+      IS DISTINCT FROM ($2, s.status, s.created_at, s.updated_at)
+"""
+
+# $1: id type, $2: source. Excludes every staged ID not excluded yet. After LOCK_IMPORT
+# (no other import inserts meanwhile). Status tag: INSERT 0 n.
+INSERT_NEW_EXCLUDED: Final = f"""
+INSERT INTO kd_excluded (id_type, key, counter, source, status, created_at, updated_at)
+SELECT $1, s.key, s.counter, $2, s.status, s.created_at, s.updated_at
+FROM ({_STAGED_ONCE}) AS s
+WHERE NOT EXISTS (SELECT 1 FROM kd_excluded AS e WHERE e.id_type = $1 AND e.key = s.key)
 """
 
 # No parameters (identifiers: {cold}). Removes the staged IDs from the cold table; how many.
