@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cache
 from datetime import UTC, datetime
+from functools import cache
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
