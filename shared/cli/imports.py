@@ -101,7 +101,7 @@ async def _plans(
     args: argparse.Namespace, source: Source | None, types: dict[str, IdType]
 ) -> list[Plan]:
     if args.source == "file":
-        return [_file_plan(args.path, _type(types, args.type_name), args.status)]
+        return [file_plan(args.path, _type(types, args.type_name), args.status)]
     assert source is not None
     if args.source == "openg2p":
         table = args.table or f"id_pool_{args.type_name}"
@@ -143,7 +143,7 @@ async def _table_plan(
     return Plan(type_name, label, statuses, lambda: source.rows(statement, present, CHUNK), total)
 
 
-def _file_plan(path: str, type_name: str, status: str) -> Plan:
+def file_plan(path: str, type_name: str, status: str) -> Plan:
     if status not in FILE:
         raise ConfigError(f"--status: {status!r} is none of {', '.join(FILE)}")
     total = None if path == "-" else _lines(path)
