@@ -373,3 +373,55 @@ async def test_the_keyspace_left_does_not_count_the_excluded(
     assert state.headroom == 1000 - 256 - len(ahead)
     seen = await stack.keygen.watch_headroom(tiny)
     assert seen.counters_left == state.headroom
+
+
+async def test_the_switch_by_the_runbook_leaves_no_id_in_two_hands(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    """docs/operations.md's switch: the old service keeps issuing from its pool while
+    it is imported twice, callers move (both serve), it stops, a last import; then
+    keydispenser serves its type to the end. No ID is issued by both."""
+    old = await asyncpg.connect(source)
+    hot = HotStore.from_settings(settings)
+    words = ("openg2p", "--from", source, "--type", "tiny", "--table", "id_pool_switch")
+    pool = EVERY_KEY[1::3]  # the old service's pool: none issued yet
+
+    async def old_issues(count: int) -> list[str]:
+        rows = await old.fetch(
+            "UPDATE id_pool_switch SET status = 'TAKEN', issued_at = now() WHERE id_value IN"
+            " (SELECT id_value FROM id_pool_switch WHERE status = 'AVAILABLE' LIMIT $1"
+            "  FOR UPDATE SKIP LOCKED) RETURNING id_value",
+            count,
+        )
+        return [r["id_value"] for r in rows]
+
+    try:
+        await old.execute("CREATE TABLE id_pool_switch (LIKE id_pool_tiny INCLUDING ALL)")
+        await old.execute(
+            "INSERT INTO id_pool_switch"
+            " SELECT k, 'AVAILABLE', now(), NULL FROM unnest($1::text[]) AS k",
+            pool,
+        )
+        by_old = await old_issues(10)
+        _, more = await asyncio.gather(run_import(settings, *words), old_issues(10))
+        by_old += more
+        await run_import(settings, *words)  # each run takes what changed since
+        await stack.fill("tiny", 2)
+        await stack.refill("tiny")
+        by_us = await pop_all(hot, "tiny")  # callers moved: both serve
+        by_old += await old_issues(10)
+        await run_import(settings, *words)  # the old service stopped: a last import
+        for _ in range(40):
+            await stack.fill("tiny", 2)
+            await stack.refill("tiny")
+            got = await pop_all(hot, "tiny")
+            if not got and stack.keygen.exhausted("tiny"):
+                break
+            by_us += got
+    finally:
+        await old.execute("DROP TABLE IF EXISTS id_pool_switch")
+        await old.close()
+        await hot.close()
+    assert len(by_old) == 30 and len(set(by_us)) == len(by_us) > 500
+    assert not set(by_old) & set(by_us)
+    assert not set(pool) & set(by_us)  # available there: never handed out here either
