@@ -13,7 +13,7 @@ import platform
 import resource
 import tempfile
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import asyncpg
 
@@ -36,16 +36,25 @@ def bench_settings(settings: Settings, dsn: str) -> Settings:
     return Settings.model_validate(settings.model_dump() | {"postgres_dsn": dsn, "id_types": types})
 
 
-def issued_ids(id_type: IdType, rows: int) -> list[str]:
-    """``rows`` keys of the type: 1 in 100 of its first counters, then a block."""
-    dense, _ = id_type.generate(0, DENSE_COUNTERS)
-    keys = dense[::100][:rows]
+def write_ids(id_type: IdType, rows: int, out: TextIO) -> None:
+    """``rows`` keys of the type, a block at a time: 1 in 100 of its first counters,
+    then the keys of a stretch from the middle of its keyspace."""
+    left = rows
+    for start in range(0, DENSE_COUNTERS, _RANGE):
+        if left <= 0:
+            return
+        block, _ = id_type.generate(start, start + _RANGE)
+        left -= _write(block[::100][:left], out)
     start = id_type.domain_size // 2
-    while len(keys) < rows:
-        block, _ = id_type.generate(start, start + 4 * _RANGE)
-        keys.extend(block[: rows - len(keys)])
-        start += 4 * _RANGE
-    return keys
+    while left > 0:
+        block, _ = id_type.generate(start, start + _RANGE)
+        left -= _write(block[:left], out)
+        start += _RANGE
+
+
+def _write(keys: list[str], out: TextIO) -> int:
+    out.write("".join(f"{key}\n" for key in keys))
+    return len(keys)
 
 
 def _rss_mb() -> float:
@@ -70,9 +79,10 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
         finally:
             await conn.close()
         with tempfile.NamedTemporaryFile("w", suffix=".txt") as listing:
-            listing.write("\n".join(issued_ids(types["imported"], options.rows)) + "\n")
+            write_ids(types["imported"], options.rows, listing)
             listing.flush()
             rss = _rss_mb()
+            results["rss_before_mb"] = round(rss, 1)
             for label in ("first", "again"):
                 plan = file_plan(listing.name, "imported", "ISSUED")
                 started = time.perf_counter()
