@@ -13,7 +13,7 @@ import platform
 import resource
 import tempfile
 import time
-from typing import Any, TextIO
+from typing import IO, Any
 
 import asyncpg
 
@@ -36,7 +36,7 @@ def bench_settings(settings: Settings, dsn: str) -> Settings:
     return Settings.model_validate(settings.model_dump() | {"postgres_dsn": dsn, "id_types": types})
 
 
-def write_ids(id_type: IdType, rows: int, out: TextIO) -> None:
+def write_ids(id_type: IdType, rows: int, out: IO[str]) -> None:
     """``rows`` keys of the type, a block at a time: 1 in 100 of its first counters,
     then the keys of a stretch from the middle of its keyspace."""
     left = rows
@@ -52,7 +52,7 @@ def write_ids(id_type: IdType, rows: int, out: TextIO) -> None:
         start += _RANGE
 
 
-def _write(keys: list[str], out: TextIO) -> int:
+def _write(keys: list[str], out: IO[str]) -> int:
     out.write("".join(f"{key}\n" for key in keys))
     return len(keys)
 
