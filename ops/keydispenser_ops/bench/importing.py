@@ -92,9 +92,11 @@ async def run(settings: Settings, seconds: float, options: Options) -> dict[str,
                 results[f"{label}_rows_per_s"] = round(report["rows_read"] / elapsed)
                 results[f"{label}_excluded_added"] = report["excluded_added"]
             results["max_rss_growth_mb"] = round(_rss_mb() - rss, 1)
-        for name in ("plain", "imported"):
+        # In turn, twice each, the best kept: a machine's load drifts during a run.
+        for name in ("plain", "imported", "imported", "plain"):
             found = await stored(local, name, seconds)
-            results[f"keygen_{name}_stored_per_s"] = round(found["stored_per_s"])
+            key = f"keygen_{name}_stored_per_s"
+            results[key] = max(results.get(key, 0), round(found["stored_per_s"]))
     finally:
         await drop_database(settings.postgres_dsn, database)
     return results
