@@ -78,6 +78,15 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     types = build_id_types(settings)
     reports = asyncio.run(_run(settings, types, args))
     print(json.dumps(reports, indent=2, default=str))
+    short = [
+        r["id_type"] for r in reports if r.get("replicas_acknowledged", 0) < r.get("replicas", 0)
+    ]
+    if short:
+        raise KeydispenserError(
+            f"imported, but not every Redis replica acknowledged the sweep of {', '.join(short)}"
+            " (a replica promoted now could take a superseded batch): run the import again "
+            "once the replicas are back"
+        )
 
 
 async def _run(
@@ -212,8 +221,8 @@ async def import_type(
     finally:
         progress.done()
         await conn.close()
-    removed = None if dry_run else await sweep(settings, id_type.name, recorded.epoch)
-    return _report(id_type.name, plan, intake, recorded, removed, dry_run)
+    swept = None if dry_run else await sweep(settings, id_type.name, recorded.epoch)
+    return _report(id_type.name, plan, intake, recorded, swept, dry_run)
 
 
 async def _record(
@@ -229,10 +238,21 @@ async def _record(
     return await target.record(intake.id_type, plan.source, client)
 
 
-async def sweep(settings: Settings, name: str, epoch: int) -> int:
+@dataclass(frozen=True)
+class Swept:
+    """The hot list's sweep: keys removed, and the replicas that hold it, of how many."""
+
+    hot_removed: int
+    replicas: int
+    replicas_acknowledged: int
+
+
+async def sweep(settings: Settings, name: str, epoch: int) -> Swept:
     """Raise the type's import epoch in Redis, then remove every excluded key its hot
     list holds, then move the stock epoch on and, when a dispenser held a stock lately,
-    wait until every stock was read again (``STOCK_FRESH_S``); how many were removed."""
+    wait until every stock was read again (``STOCK_FRESH_S``), and for the replicas to
+    hold all of it (a promoted replica lacking the epoch would take a batch the import
+    superseded)."""
     groups = Groups(settings)
     conn = await asyncpg.connect(settings.postgres_dsn, **driver_options(settings.postgres_pooler))
     try:
@@ -242,16 +262,17 @@ async def sweep(settings: Settings, name: str, epoch: int) -> int:
             found = await excluded_among(conn, name, keys)
             if found:
                 removed += await hot.exclude(name, epoch, found)
-        if await hot.bump_stock(name):  # a dispenser held a stock lately: it reads again
+        bumped = await hot.bump_stock(name)
+        if bumped.held:  # a dispenser held a stock lately: it reads the epoch again
             await asyncio.sleep(STOCK_FRESH_S + STOCK_MARGIN_S)
-        return removed
+        return Swept(removed, bumped.replicas, bumped.acknowledged)
     finally:
         await conn.close()
         await groups.close()
 
 
 def _report(
-    name: str, plan: Plan, intake: Intake, recorded: Recorded, removed: int | None, dry_run: bool
+    name: str, plan: Plan, intake: Intake, recorded: Recorded, swept: Swept | None, dry_run: bool
 ) -> dict[str, Any]:
     return {
         "id_type": name,
@@ -261,7 +282,7 @@ def _report(
         "invalid": intake.invalid,
         "invalid_examples": intake.invalid_examples,
         **asdict(recorded),
-        "hot_removed": removed,
+        **(asdict(swept) if swept is not None else {"hot_removed": None}),
     }
 
 

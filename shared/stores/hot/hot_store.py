@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shared.domain import redis_keys
@@ -66,6 +67,20 @@ POP_IDEMPOTENT = Script("pop_idempotent", pop_idempotent_keys, fenced=True)
 PUSH = Script("push", push_keys, fenced=True)
 DEPTH = Script("depth", depth_keys, fenced=True)
 EXCLUDE = Script("exclude", exclude_keys, fenced=True)
+# How long an import waits for the replicas to acknowledge its writes.
+REPLICATED_WAIT_MS = 5_000
+
+
+@dataclass(frozen=True)
+class StockBumped:
+    """An import's last step on a hot list: whether a dispenser held a stock lately, and
+    how many replicas hold the import's writes, of how many."""
+
+    held: bool
+    replicas: int
+    acknowledged: int
+
+
 # Keys read at a time from a hot list an import sweeps.
 SWEEP_CHUNK = 10_000
 
@@ -184,16 +199,20 @@ class HotStore(RedisPort):
                 epoch, _ = await pipe.execute()
         return int(epoch or 0)
 
-    async def bump_stock(self, name: str) -> bool:
-        """Move the type's stock epoch on; whether a dispenser held a stock lately."""
+    async def bump_stock(self, name: str, wait_ms: int = REPLICATED_WAIT_MS) -> StockBumped:
+        """Move the type's stock epoch on, then wait (``wait_ms`` at most) until every
+        replica holds it, and with it every write the primary applied before (an
+        import's epoch and sweep): a replica promoted later does not take them back."""
         ns = self.namespace
         async with self._guard("bump_stock"):
             client = await self._endpoint.client()
+            replicas = int((await client.info("replication")).get("connected_slaves", 0))
             async with client.pipeline(transaction=False) as pipe:
                 pipe.incr(redis_keys.stock_epoch_key(ns, name))
                 pipe.exists(redis_keys.stock_held_key(ns, name))
-                _, held = await pipe.execute()
-        return bool(held)
+                pipe.wait(replicas, wait_ms)
+                _, held, acked = await pipe.execute()
+        return StockBumped(bool(held), replicas, int(acked))
 
     async def listed(self, name: str) -> AsyncIterator[list[str]]:
         """The keys of a type's hot list, a chunk at a time, from its tail: pops at the
