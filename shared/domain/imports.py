@@ -45,7 +45,8 @@ ASSIGNED: Final = Meaning(issued=True, used=True)
 OPENG2P: Final = {"AVAILABLE": FREE, "TAKEN": ISSUED}
 MOSIP_UIN: Final = {"UNUSED": FREE, "ISSUED": ISSUED, "ASSIGNED": ASSIGNED}
 MOSIP_VID: Final = {"AVAILABLE": FREE, "ASSIGNED": ISSUED, "EXPIRED": ISSUED}
-FILE: Final = {**OPENG2P, **MOSIP_UIN, **MOSIP_VID}
+# A file's: every source's, ASSIGNED as MOSIP's UINs mean it (confirmed by its client).
+FILE: Final = {**MOSIP_VID, **OPENG2P, **MOSIP_UIN}
 EXAMPLES: Final = 5  # invalid IDs (and unknown statuses) shown by example
 # A dispenser hands out keys of its stock (keys popped ahead of requests) only within
 # this long of having read the type's stock epoch unchanged (a read issued then): an
