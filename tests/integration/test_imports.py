@@ -20,6 +20,7 @@ from keygen.main import Keygen
 from keysync.main import Keysync
 from shared.cli import imports
 from shared.cli.main import parser
+from shared.domain.apikeys import ANONYMOUS
 from shared.domain.checkdigit import verhoeff_digit
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
@@ -32,6 +33,8 @@ from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.postgres.imports import Source
 from tests.integration.fixtures import Servers, dispenser_in_process, make_settings
+from tests.integration.test_mosip import error_code, mosip_settings, put
+from tests.integration.test_mosip import stack as mosip_stack
 
 TINY = {
     "kind": "numeric",
@@ -425,3 +428,21 @@ async def test_the_switch_by_the_runbook_leaves_no_id_in_two_hands(
     assert len(by_old) == 30 and len(set(by_us)) == len(by_us) > 500
     assert not set(by_old) & set(by_us)
     assert not set(pool) & set(by_us)  # available there: never handed out here either
+
+
+async def test_mosips_put_answers_for_imported_uins_as_the_kernel_would(
+    servers: Servers, database: str, hot: HotStore, tmp_path: Path
+) -> None:
+    """An imported ASSIGNED UIN cannot be given back (KER-UIG-004, the kernel's "not
+    ISSUED"); an imported ISSUED one is confirmed by its client."""
+    farmer = build_id_types(mosip_settings(servers, database))["farmer"]
+    assigned, issued = farmer.generate(2_000, 4_000)[0][:2]
+    listing = tmp_path / "uins.txt"
+    listing.write_text(f"{assigned},ASSIGNED\n{issued},ISSUED\n")
+    async with mosip_stack(servers, database, hot) as (http, _, settings, _):
+        words = ("file", str(listing), "--type", "farmer", "--client", ANONYMOUS)
+        (report,) = await run_import(settings, *words)
+        assert report["ledger_added"] == 2
+        assert error_code(await put(http, assigned, "UNASSIGNED")) == "KER-UIG-004"
+        assert (await put(http, assigned, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
+        assert (await put(http, issued, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
