@@ -254,11 +254,22 @@ class Keysync:
                 return pushed.length
             if pushed.status == "refused" and not ambiguous:
                 pin, not_after = pushed.token, None  # the primary changed; nothing pushed
+                if await self._superseded(name, epoch):
+                    return self._lost(name, keys, LOST_BECAUSE["superseded"])
                 continue
             if pushed.status == "untrusted":
                 await self._cold.vouch()  # Redis lost the record: rebuild it, try again
                 continue
             return self._lost(name, keys, LOST_BECAUSE.get(pushed.status, pushed.status))
+
+    async def _superseded(self, name: str, epoch: int) -> bool:
+        """Whether an import ran since the batch was taken: a new Redis primary may not
+        hold the epoch the import set on the old one (restarted empty, or promoted
+        before it replicated), so the push could not refuse the batch."""
+        try:
+            return await self._cold.import_epoch(name) > epoch
+        except StoreUnavailable:
+            return True  # unknown: lost (counted), never pushed
 
     def _lost(self, name: str, keys: list[str], reason: str) -> int:
         # Already deleted from the cold table and committed: wasted, never reissued.

@@ -183,6 +183,10 @@ class ColdInventory(Protocol):
 
     async def wake_keygen(self, name: str) -> None: ...
 
+    async def import_epoch(self, name: str) -> int:
+        """The type's import epoch now (``kd_import_epochs``; 0: never imported into)."""
+        ...
+
 
 class HotLists(Protocol):
     """keysync's view of the hot tier."""

@@ -394,6 +394,9 @@ class MemoryCold:
     async def wake_keygen(self, name: str) -> None:
         self.woken.append(name)
 
+    async def import_epoch(self, name: str) -> int:
+        return self.import_epochs.get(name, 0)
+
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         config = id_type.config
         start = self.next_counter.get(id_type.name, config.counter_start)

@@ -495,6 +495,11 @@ class ColdStore:
         row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
 
+    async def import_epoch(self, name: str) -> int:
+        """The type's import epoch now (0: never imported into)."""
+        async with self.connection() as conn, translated("import_epoch"):
+            return int(await conn.fetchval(sql.SELECT_IMPORT_EPOCH, name))
+
     async def wake_keygen(self, name: str) -> None:
         async with self.connection() as conn, translated("wake_keygen"):
             await conn.execute(sql.NOTIFY, sql.KEYGEN_CHANNEL, name)
