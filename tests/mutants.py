@@ -1476,6 +1476,13 @@ MUTANTS: Final = (
         (IMPORT_TESTS,),
     ),
     Mutant(
+        "a_batch_taken_before_an_import_lands_on_a_new_primary",
+        "keysync/main.py",
+        "            return await self._cold.import_epoch(name) > epoch",
+        "            return False",
+        ("tests/unit/test_keysync_push.py",),
+    ),
+    Mutant(
         "a_stock_is_kept_after_an_import",
         "dispenser/sources.py",
         "        if self._epoch is not None and epoch != self._epoch:",
