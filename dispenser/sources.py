@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from dispenser.metrics import DispenserMetrics
@@ -42,6 +43,7 @@ from shared.domain.errors import (
     UnknownIdType,
 )
 from shared.domain.idtypes import IdType
+from shared.domain.imports import STOCK_FRESH_S
 from shared.domain.names import ID_TYPE_NAME
 from shared.domain.ports import HotPool, LedgerWrites, Nudges
 from shared.domain.snowflake import Minter
@@ -219,6 +221,13 @@ class Pool:
         self._tasks: set[asyncio.Task[None]] = set()  # pops for the waiters and the stock
         self._nudges: set[asyncio.Task[None]] = set()
         self._last_nudge = -math.inf
+        # The stock's freshness (``STOCK_FRESH_S``): when the last read of the stock
+        # epoch that succeeded was issued, the epoch it read, and since when keys popped
+        # are stale (popped before an import's sweep: never stocked).
+        self.clock: Callable[[], float] = time.monotonic  # (a unit test moves it on)
+        self._checked = -math.inf
+        self._epoch: int | None = None
+        self._stale_before = -math.inf
         metrics.hot_low.labels(name).set(id_type.config.hot.low)  # KdHotDepthLow's mark
 
     # --- what the routes take ----------------------------------------------------
@@ -227,8 +236,8 @@ class Pool:
         """A key of the stock, handed out now; None when there is none (then ``one``
         waits for one). Starts a refill once the stock is down to half."""
         stock = self._stock
-        if not stock:
-            return None
+        if not stock or not self._fresh():
+            return None  # (a stale stock is read again by the next pop, then used)
         key = stock.popleft()
         if len(stock) <= self._half and not self._draining:
             self._start()
@@ -302,8 +311,10 @@ class Pool:
         served = False  # a pop for waiters took for the stock too: no pop for it alone
         try:
             while True:
+                if stock is not None and not self._fresh():
+                    await self._check_stock()
                 queue, self._queue = self._queue, []
-                if stock:  # refilled since these requests found it empty
+                if stock and self._fresh():  # refilled since these requests found it empty
                     queue = self._from_stock(stock, queue)
                 batch = queue[: self._max_batch]
                 if len(queue) > self._max_batch:
@@ -312,7 +323,7 @@ class Pool:
                 # Only while the hot list held plenty at the last pop: near empty, each
                 # request pops for itself (a stock would hold keys other processes'
                 # requests then go without).
-                plenty = self._seen >= PLENTY * ahead and not self._closed
+                plenty = self._seen >= PLENTY * ahead and not self._closed and self._fresh()
                 extra = min(short, self._max_batch - len(batch)) if plenty else 0
                 if not batch and (served or short * 2 < ahead or not extra):
                     return
@@ -341,6 +352,7 @@ class Pool:
             if len(set(clients)) == 1:
                 clients = clients[:1]  # one client name stands for all in the ledger
         count = len(batch) + extra
+        issued = self.clock()
         try:
             popped = await self._pop(count, clients)
         except BaseException as exc:  # every waiter gets the failure, then it propagates
@@ -363,7 +375,7 @@ class Pool:
             elif index < len(keys):
                 spare.append(keys[index])
         spare.extend(keys[len(batch) :])
-        if self._stock is not None and not self._closed:
+        if self._stock is not None and not self._closed and issued >= self._stale_before:
             self._stock.extend(spare)
             self._stocked += len(spare)
         elif spare:
@@ -378,6 +390,27 @@ class Pool:
         self._after_pop(popped, issued=False)  # counted as each is handed out
         await self._confirmed(popped)
         return popped
+
+    # --- the stock's freshness (imports) ----------------------------------------
+
+    def _fresh(self) -> bool:
+        return self.clock() - self._checked < STOCK_FRESH_S
+
+    async def _check_stock(self) -> None:
+        """Read the stock epoch: moved on by an import, the stock is dropped (counted
+        lost) and keys of pops issued before this read are never stocked. A failed read
+        leaves the stock stale: not handed out until a read succeeds."""
+        issued = self.clock()
+        try:
+            epoch = await self._hot.stock_epoch(self.name, round(STOCK_FRESH_S * 1000))
+        except KeydispenserError as exc:
+            log.info("stock_check_failed", extra={"id_type": self.name, "error": str(exc)})
+            return
+        if self._epoch is not None and epoch != self._epoch:
+            self._stale_before = issued
+            self.drop_stock()
+            log.info("stock_dropped_after_import", extra={"id_type": self.name})
+        self._epoch, self._checked = epoch, issued
 
     def drop_stock(self) -> None:
         """Give up every stocked key (at shutdown): counted as lost, never handed out."""

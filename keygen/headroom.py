@@ -24,13 +24,17 @@ class HeadroomWatch:
         self._samples: deque[tuple[float, int]] = deque(maxlen=window)
         self._warned: set[float] = set()
 
-    def observe(self, now: float, leased: int, acceptance: float | None) -> Headroom:
+    def observe(
+        self, now: float, leased: int, acceptance: float | None, excluded: int = 0
+    ) -> Headroom:
+        """``leased``: counters leased so far; ``excluded``: counters not leased yet whose
+        keys an import excluded (never handed out: not headroom)."""
         # A sample per change of the sequence (a lease by any process, a fence moving it
         # on): looking again while nothing was leased does not shorten the forecast's
         # window.
         if not self._samples or self._samples[-1][1] != leased:
             self._samples.append((now, leased))
-        left = max(self._domain - leased, 0)
+        left = max(self._domain - leased - excluded, 0)
         fraction = left / self._domain
         crossed = tuple(t for t in self._thresholds if fraction < t and t not in self._warned)
         self._warned.update(crossed)

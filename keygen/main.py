@@ -209,7 +209,8 @@ class Keygen:
         stats = await self._cold.range_stats(id_type.name)
         rate = stats["accepted"] / stats["candidates"] if stats["candidates"] else None
         now = time.monotonic()
-        seen = self._watches[id_type.name].observe(now, state.leased_counters, rate)
+        watch = self._watches[id_type.name]
+        seen = watch.observe(now, state.leased_counters, rate, state.excluded_ahead)
         labels = id_type.name
         self.metrics.counters_headroom.labels(labels).set(seen.counters_left)
         self.metrics.headroom_ratio.labels(labels).set(seen.fraction_left)
@@ -249,7 +250,13 @@ class Keygen:
                     next_slice = self._generator.generate(id_type, *slices[i + 1])
                     pending = asyncio.ensure_future(next_slice)
                 await self._cold.insert_keys(
-                    id_type, leased, keys, tried, final=final, before_commit=self._copied
+                    id_type,
+                    leased,
+                    keys,
+                    tried,
+                    final=final,
+                    before_commit=self._copied,
+                    counters=slices[i],
                 )
                 self.metrics.keys.labels(id_type.name).inc(len(keys))
                 self.metrics.candidates.labels(id_type.name).inc(tried)

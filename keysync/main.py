@@ -58,6 +58,7 @@ LOST_BECAUSE = {
     "stale": "postgres_lost_commits",
     "foreign": "namespace_bound_to_another_database",
     "halted": "postgres_fence_halted",
+    "superseded": "taken_before_an_import",
 }
 
 
@@ -185,7 +186,7 @@ class Keysync:
         return pushing.result(), following
 
     async def _push_recorded(self, name: str, taken: OpenBatch) -> int:
-        depth = await self.push(name, taken.keys, taken.stamp)
+        depth = await self.push(name, taken.keys, taken.stamp, taken.epoch)
         await self._record_refill(name, len(taken.keys))
         return depth
 
@@ -208,7 +209,9 @@ class Keysync:
             self._empty.add(name)
             log.warning("cold_empty", extra={"id_type": name})
 
-    async def push(self, name: str, keys: list[str], stamp: Stamp = NO_STAMP) -> int:
+    async def push(
+        self, name: str, keys: list[str], stamp: Stamp = NO_STAMP, epoch: int = 0
+    ) -> int:
         """Push a committed batch exactly once, or lose it (counted); never on two servers.
 
         Each attempt is pinned to the server identity the batch is meant for. A
@@ -220,7 +223,9 @@ class Keysync:
         a VM pause) gets 'expired', never a second copy. The push records ``stamp``
         (the PostgreSQL fence): a batch from a PostgreSQL that lost commits, from
         another history or another database is lost, never pushed; a record Redis lost
-        is rebuilt first (vouch), then the push is tried again.
+        is rebuilt first (vouch), then the push is tried again. A batch taken under an
+        import ``epoch`` older than one an import set since is lost ('superseded': it may
+        hold IDs the import excluded).
         """
         config = self._settings.keysync
         batch, pin, ambiguous = uuid.uuid4().hex, self._token, False
@@ -238,7 +243,7 @@ class Keysync:
                 continue
             try:
                 pushed = await self._hot.push(
-                    name, keys, batch, pin, stamp, not_after, config.batch_marker_ttl_s
+                    name, keys, batch, pin, stamp, not_after, config.batch_marker_ttl_s, epoch
                 )
             except StoreUnavailable:
                 ambiguous = True  # it may have landed on the pinned server
@@ -250,11 +255,22 @@ class Keysync:
                 return pushed.length
             if pushed.status == "refused" and not ambiguous:
                 pin, not_after = pushed.token, None  # the primary changed; nothing pushed
+                if await self._superseded(name, epoch):
+                    return self._lost(name, keys, LOST_BECAUSE["superseded"])
                 continue
             if pushed.status == "untrusted":
                 await self._cold.vouch()  # Redis lost the record: rebuild it, try again
                 continue
             return self._lost(name, keys, LOST_BECAUSE.get(pushed.status, pushed.status))
+
+    async def _superseded(self, name: str, epoch: int) -> bool:
+        """Whether an import ran since the batch was taken: a new Redis primary may not
+        hold the epoch the import set on the old one (restarted empty, or promoted
+        before it replicated), so the push could not refuse the batch."""
+        try:
+            return await self._cold.import_epoch(name) > epoch
+        except StoreUnavailable:
+            return True  # unknown: lost (counted), never pushed
 
     def _lost(self, name: str, keys: list[str], reason: str) -> int:
         # Already deleted from the cold table and committed: wasted, never reissued.

@@ -67,6 +67,7 @@ PGBOUNCER_TESTS = "tests/acceptance/test_pgbouncer.py"
 REDIS_ACL_TESTS = "tests/acceptance/test_redis_acl.py"
 CHART_TESTS = ("tests/integration/test_helm_chart.py",)
 ROLE_TESTS = ("tests/integration/test_roles.py",)
+IMPORT_TESTS = "tests/integration/test_imports.py"
 HELPERS = "deploy/helm/keydispenser/templates/_helpers.tpl"
 
 MUTANTS: Final = (
@@ -649,8 +650,8 @@ MUTANTS: Final = (
     Mutant(
         "keys_a_pop_brings_after_the_stop_are_stocked_uncounted",
         "dispenser/sources.py",
-        "        if self._stock is not None and not self._closed:",
-        "        if self._stock is not None:",
+        "if self._stock is not None and not self._closed and issued >= self._stale_before:",
+        "if self._stock is not None and issued >= self._stale_before:",
         ("tests/unit/test_pool.py",),
     ),
     Mutant(
@@ -1565,6 +1566,62 @@ MUTANTS: Final = (
         '    if pooler == "none":\n        return {"server_settings": dict(SERVER_SETTINGS)}',
         '    if True:\n        return {"server_settings": dict(SERVER_SETTINGS)}',
         (PGBOUNCER_TESTS,),
+    ),
+    Mutant(
+        "keygen_generates_excluded_ids",
+        "shared/stores/postgres/cold_store.py",
+        "    if not rows:\n        return keys",
+        "    if True:\n        return keys",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "import_leaves_excluded_ids_in_the_cold_table",
+        "shared/stores/postgres/imports.py",
+        "done.cold_removed = int(await conn.fetchval(sql.for_type(sql.DELETE_STAGED_COLD, name)))",
+        "done.cold_removed = 0",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "import_leaves_excluded_ids_in_the_hot_list",
+        "shared/cli/imports.py",
+        "            if found:",
+        "            if False:",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "a_batch_taken_before_an_import_lands_after_it",
+        "shared/stores/hot/lua/push.lua",
+        "if epoch < tonumber",
+        "if false and epoch < tonumber",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "a_batch_taken_before_an_import_lands_on_a_new_primary",
+        "keysync/main.py",
+        "            return await self._cold.import_epoch(name) > epoch",
+        "            return False",
+        ("tests/unit/test_keysync_push.py",),
+    ),
+    Mutant(
+        "a_stock_is_kept_after_an_import",
+        "dispenser/sources.py",
+        "        if self._epoch is not None and epoch != self._epoch:",
+        "        if False:",
+        (IMPORT_TESTS, "tests/unit/test_pool.py"),
+    ),
+    Mutant(
+        "a_stale_stock_is_handed_out",
+        "dispenser/sources.py",
+        "        if not stock or not self._fresh():",
+        "        if not stock:",
+        ("tests/unit/test_pool.py",),
+    ),
+    Mutant(
+        "a_requeue_puts_an_excluded_id_back",
+        "shared/stores/ledger/sql.py",
+        "OR EXISTS (SELECT 1 FROM kd_excluded AS e WHERE e.id_type = $1 AND e.key = r.key)",
+        "OR false",
+        (IMPORT_TESTS,),
     ),
 )
 

@@ -18,4 +18,5 @@ BENCHES: dict[str, str] = {
     "lifecycle": "MOSIP's PUT /uin and the ledger lookup, p50/p99 under a steady load",
     "pipeline": "keys/s through all three processes at once",
     "client": "keys/s through the Python client, sync and async",
+    "import": "keydispenser import: rows/s, memory, a rerun; keygen with the IDs excluded",
 }

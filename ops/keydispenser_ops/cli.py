@@ -50,6 +50,7 @@ def run_bench(settings: Settings, args: argparse.Namespace) -> None:
         getattr(args, "existing_rows", defaults.existing_rows),
         getattr(args, "spent", defaults.spent),
         getattr(args, "rounds", defaults.rounds),
+        getattr(args, "rows", defaults.rows),
     )
     if options.slot_per != "namespace" and not options.cluster_shards:
         raise ConfigError("--slot-per: with --redis-cluster only")
@@ -261,6 +262,12 @@ def _fraction(raw: str) -> float:
     return value
 
 
+def _rows_option(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "--rows", type=positive_int, default=1_000_000, help="IDs to import (default 10^6)"
+    )
+
+
 def _lifecycle_rate_option(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--rate",
@@ -280,6 +287,7 @@ BENCH_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] 
     "ledger": (_processes_option, _ledger_rate_option, _existing_rows_option),
     "lifecycle": (_lifecycle_rate_option, _existing_rows_option),
     "pipeline": (_pipeline_options,),
+    "import": (_rows_option,),
 }
 
 

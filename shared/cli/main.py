@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from shared import logs
-from shared.cli import stack
+from shared.cli import moving, stack
 from shared.cli.plugins import (
     MORE_COMMANDS,
     Command,
@@ -249,6 +249,8 @@ def parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "ledger-quarantine-<UTC time>.csv in the working directory)",
     )
     _add_retire(commands)
+    moving.add_import(commands)
+    moving.add_export(commands)
     _add_lease(commands)
     acl = subcommand(
         commands,

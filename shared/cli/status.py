@@ -45,6 +45,7 @@ async def collect_status(settings: Settings) -> dict[str, Any]:
                 "site": None if id_type.config.site is None else id_type.config.site.model_dump(),
                 "counter_range": [id_type.config.counter_start, id_type.config.counter_stop],
                 "counters_leased": state.leased_counters,
+                "counters_excluded_ahead": state.excluded_ahead,
                 "counters_headroom": state.headroom,
                 "headroom_fraction": state.headroom / state.domain,
                 "acceptance_rate": rate,

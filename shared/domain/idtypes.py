@@ -53,6 +53,7 @@ class IdType:
         self.name = name
         self.config = config
         self.rules = Rules.resolve(config.filter_profile, config.length, config.filters)
+        self._domain_size = config.domain_size  # (computed by the format: read per key)
         self._key_digest = ""
         self._permutation: FeistelPermutation | None = None
         key = None
@@ -64,7 +65,7 @@ class IdType:
 
     @property
     def domain_size(self) -> int:
-        return self.config.domain_size
+        return self._domain_size
 
     @property
     def sequential(self) -> bool:
@@ -101,6 +102,58 @@ class IdType:
             values = self._permutation.permute(counters)
         chars = self.format.columns(values)
         return to_strings(chars, self.config.prefix, self.config.suffix), stop - start
+
+    def counters_of(self, keys: list[str]) -> list[int | None]:
+        """The counter each key (valid, as the stores hold it) is generated from, the
+        inverse of ``generate``; None for a key no counter of this type generates."""
+        values = [self.format.value_of(self._bare(key)) for key in keys]
+        known = [v for v in values if v is not None and v < self.domain_size]
+        if self.sequential or not known:
+            counters = iter(known)
+        elif self._permutation is None:
+            raise ConfigError("permutation_key: required to find the counters of keys")
+        else:
+            inverted = self._permutation.invert(np.array(known, dtype=np.uint64))
+            counters = iter(int(c) for c in inverted)
+        return [None if v is None or v >= self.domain_size else next(counters) for v in values]
+
+    def keys_of(self, values: list[str]) -> list[str | None]:
+        """``normalise`` of each value that ``validate`` accepts, None for the others, a
+        block at a time: a value its format reads back to a counter value is valid when
+        encoding that value (check symbol, filters: as keygen does) writes it again."""
+        cores = [self._readable_core(v) for v in values]
+        numbers = [None if c is None else self._number(c) for c in cores]
+        known = [n for n in numbers if n is not None]
+        written: set[str] = set()
+        if known:
+            written = set(to_strings(self.format.columns(np.array(known, dtype=np.uint64))))
+        out: list[str | None] = []
+        for core, number in zip(cores, numbers, strict=True):
+            good = core is not None and (
+                core in written if number is not None else self.format.valid(core)
+            )
+            out.append(self.config.prefix + core + self.config.suffix if good and core else None)
+        return out
+
+    def _readable_core(self, value: str) -> str | None:
+        """The normalised core of ``value`` when it has the type's length, else None."""
+        try:
+            core = self.core(value.strip())
+        except InvalidInput:
+            return None
+        return core if core is not None and len(core) == self.config.length else None
+
+    def _number(self, core: str) -> int | None:
+        """The counter value ``core`` writes (None: none does, or it cannot be read)."""
+        try:
+            number = self.format.value_of(core)
+        except ValueError:
+            return None
+        return number if number is not None and number < self.domain_size else None
+
+    def _bare(self, key: str) -> str:
+        """A stored key without its affixes."""
+        return key[len(self.config.prefix) : len(key) - len(self.config.suffix)]
 
     def validate(self, value: str) -> bool:
         """True when ``value`` is a well-formed key of this type, as a client may write

@@ -71,6 +71,14 @@ class FeistelPermutation:
         out: U64 = (left.astype(np.uint64) << self._shift) | right
         return out
 
+    def _decrypt(self, values: U64) -> U64:
+        left = (values >> self._shift).astype(np.uint32)
+        right = (values & self._mask64).astype(np.uint32)
+        for round_key in reversed(self._round_keys):
+            left, right = right ^ (fmix32(left ^ round_key) & self._mask32), left
+        out: U64 = (left.astype(np.uint64) << self._shift) | right
+        return out
+
     def permute(self, counters: U64) -> U64:
         """Map every counter in ``[0, domain)`` to its image in ``[0, domain)``."""
         out = self._encrypt(counters.astype(np.uint64, copy=False))
@@ -80,6 +88,19 @@ class FeistelPermutation:
         outside = np.flatnonzero(out >= limit)
         while outside.size:
             out[outside] = self._encrypt(out[outside])
+            outside = outside[out[outside] >= limit]
+        return out
+
+    def invert(self, values: U64) -> U64:
+        """The counters whose images are ``values`` (each in ``[0, domain)``): the
+        rounds in reverse, cycle-walking back out of the values outside the domain."""
+        out = self._decrypt(values.astype(np.uint64, copy=True))
+        if self.domain == MAX_DOMAIN:
+            return out
+        limit = np.uint64(self.domain)
+        outside = np.flatnonzero(out >= limit)
+        while outside.size:
+            out[outside] = self._decrypt(out[outside])
             outside = outside[out[outside] >= limit]
         return out
 

@@ -53,6 +53,11 @@ class HotPool(Protocol):
 
     async def refuse_eviction(self) -> None: ...
 
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        """The type's stock epoch (moved on by imports), marking a stock held for
+        ``hold_ms``."""
+        ...
+
 
 class Nudges(Protocol):
     """How a dispenser wakes keysync for a type at once."""
@@ -147,7 +152,11 @@ class KeyInventory(Protocol):
         *,
         final: bool,
         before_commit: Callable[[], object] = ...,
-    ) -> None: ...
+        counters: tuple[int, int] | None = None,
+    ) -> None:
+        """Add ``keys``, generated from ``counters`` (default: the whole range), but for
+        those an import excluded."""
+        ...
 
     async def sequence_state(self, id_type: IdType) -> SequenceState: ...
 
@@ -166,6 +175,11 @@ class OpenBatch(Protocol):
     @property
     def stamp(self) -> Stamp: ...
 
+    @property
+    def epoch(self) -> int:
+        """The type's import epoch when its keys were taken (``kd_import_epochs``)."""
+        ...
+
     async def commit(self) -> None: ...
 
     async def rollback(self) -> None: ...
@@ -182,6 +196,10 @@ class ColdInventory(Protocol):
 
     async def wake_keygen(self, name: str) -> None: ...
 
+    async def import_epoch(self, name: str) -> int:
+        """The type's import epoch now (``kd_import_epochs``; 0: never imported into)."""
+        ...
+
 
 class HotLists(Protocol):
     """keysync's view of the hot tier."""
@@ -197,6 +215,7 @@ class HotLists(Protocol):
         stamp: Stamp = ...,
         not_after_ms: int = 0,
         marker_ttl_s: float = ...,
+        epoch: int = 0,
     ) -> Pushed: ...
 
     async def server_time_ms(self) -> int: ...

@@ -27,6 +27,25 @@ def hot_list_key(namespace: str, name: str) -> str:
     return f"{namespace}:hot:{name}"
 
 
+def import_epoch_key(namespace: str, name: str) -> str:
+    """The import epoch of an ID type (``kd_import_epochs``), set by each import before
+    it sweeps the type's hot list: a keysync batch taken under an older epoch (before
+    the import removed its IDs from the cold table) is refused by push.lua."""
+    return f"{namespace}:import:epoch:{name}"
+
+
+def stock_epoch_key(namespace: str, name: str) -> str:
+    """Moved on by each import once it swept the type's hot list: a dispenser drops the
+    keys its stock holds when it finds it moved (``STOCK_FRESH_S``)."""
+    return f"{namespace}:import:stock:{name}"
+
+
+def stock_held_key(namespace: str, name: str) -> str:
+    """Set (with a TTL of ``STOCK_FRESH_S``) by each dispenser reading the stock epoch:
+    while it exists, an import waits for the stocks to be read again."""
+    return f"{namespace}:import:stock:{name}:held"
+
+
 def keysync_wake_key(namespace: str) -> str:
     """A short list that dispensers push ID-type names to when a hot list runs low."""
     return f"{namespace}:keysync:wake"

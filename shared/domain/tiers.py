@@ -63,10 +63,12 @@ class SequenceState:
 
     leased_counters: int
     domain: int
+    excluded_ahead: int = 0  # counters not leased yet whose keys an import excluded
 
     @property
     def headroom(self) -> int:
-        return self.domain - self.leased_counters
+        """Counters still to lease that make keys keydispenser may hand out."""
+        return self.domain - self.leased_counters - self.excluded_ahead
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,10 @@ class HotRouter(_ByType[HotStore], HotPool):
         """Returns whether keysync marked type ``name``'s keyspace used up."""
         return await self.of(name).exhausted(name)
 
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        """Type ``name``'s stock epoch, from its group (``HotStore.stock_epoch``)."""
+        return await self.of(name).stock_epoch(name, hold_ms)
+
     async def refuse_eviction(self) -> None:
         """ConfigError when a group's server may evict keys (a cluster's shards each
         have their own policy). A server not reachable yet is checked at the next

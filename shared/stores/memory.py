@@ -65,6 +65,8 @@ class MemoryHot:
     batches: set[str] = field(default_factory=set)  # batch IDs pushed (push.lua's markers)
     stamps: list[Stamp] = field(default_factory=list)  # each pushed batch's, in order
     refills: dict[str, tuple[float, float]] = field(default_factory=dict)  # rate, at
+    import_epochs: dict[str, int] = field(default_factory=dict)  # exclude.lua's epochs
+    stock_epochs: dict[str, int] = field(default_factory=dict)  # moved on by imports
     _records: dict[tuple[str, str], tuple[str, Popped]] = field(default_factory=dict)
 
     def fill(self, name: str, keys: Iterable[str]) -> None:
@@ -83,12 +85,16 @@ class MemoryHot:
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3_600.0,
+        epoch: int = 0,
     ) -> Pushed:
         """Append a batch once (``batch_id``); refused when pinned to another server,
-        expired after ``not_after_ms`` of this server's clock (neither appends)."""
+        superseded when taken before an import's epoch, expired after ``not_after_ms``
+        of this server's clock (none of them appends)."""
         hot = self.lists.setdefault(name, deque())
         if pin and pin != self.token:
             return Pushed(len(hot), self.token, "refused")
+        if batch_id not in self.batches and epoch < self.import_epochs.get(name, 0):
+            return Pushed(len(hot), self.token, "superseded")
         if not_after_ms and self.now_ms > not_after_ms:
             return Pushed(len(hot), self.token, "expired")
         if batch_id in self.batches:
@@ -97,6 +103,9 @@ class MemoryHot:
         self.stamps.append(stamp)
         hot.extend(keys)
         return Pushed(len(hot), self.token, "pushed")
+
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        return self.stock_epochs.get(name, 0)
 
     async def server_time_ms(self) -> int:
         return self.now_ms
@@ -355,6 +364,7 @@ class MemoryTake:
     _cold: MemoryCold = field(repr=False)
     _name: str = field(repr=False)
     _finished: bool = field(default=False, repr=False)
+    epoch: int = 0
 
     async def commit(self) -> None:
         if self._finished:
@@ -380,18 +390,24 @@ class MemoryCold:
     woken: list[str] = field(default_factory=list)  # wake_keygen's types, in order
     vouched: int = 0
     clock: int = 0  # the sync clock: each take's stamp moves it on
+    import_epochs: dict[str, int] = field(default_factory=dict)  # kd_import_epochs
+    excluded: dict[str, set[str]] = field(default_factory=dict)  # kd_excluded's keys
 
     async def begin_take(self, name: str, size: int) -> MemoryTake:
         stored = self.keys.get(name, set())
         taken = [stored.pop() for _ in range(min(size, len(stored)))]
         self.clock += 1
-        return MemoryTake(taken, Stamp(1, 0, self.clock), self, name)
+        epoch = self.import_epochs.get(name, 0)
+        return MemoryTake(taken, Stamp(1, 0, self.clock), self, name, epoch=epoch)
 
     async def vouch(self) -> None:
         self.vouched += 1
 
     async def wake_keygen(self, name: str) -> None:
         self.woken.append(name)
+
+    async def import_epoch(self, name: str) -> int:
+        return self.import_epochs.get(name, 0)
 
     async def lease_range(self, id_type: IdType, lessee: str) -> LeasedRange:
         config = id_type.config
@@ -416,8 +432,10 @@ class MemoryCold:
         *,
         final: bool,
         before_commit: Callable[[], object] = lambda: None,
+        counters: tuple[int, int] | None = None,
     ) -> None:
         stored = self.keys.setdefault(id_type.name, set())
+        keys = [k for k in keys if k not in self.excluded.get(id_type.name, ())]
         if not stored.isdisjoint(keys):
             raise AssertionError(f"{id_type.name}: a key inserted twice")
         before_commit()

@@ -87,6 +87,7 @@ class DiesInFirstPush(HotStore):
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3600,
+        epoch: int = 0,
     ) -> Pushed:
         await asyncio.sleep(0.2)  # long enough for the next batch's DELETE to have run
         raise Killed("keysync.pushing")

@@ -30,6 +30,7 @@ ARGV = {
     "fill": ["fill", "--type", "farmer", "--count", "1"],
     "bench": ["bench", "keygen"],
     "drill": ["drill"],
+    "simulate": ["simulate", "--seeds", "1"],
 }
 
 

@@ -32,3 +32,9 @@ def test_exhausted_keyspace() -> None:
     seen = HeadroomWatch(500, (0.01,)).observe(0.0, 500, 0.5)
     assert seen.counters_left == 0 and seen.estimated_keys_left == 0
     assert seen.crossed == (0.01,)
+
+
+def test_excluded_counters_are_no_headroom() -> None:
+    watch = HeadroomWatch(domain=1_000, thresholds=(0.5,))
+    seen = watch.observe(0.0, 100, 1.0, excluded=450)
+    assert seen.counters_left == 450 and seen.crossed == (0.5,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from typing import cast
 
 import pytest
 
@@ -51,6 +52,7 @@ class ServerEpochs:
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3600,
+        epoch: int = 0,
     ) -> Pushed:
         self.deadlines.append(not_after_ms)
         step = self.script.pop(0) if self.script else "ok"
@@ -89,6 +91,11 @@ class NoCold:
     async def wake_keygen(self, name: str) -> None:
         raise AssertionError("not expected")
 
+    epoch = 0  # the import epoch PostgreSQL holds now
+
+    async def import_epoch(self, name: str) -> int:
+        return self.epoch
+
 
 def keysync(servers: ServerEpochs, token: str = "A", push_retry_s: float = 10.0) -> Keysync:
     settings = Settings.model_validate({"id_types": {}, "keysync": {"push_retry_s": push_retry_s}})
@@ -108,6 +115,18 @@ async def test_stale_pin_is_refused_then_repinned() -> None:
     servers.current = "B"
     assert await keysync(servers, token="A").push("t", ["k"]) == 1
     assert servers.lists == {"A": [], "B": ["k"]}
+
+
+async def test_a_batch_taken_before_an_import_is_lost_when_the_primary_changed() -> None:
+    """The new primary may lack the epoch the import set on the old one: PostgreSQL's
+    epoch, read again, says the batch is older than an import."""
+    servers = ServerEpochs()
+    sync = keysync(servers, token="old")
+    cast(NoCold, sync._cold).epoch = 3
+    with pytest.raises(StoreUnavailable, match="taken_before_an_import"):
+        await sync.push("t", ["k1", "k2"], epoch=2)
+    assert servers.lists["A"] == []
+    assert await sync.push("t", ["k3"], epoch=3) == 1  # taken after it: pushed
 
 
 async def test_lost_reply_then_retry_on_the_same_server_adds_nothing() -> None:
@@ -226,6 +245,7 @@ class Batch:
 
     def __init__(self, keys: list[str], log: list[str]) -> None:
         self.keys, self.stamp, self._log = keys, NO_STAMP, log
+        self.epoch = 0
 
     async def commit(self) -> None:
         self._log.append(f"commit {self.keys[0]}")
@@ -261,6 +281,7 @@ class SlowPushes(ServerEpochs):
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = 3600,
+        epoch: int = 0,
     ) -> Pushed:
         await asyncio.sleep(self.delay_s)
         pushed = await super().push(name, keys, batch_id, pin, stamp, not_after_ms)
@@ -305,6 +326,7 @@ async def test_a_push_slower_than_the_hold_rolls_the_next_batch_back(
 class Empty:
     keys: list[str] = []
     stamp = NO_STAMP
+    epoch = 0
 
     async def commit(self) -> None:
         pass

@@ -4,6 +4,7 @@ request gets its own key or none; the prefetch stock."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -16,6 +17,7 @@ from shared.domain.apikeys import ANONYMOUS
 from shared.domain.config import load_settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
+from shared.domain.imports import STOCK_FRESH_S
 from shared.domain.ports import HotPool
 from shared.domain.tiers import Popped
 from shared.stores.memory import MemoryHot, MemoryLedger, MemoryNudges
@@ -29,6 +31,14 @@ class FakePool:
         self.keys = [f"k{i}" for i in range(keys)]
         self.calls: list[tuple[int, list[str]]] = []
         self.fail = False
+        self.epoch = 0  # the stock epoch (an import moves it on)
+        self.epoch_reads = 0
+
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        self.epoch_reads += 1
+        if self.fail:
+            raise StoreUnavailable("redis", "down")
+        return self.epoch
 
     async def pop_coalesced(
         self, name: str, count: int, clients: Sequence[str] = (), ledger: bool = False
@@ -257,3 +267,45 @@ async def test_keys_a_pop_brings_after_the_stop_are_counted_lost() -> None:
     assert lost == [("t", 4), ("t", 4)] and pool.stocked() == 0
     assert pool.handed_out() == 4
     assert len(hot.calls) == 3  # and no pop after it
+
+
+# A stock after an import (STOCK_FRESH_S): never handed out once the stock epoch moved.
+
+
+class Clock:
+    """Time as the pool tells it, moved on by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_an_import_moving_the_stock_epoch_drops_the_stock() -> None:
+    hot, pool, lost = await stocked_pool(1_000)
+    pool.clock = clock = Clock()
+    await pool.join("c")
+    stocked = [f"k{i}" for i in range(2, 10)]
+    assert pool.stocked() == 8 and pool.ready() == stocked[0]
+    hot.epoch = 1  # an import swept the hot list, then moved the epoch on
+    clock.now += STOCK_FRESH_S  # no read of the epoch since: the stock is stale
+    assert pool.ready() is None
+    key, _ = await pool.join("c")  # reads the epoch, drops the stock, pops
+    assert key not in stocked and pool.stocked() < 8 + 1
+    assert all(k not in stocked for k in list(pool._stock or ()))
+    assert lost == [("t", 7)]
+
+
+async def test_a_stock_whose_epoch_cannot_be_read_is_not_handed_out() -> None:
+    hot, pool, _ = await stocked_pool(1_000)
+    pool.clock = clock = Clock()
+    await pool.join("c")
+    clock.now += STOCK_FRESH_S
+    hot.fail = True
+    assert pool.ready() is None
+    with pytest.raises(StoreUnavailable):
+        await pool.join("c")
+    hot.fail = False
+    key, _ = await pool.join("c")  # read again: unchanged, the stock is good
+    assert key == "k2" and pool.ready() == "k3"

@@ -83,7 +83,14 @@ def _arguments(port_op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
 
 def test_the_routed_operations_are_the_ports_own_that_name_a_type_first() -> None:
     """Control: the list the tests below walk is the ports' own."""
-    assert routed_operations(HotPool) == ("pop", "pop_coalesced", "pop_once", "depth", "exhausted")
+    assert routed_operations(HotPool) == (
+        "pop",
+        "pop_coalesced",
+        "pop_once",
+        "depth",
+        "exhausted",
+        "stock_epoch",
+    )
     assert routed_operations(Nudges) == ("nudge",)
     assert "backlog" in routed_operations(LedgerWrites)
     assert "refuse_eviction" not in routed_operations(HotPool)  # names no type

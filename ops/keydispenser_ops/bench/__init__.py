@@ -17,7 +17,9 @@ from keydispenser_ops.catalog import BENCHES
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError
 
-POSTGRES_ONLY = frozenset({"keygen"})  # benches that never reach Redis
+POSTGRES_ONLY = frozenset({"keygen"})
+# A benchmark whose name is no module name Python allows: its module.
+MODULES = {"import": "importing"}  # benches that never reach Redis
 
 # Benchmarks generate into scratch databases: any permutation key will do there.
 BENCH_PERMUTATION_KEY = "keydispenser-benchmark-key"
@@ -39,6 +41,7 @@ class Options:
     existing_rows: int = 0  # ledger, lifecycle: ledger rows loaded before measuring
     spent: float = 0.0  # keygen: the fraction of each keyspace spent before measuring
     rounds: int = 1  # dispense: each measure made this many times, the best kept
+    rows: int = 1_000_000  # import: IDs imported
 
 
 async def run(name: str, settings: Settings, seconds: float, options: Options) -> dict[str, Any]:
@@ -52,7 +55,7 @@ async def run(name: str, settings: Settings, seconds: float, options: Options) -
             f"redis_cluster: bench {name} runs against redis_url (a scratch server); unset "
             "redis_cluster for it (bench pipeline runs on a cluster: --redis-cluster)"
         )
-    bench = importlib.import_module(f"{__name__}.{name}")
+    bench = importlib.import_module(f"{__name__}.{MODULES.get(name, name)}")
     if settings.permutation_key is None:  # scratch databases: any key will do
         settings = settings.model_copy(update={"permutation_key": SecretStr(BENCH_PERMUTATION_KEY)})
     if name in POSTGRES_ONLY:

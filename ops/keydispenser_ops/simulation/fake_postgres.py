@@ -696,18 +696,38 @@ def NOTIFY(ctx: Context, channel: str, payload: str) -> list[Row]:
     return [{"pg_notify": None}]
 
 
-def TAKE_BATCH(ctx: Context, size: int) -> list[Row]:
+def TAKE_BATCH(ctx: Context, size: int, type_name: str) -> list[Row]:
     keys = list(ctx.cold)[: int(size)]
     for key in keys:
         del ctx.cold[key]
-    return [{"taken": len(keys), "keys": "\n".join(keys) if keys else None}]
+    return [{"taken": len(keys), "keys": "\n".join(keys) if keys else None, "epoch": 0}]
 
 
-def TAKE_BATCH_IN_ORDER(ctx: Context, size: int) -> list[Row]:
+def TAKE_BATCH_IN_ORDER(ctx: Context, size: int, type_name: str) -> list[Row]:
     keys = sorted(ctx.cold)[: int(size)]
     for key in keys:
         del ctx.cold[key]
-    return [{"taken": len(keys), "keys": "\n".join(keys) if keys else None}]
+    return [{"taken": len(keys), "keys": "\n".join(keys) if keys else None, "epoch": 0}]
+
+
+# Imports (keydispenser import) are not part of the simulation's world: no ID is
+# excluded, no import epoch is ever set; the import lock is free.
+
+
+def SELECT_IMPORT_EPOCH(ctx: Context, type_name: str) -> list[Row]:
+    return [{"epoch": 0}]
+
+
+def LOCK_IMPORT_SHARED(ctx: Context, type_name: str) -> None:
+    return None
+
+
+def COUNT_EXCLUDED_BETWEEN(ctx: Context, type_name: str, first: int, end: int) -> list[Row]:
+    return [{"count": 0}]
+
+
+def SELECT_EXCLUDED_IN_RANGE(ctx: Context, type_name: str, first: int, end: int) -> list[Row]:
+    return []
 
 
 # --- the ledger ----------------------------------------------------------------------
@@ -914,8 +934,8 @@ def SETTLE_RELEASES(ctx: Context) -> list[Row]:
     return [{"id_type": kind, "releases": n} for kind, n in counts.items()]
 
 
-def IS_QUARANTINED(ctx: Context, key: str, type_name: str) -> bool:
-    return (type_name, key) in ctx.tables.quarantined
+def IS_QUARANTINED(ctx: Context, key: str, type_name: str) -> list[Row]:
+    return [{"exists": (type_name, key) in ctx.tables.quarantined}]
 
 
 def SELECT_RELEASED_KEYS(ctx: Context, type_name: str, keys: list[str]) -> list[Row]:

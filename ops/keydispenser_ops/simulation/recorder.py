@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from dispenser import codes
 from keydispenser_ops.simulation.fake_postgres import Commit, SimConnection
 from keydispenser_ops.simulation.mirror import (
     ACKED,
@@ -54,8 +55,8 @@ ANSWER = {
     "ASSIGNED": O_ASSIGNED,
     "UNASSIGNED": O_RELEASED,
     "UNUSED": O_RELEASED,
-    "KER-UIG-004": O_REFUSED,
-    "KER-UIG-001": O_NOTFOUND,
+    codes.UIN_NOT_ISSUED.code: O_REFUSED,
+    codes.UIN_NOT_FOUND.code: O_NOTFOUND,
 }
 
 

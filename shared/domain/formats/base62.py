@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from shared.domain.config import IdTypeConfig
 
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_INDEX = {c: i for i, c in enumerate(ALPHABET)}
 _BYTES = np.frombuffer(ALPHABET.encode(), dtype=np.uint8)
 
 
@@ -34,3 +35,9 @@ class Base62(Format):
 
     def valid(self, core: str) -> bool:
         return True
+
+    def value_of(self, core: str) -> int | None:
+        value = 0
+        for c in core:
+            value = value * 62 + _INDEX[c]
+        return value

@@ -104,6 +104,9 @@ class Crockford32(Format):
             return False  # a check-only symbol (*~$=U) where a digit belongs
         return not self._checked or core[-1] == check_symbol(decoded(body))
 
+    def value_of(self, core: str) -> int | None:
+        return decoded(core[: self._symbols])
+
 
 def symbols(config: IdTypeConfig) -> int:
     """Symbols of a key written from its counter (the check symbol is not one)."""

@@ -75,3 +75,8 @@ class Format(ABC):
     @abstractmethod
     def valid(self, core: str) -> bool:
         """True when ``core`` (normalised, its length checked) is one of this format's keys."""
+
+    @abstractmethod
+    def value_of(self, core: str) -> int | None:
+        """The (permuted) counter value a valid ``core`` is written from, the inverse of
+        ``columns``; None when no counter value writes it (keygen never makes it)."""

@@ -159,6 +159,19 @@ class Numeric(Format):
             return False
         return not rejected_by(core, self.rules)
 
+    def value_of(self, core: str) -> int | None:
+        """The counter digits of ``core``: after the padding of a sequential type (none
+        when the padding is not zeros), after the keyed head of a long type (none when
+        the head is not the one its tail makes)."""
+        lead = self.body_digits - self.counter_digits
+        value = int(core[lead : lead + self.counter_digits])
+        if not lead:
+            return value
+        if self._sequential:
+            return value if core[:lead] == "0" * lead else None
+        head = self._head(np.array([value], dtype=np.uint64), lead)[:, 0]
+        return value if "".join(map(str, head)) == core[:lead] else None
+
     def _permuted(self, values: U64) -> Cols:
         """Body digits, cheap prefilters, check digit for survivors, full filters."""
         head_width = self.config.length - 1 - self.counter_digits

@@ -160,3 +160,6 @@ class GuardedCold:
 
     async def wake_keygen(self, name: str) -> None:
         await self.cold.wake_keygen(name)
+
+    async def import_epoch(self, name: str) -> int:
+        return await self.cold.import_epoch(name)

@@ -7,7 +7,8 @@ on the same server but have their own small classes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shared.domain import redis_keys
@@ -40,7 +41,20 @@ def pop_idempotent_keys(ns: str, name: str, client: str, idempotency_key: str) -
 
 
 def push_keys(ns: str, name: str, batch_id: str) -> list[str]:
-    return [*fence_slots(ns), redis_keys.hot_list_key(ns, name), redis_keys.batch_key(ns, batch_id)]
+    return [
+        *fence_slots(ns),
+        redis_keys.hot_list_key(ns, name),
+        redis_keys.batch_key(ns, batch_id),
+        redis_keys.import_epoch_key(ns, name),
+    ]
+
+
+def exclude_keys(ns: str, name: str) -> list[str]:
+    return [
+        *fence_slots(ns),
+        redis_keys.hot_list_key(ns, name),
+        redis_keys.import_epoch_key(ns, name),
+    ]
 
 
 def depth_keys(ns: str, name: str) -> list[str]:
@@ -52,6 +66,23 @@ POP = Script("pop", pop_keys, fenced=True)
 POP_IDEMPOTENT = Script("pop_idempotent", pop_idempotent_keys, fenced=True)
 PUSH = Script("push", push_keys, fenced=True)
 DEPTH = Script("depth", depth_keys, fenced=True)
+EXCLUDE = Script("exclude", exclude_keys, fenced=True)
+# How long an import waits for the replicas to acknowledge its writes.
+REPLICATED_WAIT_MS = 5_000
+
+
+@dataclass(frozen=True)
+class StockBumped:
+    """An import's last step on a hot list: whether a dispenser held a stock lately, and
+    how many replicas hold the import's writes, of how many."""
+
+    held: bool
+    replicas: int
+    acknowledged: int
+
+
+# Keys read at a time from a hot list an import sweeps.
+SWEEP_CHUNK = 10_000
 
 
 def _refill(raw: Sequence[Any]) -> Refill | None:
@@ -127,22 +158,77 @@ class HotStore(RedisPort):
         stamp: Stamp = NO_STAMP,
         not_after_ms: int = 0,
         marker_ttl_s: float = BATCH_MARKER_TTL_S,
+        epoch: int = 0,
     ) -> Pushed:
         """Append a batch once (``batch_id``), only on the server ``pin`` names if set,
         and not after ``not_after_ms`` of that server's clock (0: no deadline),
-        recording its PostgreSQL ``stamp`` (refused: not pushed)."""
+        recording its PostgreSQL ``stamp`` (refused: not pushed), unless an import set
+        an epoch later than the batch's ``epoch`` (taken before it: 'superseded')."""
         args = [
             pin,
             round(marker_ttl_s * 1000),
             not_after_ms,
             *stamp.args(self.namespace),
             pack_keys(keys),
+            epoch,
         ]
         async with self._guard("push"):
             length, discarded, token, status = await self._run(
                 PUSH, PUSH.keys(self.namespace, name, batch_id), args
             )
         return Pushed(int(length), str(token), str(status), self._discarded(int(discarded), "push"))
+
+    async def exclude(self, name: str, epoch: int, keys: Sequence[str] = ()) -> int:
+        """An import's step (exclude.lua): the type's import epoch raised to ``epoch``,
+        then ``keys`` removed from its hot list; how many were removed."""
+        async with self._guard("exclude"):
+            removed, discarded = await self._run(
+                EXCLUDE, EXCLUDE.keys(self.namespace, name), [epoch, pack_keys(keys)]
+            )
+        self._discarded(int(discarded), "exclude")
+        return int(removed)
+
+    async def stock_epoch(self, name: str, hold_ms: int) -> int:
+        """The type's stock epoch, marking a stock held for ``hold_ms``."""
+        ns = self.namespace
+        async with self._guard("stock_epoch"):
+            client = await self._endpoint.client()
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get(redis_keys.stock_epoch_key(ns, name))
+                pipe.set(redis_keys.stock_held_key(ns, name), "1", px=hold_ms)
+                epoch, _ = await pipe.execute()
+        return int(epoch or 0)
+
+    async def bump_stock(self, name: str, wait_ms: int = REPLICATED_WAIT_MS) -> StockBumped:
+        """Move the type's stock epoch on, then wait (``wait_ms`` at most) until every
+        replica holds it, and with it every write the primary applied before (an
+        import's epoch and sweep): a replica promoted later does not take them back."""
+        ns = self.namespace
+        async with self._guard("bump_stock"):
+            client = await self._endpoint.client()
+            replicas = int((await client.info("replication")).get("connected_slaves", 0))
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.incr(redis_keys.stock_epoch_key(ns, name))
+                pipe.exists(redis_keys.stock_held_key(ns, name))
+                pipe.wait(replicas, wait_ms)
+                _, held, acked = await pipe.execute()
+        return StockBumped(bool(held), replicas, int(acked))
+
+    async def listed(self, name: str) -> AsyncIterator[list[str]]:
+        """The keys of a type's hot list, a chunk at a time, from its tail: pops at the
+        head shift no key still to be read, and keys pushed meanwhile at the tail are
+        read twice or not at all (callers read after raising the import epoch, when no
+        key they look for can be pushed)."""
+        hot = redis_keys.hot_list_key(self.namespace, name)
+        start = 0
+        while True:
+            async with self._guard("listed"):
+                client = await self._endpoint.client()
+                chunk = await client.lrange(hot, -(start + SWEEP_CHUNK), -(start + 1))
+            if not chunk:
+                return
+            yield [k.decode() if isinstance(k, bytes) else str(k) for k in chunk]
+            start += len(chunk)
 
     async def server_time_ms(self) -> int:
         """The Redis server's clock (TIME), in milliseconds."""

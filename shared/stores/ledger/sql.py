@@ -147,9 +147,11 @@ RETURNING key, released_at, released_by, release_entry, recorded_at
 # $1: id type, $2: seconds. Releases PostgreSQL recorded longer ago than that (its own
 # clock: recorded_at, never the Redis server's released_at) are settled, each once
 # (requeued_at is set in the same statement): the key goes back to the cold table only
-# when no issue of it is live in the ledger and it is not quarantined (either keeps it
-# out for good: requeue_discarded). One row per release settled: its key and issue,
-# whether it was discarded, when, and whether the key went back (``back``).
+# when no issue of it is live in the ledger, it is not quarantined and no import
+# excluded it (each keeps it out for good: requeue_discarded; the caller holds
+# LOCK_IMPORT_SHARED, so an import running meanwhile finds the key in the cold table or
+# this finds it excluded). One row per release settled: its key and issue, whether it
+# was discarded, when, and whether the key went back (``back``).
 REQUEUE_RELEASED: Final = """
 WITH due AS (
     UPDATE kd_released_issues AS r
@@ -159,6 +161,7 @@ WITH due AS (
                 SELECT 1 FROM kd_quarantined_keys AS q
                 WHERE q.id_type = r.id_type AND q.key = r.key
             )
+            OR EXISTS (SELECT 1 FROM kd_excluded AS e WHERE e.id_type = $1 AND e.key = r.key)
     WHERE r.id_type = $1 AND r.requeued_at IS NULL
       AND r.recorded_at <= now() - make_interval(secs => $2::double precision)
     RETURNING r.key, r.entry_id, r.requeue_discarded, r.requeued_at

@@ -546,6 +546,7 @@ async def requeue(conn: asyncpg.Connection, id_type: IdType, done: Applied) -> i
     table, each once (in the caller's ledger transaction); how many went back."""
     name = id_type.name
     await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)
+    await conn.execute(sql.LOCK_IMPORT_SHARED, name)
     rows = await conn.fetch(
         sql.for_type(ledger_sql.REQUEUE_RELEASED, name), name, id_type.config.reissue_after_s
     )

@@ -225,6 +225,20 @@ async def _roll_back(
         await _end(pool, conn, transaction.rollback)
 
 
+async def _without_excluded(
+    conn: Any, name: str, keys: Sequence[str], counters: tuple[int, int] | LeasedRange
+) -> Sequence[str]:
+    """``keys`` but those an import excluded, found by their counters (in the caller's
+    transaction, under the import lock)."""
+    await conn.execute(sql.LOCK_IMPORT_SHARED, name)
+    start, stop = (counters.start, counters.stop) if isinstance(counters, LeasedRange) else counters
+    rows = await conn.fetch(sql.SELECT_EXCLUDED_IN_RANGE, name, start, stop)
+    if not rows:
+        return keys
+    excluded = {row["key"] for row in rows}
+    return [key for key in keys if key not in excluded]
+
+
 @dataclass
 class OpenTake:
     """Keys deleted in a transaction still open: taken only once ``commit`` returns.
@@ -241,6 +255,7 @@ class OpenTake:
     _conn: Any = field(repr=False)
     _transaction: Any = field(repr=False)
     _finished: bool = field(default=False, repr=False)
+    epoch: int = 0  # the type's import epoch the keys were taken under
 
     async def commit(self) -> None:
         if self._finished:
@@ -377,9 +392,14 @@ class ColdStore:
         *,
         final: bool,
         before_commit: Callable[[], object] = lambda: None,
+        counters: tuple[int, int] | None = None,
     ) -> None:
         """Bulk-load keys of a range (COPY) and account for them, atomically.
 
+        ``keys`` come from the ``counters`` of the range (default: all of it); those an
+        import excluded are left out, read with one range query on their counters under
+        the import lock (sql.LOCK_IMPORT_SHARED): an import running meanwhile removes
+        what this commits, or this sees what it excluded.
         ``final`` marks the range filled: every key of it is now in the cold table.
         ``before_commit`` runs after the COPY, before the accounting and the commit
         (keygen's ``keygen.copied`` fault point). RangeFenced when a PostgreSQL fence ran
@@ -393,6 +413,7 @@ class ColdStore:
                 await conn.execute(sql.LIMIT_COPY, str(round(self._timeout_s * 1000)))
                 if int(await conn.fetchval(sql.LOCK_FENCES)) != leased.fences:
                     raise RangeFenced(id_type.name, leased.start)
+                keys = await _without_excluded(conn, id_type.name, keys, counters or leased)
                 copy = conn.copy_records_to_table(
                     sql.cold_table_name(id_type.name),
                     records=[(k,) for k in keys],
@@ -431,12 +452,13 @@ class ColdStore:
                 guard = await conn.fetchrow(fence_sql.GUARD_TAKE, *record.guard_args())
                 if guard is None:
                     raise PostgresBehind(f"batch of '{name}' refused by the guard")
-                row = one_row(await conn.fetchrow(statement, size), "take_batch")
+                row = one_row(await conn.fetchrow(statement, size, name), "take_batch")
             keys = unpack_keys(row["keys"], int(row["taken"]))
         except BaseException as exc:
             await _roll_back(self._pool, conn, transaction, exc)
             raise
-        return OpenTake(keys, Stamp.of(guard), self._pool, conn, transaction)
+        stamp = Stamp.of(guard)
+        return OpenTake(keys, stamp, self._pool, conn, transaction, epoch=int(row["epoch"]))
 
     async def take_batch(
         self, name: str, size: int, record: Record, *, in_order: bool = False
@@ -453,19 +475,30 @@ class ColdStore:
         return int(value)
 
     async def sequence_state(self, id_type: IdType) -> SequenceState:
+        """The counters of the share leased, and the excluded ones still ahead (an
+        import's: headroom does not count them)."""
+        config = id_type.config
         async with self.connection() as conn, translated("sequence_state"):
             row = await conn.fetchrow(sql.for_type(sql.SELECT_SEQUENCE_STATE, id_type.name))
-        row = one_row(row, "sequence_state")
-        config = id_type.config
-        end = int(row["last_value"]) + config.range_size if row["is_called"] else None
-        leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
-        return SequenceState(leased, config.counter_share)
+            row = one_row(row, "sequence_state")
+            end = int(row["last_value"]) + config.range_size if row["is_called"] else None
+            leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
+            first = config.counter_start + leased
+            ahead = await conn.fetchval(
+                sql.COUNT_EXCLUDED_BETWEEN, id_type.name, first, config.counter_stop
+            )
+        return SequenceState(leased, config.counter_share, int(ahead))
 
     async def range_stats(self, name: str) -> dict[str, int]:
         async with self.connection() as conn, translated("range_stats"):
             row = await conn.fetchrow(sql.SELECT_RANGE_STATS, name)
         row = one_row(row, "range_stats")
         return {key: int(row[key]) for key in ("leased", "filled", "candidates", "accepted")}
+
+    async def import_epoch(self, name: str) -> int:
+        """The type's import epoch now (0: never imported into)."""
+        async with self.connection() as conn, translated("import_epoch"):
+            return int(await conn.fetchval(sql.SELECT_IMPORT_EPOCH, name))
 
     async def wake_keygen(self, name: str) -> None:
         async with self.connection() as conn, translated("wake_keygen"):

@@ -211,16 +211,20 @@ LIMIT_IDLE_TAKE: Final = (
     " set_config('tcp_user_timeout', $1, true)"
 )
 
-# $1: batch size. After GUARD_TAKE. Removes up to $1 keys; one row: how many, and the
-# keys joined by newlines (NULL when none; keys never hold a newline). One text value
-# costs the server and the driver less than an array of thousands.
+# $1: batch size, $2: id type. After GUARD_TAKE. Removes up to $1 keys; one row: how
+# many, the keys joined by newlines (NULL when none; keys never hold a newline; one text
+# value costs the server and the driver less than an array of thousands), and the
+# type's import epoch, read in the same statement as the keys (push.lua refuses the
+# batch once an import set a later one).
 TAKE_BATCH: Final = """
 WITH taken AS (
     DELETE FROM {cold}
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} LIMIT $1))
     RETURNING key
 )
-SELECT count(*) AS taken, string_agg(key, E'\\n') AS keys FROM taken
+SELECT count(*) AS taken, string_agg(key, E'\\n') AS keys,
+       (SELECT coalesce(max(epoch), 0) FROM kd_import_epochs WHERE id_type = $2) AS epoch
+FROM taken
 """
 
 # TAKE_BATCH for sequential types: the lowest keys first, returned in order (keys of a
@@ -231,7 +235,9 @@ WITH taken AS (
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM {cold} ORDER BY key COLLATE "C" LIMIT $1))
     RETURNING key
 )
-SELECT count(*) AS taken, string_agg(key, E'\\n' ORDER BY key COLLATE "C") AS keys FROM taken
+SELECT count(*) AS taken, string_agg(key, E'\\n' ORDER BY key COLLATE "C") AS keys,
+       (SELECT coalesce(max(epoch), 0) FROM kd_import_epochs WHERE id_type = $2) AS epoch
+FROM taken
 """
 
 # $1: id type, $2: cap. Cold inventory, counted up to $2 rows so the cost stays bounded,
@@ -260,4 +266,170 @@ SELECT_BACKEND_PID: Final = "SELECT pg_backend_pid()"
 LIMIT_COPY: Final = (
     "SELECT set_config('idle_in_transaction_session_timeout', $1, true),"
     " set_config('statement_timeout', $1, true)"
+)
+
+
+# --- imports: IDs another system issued (docs/operations.md, "Moving from OpenG2P's or
+# MOSIP's generator") ----------------------------------------------------------------
+
+# $1: id type. An import holds this lock (exclusive) while it removes the IDs it excludes
+# from the type's cold table; every transaction that puts keys in that table (keygen's
+# COPY, keysync's requeue) holds it shared and reads the exclusions after taking it: a
+# key lands either before the import (removed by it) or after (dropped as excluded).
+# The two-integer form keeps these locks apart from the one-bigint migration lock.
+_IMPORT_LOCK_SPACE: Final = 0x6B64696D  # "kdim"
+LOCK_IMPORT: Final = f"SELECT pg_advisory_xact_lock({_IMPORT_LOCK_SPACE}, hashtext($1))"
+LOCK_IMPORT_SHARED: Final = (
+    f"SELECT pg_advisory_xact_lock_shared({_IMPORT_LOCK_SPACE}, hashtext($1))"
+)
+
+# $1: id type, $2: first counter, $3: end (excluded). The excluded keys of a counter
+# range (one index range scan).
+SELECT_EXCLUDED_IN_RANGE: Final = """
+SELECT key FROM kd_excluded WHERE id_type = $1 AND counter >= $2 AND counter < $3
+"""
+
+# $1: id type, $2: the first counter not leased, $3: the end of the share. Excluded
+# counters still ahead of the sequence (the headroom they take).
+COUNT_EXCLUDED_BETWEEN: Final = """
+SELECT count(*) FROM kd_excluded WHERE id_type = $1 AND counter >= $2 AND counter < $3
+"""
+
+# No parameters. Where an import's rows wait for the set-based statements below (the
+# transaction's own: dropped at its end).
+CREATE_IMPORT_STAGING: Final = """
+CREATE TEMP TABLE kd_import_staging (
+    key text NOT NULL,
+    counter bigint,
+    status text NOT NULL,
+    created_at timestamptz,
+    updated_at timestamptz,
+    issued boolean NOT NULL,
+    used boolean NOT NULL
+) ON COMMIT DROP
+"""
+IMPORT_STAGING: Final = "kd_import_staging"
+IMPORT_STAGING_COLUMNS: Final = (
+    "key",
+    "counter",
+    "status",
+    "created_at",
+    "updated_at",
+    "issued",
+    "used",
+)
+
+# No parameters. Keys the source holds more than once: how many, rows beyond the first,
+# and a few of them.
+SUMMARIZE_STAGED_DUPLICATES: Final = """
+SELECT count(*) AS keys, coalesce(sum(n - 1), 0) AS extra,
+       (array_agg(key ORDER BY key))[1:5] AS examples
+FROM (SELECT key, count(*) AS n FROM kd_import_staging GROUP BY key HAVING count(*) > 1) AS d
+"""
+
+# The staged rows, one per key (the newest of a key the source holds twice), in key
+# order (the index's: inserted in order, its pages are written once).
+_STAGED_ONCE: Final = """
+SELECT DISTINCT ON (key) key, counter, status, created_at, updated_at
+FROM kd_import_staging ORDER BY key, updated_at DESC NULLS LAST
+"""
+
+# $1: id type, $2: source. Rewrites the exclusions the source now says something else
+# of (a new status, new times). After LOCK_IMPORT. Status tag: UPDATE n.
+UPDATE_CHANGED_EXCLUDED: Final = f"""
+UPDATE kd_excluded AS e
+SET source = $2, status = s.status, created_at = s.created_at, updated_at = s.updated_at,
+    imported_at = now()
+FROM ({_STAGED_ONCE}) AS s
+WHERE e.id_type = $1 AND e.key = s.key
+  AND (e.source, e.status, e.created_at, e.updated_at)
+      IS DISTINCT FROM ($2, s.status, s.created_at, s.updated_at)
+"""
+
+# $1: id type, $2: source. Excludes every staged ID not excluded yet. After LOCK_IMPORT
+# (no other import inserts meanwhile). Status tag: INSERT 0 n.
+INSERT_NEW_EXCLUDED: Final = f"""
+INSERT INTO kd_excluded (id_type, key, counter, source, status, created_at, updated_at)
+SELECT $1, s.key, s.counter, $2, s.status, s.created_at, s.updated_at
+FROM ({_STAGED_ONCE}) AS s
+WHERE NOT EXISTS (SELECT 1 FROM kd_excluded AS e WHERE e.id_type = $1 AND e.key = s.key)
+"""
+
+# No parameters (identifiers: {cold}). Removes the staged IDs from the cold table; how many.
+DELETE_STAGED_COLD: Final = """
+WITH gone AS (
+    DELETE FROM {cold} AS c USING kd_import_staging AS s WHERE c.key = s.key RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+
+# $1: the API client the imported issues belong to, $2: the entry id they are recorded
+# under. The source's issued IDs become issues of the ledger ({ledger}), used when the
+# source says so (MOSIP's ASSIGNED), at the source's times; an ID the ledger already
+# holds is left as it is (counted by SUMMARIZE_ISSUED_HERE). How many were added.
+INSERT_IMPORTED_ISSUES: Final = """
+WITH issued AS (
+    SELECT DISTINCT ON (key) key, created_at, updated_at, used
+    FROM kd_import_staging WHERE issued ORDER BY key, updated_at DESC NULLS LAST
+),
+written AS (
+    INSERT INTO {ledger} (key, issued_at, client, entry_id, used_at, used_by)
+    SELECT key, coalesce(updated_at, created_at, now()), $1, $2,
+           CASE WHEN used THEN coalesce(updated_at, created_at, now()) END,
+           CASE WHEN used THEN $1 END
+    FROM issued
+    ON CONFLICT (key) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM written
+"""
+
+# $1: the entry id imported issues are recorded under. Staged IDs this ledger ({ledger})
+# holds as issued by keydispenser itself: both systems issued them (how many, a few).
+SUMMARIZE_ISSUED_HERE: Final = """
+SELECT count(*) AS keys, (array_agg(l.key ORDER BY l.key))[1:5] AS examples
+FROM {ledger} AS l
+WHERE l.entry_id <> $1 AND l.key IN (SELECT key FROM kd_import_staging)
+"""
+
+# $1: id type. Moves the type's import epoch on; returns it.
+ADVANCE_IMPORT_EPOCH: Final = """
+INSERT INTO kd_import_epochs (id_type, epoch) VALUES ($1, 1)
+ON CONFLICT (id_type) DO UPDATE SET epoch = kd_import_epochs.epoch + 1
+RETURNING epoch
+"""
+
+# $1: id type, $2: keys (text[]). Those of the keys an import excluded.
+SELECT_EXCLUDED_AMONG: Final = """
+SELECT key FROM kd_excluded WHERE id_type = $1 AND key = ANY ($2::text[])
+"""
+
+# $1: id type. The type's import epoch (0: never imported into).
+SELECT_IMPORT_EPOCH: Final = """
+SELECT coalesce((SELECT epoch FROM kd_import_epochs WHERE id_type = $1), 0)
+"""
+
+# $1: id type (identifiers: {ledger}). Every issue of a ledger type, for `keydispenser
+# export`: the ledger's, then the issues given back and moved out of it
+# (kd_released_issues); entry_id names the stream entry, or the import, that recorded it.
+EXPORT_LEDGER: Final = """
+SELECT key,
+       CASE WHEN released_at IS NOT NULL THEN 'released'
+            WHEN used_at IS NOT NULL THEN 'used' ELSE 'issued' END AS status,
+       client, issued_at, used_at, used_by, released_at, released_by, entry_id
+FROM {ledger}
+UNION ALL
+SELECT key, 'released', client, issued_at, NULL, NULL, released_at, released_by, entry_id
+FROM kd_released_issues WHERE id_type = $1
+"""
+EXPORT_COLUMNS: Final = (
+    "key",
+    "status",
+    "client",
+    "issued_at",
+    "used_at",
+    "used_by",
+    "released_at",
+    "released_by",
+    "entry_id",
 )

@@ -94,6 +94,8 @@ DISPENSER: Final = frozenset(
 )
 # retire: a type's state, in one transaction.
 RETIRE: Final = frozenset({"srem"})
+# import: an import's sweep of a hot list (exclude.lua's LREM) and its stock epoch.
+IMPORT: Final = frozenset({"lrange", "lrem", "incr"})
 # keydispenser status: the ledger's backlog.
 STATUS: Final = frozenset({"xlen"})
 
@@ -122,8 +124,8 @@ USERS: Final[tuple[RedisUser, ...]] = (
     RedisUser("keygen", BASE, (HOT_LISTS,)),
     RedisUser("keysync", BASE | KEYSYNC, (HOT_LISTS, "ledger:retained", "ledger:replayed")),
     RedisUser("dispenser", BASE | LEASES | DISPENSER, (HOT_LISTS, "idem:*")),
-    # retire, fence-postgres, ledger-resume (migrate touches no Redis key).
-    RedisUser("admin", BASE | RETIRE, (HOT_LISTS, "exhausted:*", "refill:*")),
+    # retire, fence-postgres, ledger-resume, import (migrate touches no Redis key).
+    RedisUser("admin", BASE | RETIRE | IMPORT, (HOT_LISTS, "exhausted:*", "refill:*")),
     RedisUser("status", BASE | STATUS, (HOT_LISTS,)),
     # `keydispenser lease -- COMMAND`: a machine-ID lease for a process of its own.
     RedisUser("lease", BASE | LEASES, (HOT_LISTS,)),

@@ -1,0 +1,448 @@
+"""`keydispenser import`: what another generator issued is never handed out here, by
+any path, and a bad source is refused whole (docs/operations.md, "Moving from OpenG2P's
+or MOSIP's generator")."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from keygen.generation import Generator
+from keygen.main import Keygen
+from keysync.main import Keysync
+from shared.cli import imports
+from shared.cli.main import parser
+from shared.domain.apikeys import ANONYMOUS
+from shared.domain.checkdigit import verhoeff_digit
+from shared.domain.config import Settings
+from shared.domain.errors import ConfigError, KeydispenserError
+from shared.domain.idtypes import build_id_types
+from shared.stores.fence.guarded import GuardedCold
+from shared.stores.fence.sync_record import SyncRecord
+from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.table import Applied, key_status, requeue
+from shared.stores.postgres.cold_store import ColdStore
+from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
+from shared.stores.postgres.imports import Source
+from tests.integration.fixtures import Servers, dispenser_in_process, make_settings
+from tests.integration.test_mosip import error_code, mosip_settings, put
+from tests.integration.test_mosip import stack as mosip_stack
+
+TINY = {
+    "kind": "numeric",
+    "length": 4,
+    "filter_profile": "none",
+    "range_size": 128,
+    "hot": {"low": 100, "high": 300},
+    "cold": {"low": 400, "high": 600},
+    "sync_batch": 100,
+    "prefetch": 16,
+}
+TYPES = {"tiny": TINY, "uin": {**TINY, "ledger": True, "prefetch": 0}}
+EVERY_KEY = [f"{n:03d}" + verhoeff_digit(f"{n:03d}") for n in range(1000)]
+THIRD = EVERY_KEY[::3]  # what the old generator issued or holds
+_sources = count()
+
+
+@pytest.fixture
+async def settings(servers: Servers, database: str, redis_client: aioredis.Redis) -> Settings:
+    configured = make_settings(servers, database, id_types=TYPES)
+    await run_migrate(configured)
+    return configured
+
+
+@pytest.fixture(scope="module")
+async def source(servers: Servers) -> AsyncIterator[str]:
+    """A scratch database standing in for the old generator's: OpenG2P's id_pool_tiny,
+    MOSIP's kernel.uin and kernel.uin_assigned, as their scripts create them."""
+    name = f"kd_source_{os.getpid()}_{next(_sources)}"
+    await scratch_database(servers.postgres_admin_dsn, name)
+    dsn = servers.direct_dsn_for(name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            """
+            CREATE TABLE id_pool_tiny (id_value varchar(32) PRIMARY KEY,
+                status varchar(16) NOT NULL, created_at timestamp, issued_at timestamp);
+            CREATE SCHEMA kernel;
+            CREATE TABLE kernel.uin (uin varchar(28) PRIMARY KEY, uin_status varchar(16),
+                cr_by varchar(256) NOT NULL DEFAULT 'admin', cr_dtimes timestamp NOT NULL,
+                upd_by varchar(256), upd_dtimes timestamp, is_deleted boolean DEFAULT false,
+                del_dtimes timestamp);
+            CREATE TABLE kernel.uin_assigned (LIKE kernel.uin INCLUDING ALL);
+            """
+        )
+        pool = [(k, "TAKEN" if i % 2 else "AVAILABLE") for i, k in enumerate(THIRD)]
+        await conn.executemany(
+            "INSERT INTO id_pool_tiny VALUES ($1, $2::text, now(),"
+            " CASE WHEN $2::text = 'TAKEN' THEN now() END)",
+            pool,
+        )
+        uins = [(k, ("UNUSED", "ISSUED", "ASSIGNED")[i % 3]) for i, k in enumerate(THIRD)]
+        await conn.executemany(
+            "INSERT INTO kernel.uin (uin, uin_status, cr_dtimes, upd_dtimes) "
+            "VALUES ($1, $2, '2024-01-02 03:04:05', '2024-02-03 04:05:06')",
+            [u for u in uins if u[1] != "ASSIGNED"],
+        )
+        await conn.executemany(
+            "INSERT INTO kernel.uin_assigned (uin, uin_status, cr_dtimes, upd_dtimes) "
+            "VALUES ($1, $2, '2024-01-02 03:04:05', '2024-02-03 04:05:06')",
+            [u for u in uins if u[1] == "ASSIGNED"],
+        )
+    finally:
+        await conn.close()
+    yield dsn
+    await drop_database(servers.postgres_admin_dsn, name)
+
+
+async def run_import(settings: Settings, *words: str) -> list[dict[str, Any]]:
+    """The command as `keydispenser import ...` runs it, without its JSON printing."""
+    args = parser(["import", *words]).parse_args(["import", *words])
+    return await imports._run(settings, build_id_types(settings), args)
+
+
+class Stack:
+    """keygen and keysync of one settings, stepped by the test."""
+
+    def __init__(self, settings: Settings, cold: ColdStore, sync: SyncRecord) -> None:
+        self.generator = Generator(1)
+        self.keygen = Keygen.on_postgres(settings, cold, sync, asyncio.Event(), self.generator)
+        types = build_id_types(settings)
+        self.cold = GuardedCold(cold, sync, types)
+        self.keysync = Keysync(settings, self.cold, HotStore.from_settings(settings))
+        self.types = types
+
+    async def fill(self, name: str, ranges: int) -> None:
+        for _ in range(ranges):
+            if not await self.keygen.lease_and_generate(self.types[name]):
+                return
+
+    async def refill(self, name: str) -> int:
+        return await self.keysync.refill(self.types[name])
+
+
+@pytest.fixture
+async def stack(settings: Settings, sync: SyncRecord) -> AsyncIterator[Stack]:
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    made = Stack(settings, cold, sync)
+    try:
+        yield made
+    finally:
+        made.generator.close()
+        await cold.close()
+
+
+async def pop_all(hot: HotStore, name: str) -> list[str]:
+    popped = await hot.pop(name, 10_000, ("test",), False)
+    return list(popped.keys)
+
+
+async def test_a_serving_stack_never_hands_out_an_imported_id(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    """Keys in the cold table and the hot list when the import runs, and every range
+    keygen leases after it: dispensed to exhaustion, none of the imported among them,
+    and no other key lost."""
+    hot = HotStore.from_settings(settings)
+    await stack.fill("tiny", 3)  # 384 counters in the cold table
+    await stack.refill("tiny")  # 300 of them in the hot list
+    taken = (await hot.pop("tiny", 20, ("test",), False)).keys  # handed out before
+    held = (set(await _generated(settings, "tiny")) & set(THIRD)) - set(taken)
+    (report,) = await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+    assert report["excluded_added"] == len(THIRD) and report["rows_read"] == len(THIRD)
+    assert report["cold_removed"] + report["hot_removed"] == len(held) > 0
+    assert report["hot_removed"] > 0 and report["cold_removed"] > 0
+    after: list[str] = []
+    for _ in range(40):
+        await stack.fill("tiny", 2)
+        await stack.refill("tiny")
+        got = await pop_all(hot, "tiny")
+        if not got and stack.keygen.exhausted("tiny"):
+            break
+        after.extend(got)
+    await hot.close()
+    assert not set(after) & set(THIRD)
+    assert len(after) == len(set(after))
+    assert set(taken) | set(after) | set(THIRD) == set(EVERY_KEY)
+
+
+async def test_no_key_a_dispenser_stocked_before_the_import_is_handed_out_after(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    await stack.fill("tiny", 3)
+    await stack.refill("tiny")
+    async with dispenser_in_process(settings) as http:
+
+        async def one() -> str:
+            reply = await http.post("/v1/idgenerator/tiny/id")
+            assert reply.status_code == 200, reply.text
+            return str(reply.json()["response"]["id"])
+
+        before = [await one() for _ in range(4)]  # the pops after the first fill a stock
+        await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+        after = [await one() for _ in range(40)]
+    assert not set(after) & set(THIRD)
+    assert not set(before) & set(after)
+
+
+async def _generated(settings: Settings, name: str) -> list[str]:
+    """Keys of every range leased so far."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT range_start, range_end FROM kd_ranges WHERE id_type = $1", name
+        )
+    finally:
+        await conn.close()
+    id_type = build_id_types(settings)[name]
+    return [k for r in rows for k in id_type.generate(r["range_start"], r["range_end"])[0]]
+
+
+async def test_a_batch_taken_before_the_import_never_lands_after_it(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    """keysync committed its take before the import removed the keys from the cold
+    table, and pushes after the import swept the hot list: the push is refused."""
+    await stack.fill("tiny", 8)  # the whole keyspace
+    cold = stack.cold
+    hot = HotStore.from_settings(settings)
+    try:
+        taken = await cold.begin_take("tiny", 1_000)
+        await taken.commit()
+        assert set(THIRD) & set(taken.keys)
+        await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+        pushed = await hot.push("tiny", taken.keys, "late-batch", epoch=taken.epoch)
+        assert pushed.status == "superseded"
+        assert await pop_all(hot, "tiny") == []
+        later = await cold.begin_take("tiny", 1_000)
+        await later.rollback()
+        assert later.epoch > taken.epoch
+    finally:
+        await hot.close()
+
+
+async def test_mosip_history_answers_as_the_kernel_did(settings: Settings, source: str) -> None:
+    (report,) = await run_import(
+        settings, "mosip", "--from", source, "--uin-type", "uin", "--client", "idrepo"
+    )
+    assert report["rows_read"] == len(THIRD) and report["excluded_added"] == len(THIRD)
+    issued = [k for i, k in enumerate(THIRD) if i % 3]
+    assert report["ledger_added"] == len(issued)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        states = {k: await key_status(conn, "uin", k) for k in THIRD[:6]}
+        row = await conn.fetchrow(
+            "SELECT source, status, created_at FROM kd_excluded WHERE key = $1", THIRD[2]
+        )
+    finally:
+        await conn.close()
+    assert [states[k].state for k in THIRD[:6]] == ["unknown", "issued", "assigned"] * 2
+    assert {states[k].client for k in THIRD[1:3]} == {"idrepo"}
+    assert row is not None and row["source"] == "mosip" and row["status"] == "ASSIGNED"
+    assert row["created_at"].isoformat() == "2024-01-02T03:04:05+00:00"
+
+
+async def test_a_released_id_the_import_excluded_never_goes_back(
+    settings: Settings, source: str
+) -> None:
+    """A key keydispenser issued, given back by its client, later found issued by the
+    old generator too: the requeue settles its release without putting it back."""
+    key = THIRD[4]
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO kd_released_issues (id_type, key, issued_at, client, entry_id,"
+            " released_at, released_by, recorded_at) VALUES ('uin', $1, now(), 'c', '1-0',"
+            " now(), 'c', now() - interval '2 hours')",
+            key,
+        )
+        words = ("openg2p", "--from", source, "--type", "uin", "--table", "id_pool_tiny")
+        await run_import(settings, *words)
+        async with conn.transaction():
+            back = await requeue(conn, build_id_types(settings)["uin"], Applied())
+        assert back == 0
+        assert not await conn.fetchval('SELECT count(*) FROM "kd_cold_uin"')
+        assert await conn.fetchval("SELECT requeue_discarded FROM kd_released_issues")
+    finally:
+        await conn.close()
+
+
+async def test_running_it_again_changes_nothing(settings: Settings, source: str) -> None:
+    words = ("openg2p", "--from", source, "--type", "uin", "--table", "id_pool_tiny")
+    first = await run_import(settings, *words)
+    again = await run_import(settings, *words)
+    assert first[0]["excluded_added"] == len(THIRD) and first[0]["ledger_added"] > 0
+    changed = {k: again[0][k] for k in ("excluded_added", "excluded_changed", "ledger_added")}
+    assert changed == {"excluded_added": 0, "excluded_changed": 0, "ledger_added": 0}
+    assert again[0]["epoch"] == first[0]["epoch"]
+
+
+async def test_a_dry_run_changes_nothing(settings: Settings, source: str) -> None:
+    (report,) = await run_import(
+        settings, "openg2p", "--from", source, "--type", "tiny", "--dry-run"
+    )
+    assert report["dry_run"] and report["excluded_added"] == len(THIRD)
+    assert await _excluded(settings) == 0
+
+
+async def _excluded(settings: Settings) -> int:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM kd_excluded"))
+    finally:
+        await conn.close()
+
+
+async def test_bad_ids_are_counted_duplicates_reported(settings: Settings, tmp_path: Path) -> None:
+    listing = tmp_path / "issued.txt"
+    wrong_check = THIRD[0][:3] + str((int(THIRD[0][3]) + 1) % 10)
+    lines = [THIRD[0], THIRD[1] + ",TAKEN", THIRD[1], "12", "abcd", wrong_check, "", "# note"]
+    listing.write_text("\n".join(lines) + "\n")
+    (report,) = await run_import(settings, "file", str(listing), "--type", "tiny")
+    assert report["invalid"] == 3 and report["invalid_examples"] == ["12", "abcd", wrong_check]
+    assert report["duplicate_keys"] == 1 and report["duplicate_examples"] == [THIRD[1]]
+    assert report["excluded_added"] == 2
+
+
+@pytest.mark.parametrize(
+    ("words", "error", "says"),
+    [
+        (
+            ["openg2p", "--from", "postgresql://postgres@127.0.0.1:1/none", "--type", "tiny"],
+            ConfigError,
+            "cannot connect",
+        ),
+        (
+            ["openg2p", "--from", "{source}", "--type", "tiny", "--table", "id_pool_gone"],
+            ConfigError,
+            "no table id_pool_gone",
+        ),
+        (
+            ["openg2p", "--from", "{source}", "--type", "nope"],
+            ConfigError,
+            "no pooled ID type 'nope'",
+        ),
+        (["file", "/nonexistent/ids.txt", "--type", "tiny"], ConfigError, "cannot read"),
+        (["file", "{listing}", "--type", "tiny"], KeydispenserError, "'SOLD' (1 rows)"),
+    ],
+    ids=["dsn", "table", "type", "file", "status"],
+)
+async def test_a_bad_source_is_refused_whole(
+    settings: Settings,
+    source: str,
+    tmp_path: Path,
+    words: list[str],
+    error: type[Exception],
+    says: str,
+) -> None:
+    listing = tmp_path / "ids.txt"
+    listing.write_text(f"{THIRD[0]}\n{THIRD[1]} SOLD\n")
+    filled = [w.format(source=source, listing=listing) for w in words]
+    with pytest.raises(error, match=says.replace("(", r"\(").replace(")", r"\)")):
+        await run_import(settings, *filled)
+    assert await _excluded(settings) == 0
+
+
+async def test_the_source_is_read_only(source: str) -> None:
+    connected = await Source.connect(source)
+    try:
+        with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+            await connected._conn.execute("DELETE FROM id_pool_tiny")
+    finally:
+        await connected.close()
+
+
+async def test_the_keyspace_left_does_not_count_the_excluded(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    await stack.fill("tiny", 2)  # counters [0, 256) leased
+    await run_import(settings, "openg2p", "--from", source, "--type", "tiny")
+    tiny = stack.types["tiny"]
+    ahead = [c for c in tiny.counters_of(THIRD) if c is not None and c >= 256]
+    cold = await ColdStore.connect(settings.postgres_dsn)
+    try:
+        state = await cold.sequence_state(tiny)
+    finally:
+        await cold.close()
+    assert state.excluded_ahead == len(ahead) > 0
+    assert state.headroom == 1000 - 256 - len(ahead)
+    seen = await stack.keygen.watch_headroom(tiny)
+    assert seen.counters_left == state.headroom
+
+
+async def test_the_switch_by_the_runbook_leaves_no_id_in_two_hands(
+    settings: Settings, source: str, stack: Stack
+) -> None:
+    """docs/operations.md's switch: the old service keeps issuing from its pool while
+    it is imported twice, callers move (both serve), it stops, a last import; then
+    keydispenser serves its type to the end. No ID is issued by both."""
+    old = await asyncpg.connect(source)
+    hot = HotStore.from_settings(settings)
+    words = ("openg2p", "--from", source, "--type", "tiny", "--table", "id_pool_switch")
+    pool = EVERY_KEY[1::3]  # the old service's pool: none issued yet
+
+    async def old_issues(count: int) -> list[str]:
+        rows = await old.fetch(
+            "UPDATE id_pool_switch SET status = 'TAKEN', issued_at = now() WHERE id_value IN"
+            " (SELECT id_value FROM id_pool_switch WHERE status = 'AVAILABLE' LIMIT $1"
+            "  FOR UPDATE SKIP LOCKED) RETURNING id_value",
+            count,
+        )
+        return [r["id_value"] for r in rows]
+
+    try:
+        await old.execute("CREATE TABLE id_pool_switch (LIKE id_pool_tiny INCLUDING ALL)")
+        await old.execute(
+            "INSERT INTO id_pool_switch"
+            " SELECT k, 'AVAILABLE', now(), NULL FROM unnest($1::text[]) AS k",
+            pool,
+        )
+        by_old = await old_issues(10)
+        _, more = await asyncio.gather(run_import(settings, *words), old_issues(10))
+        by_old += more
+        await run_import(settings, *words)  # each run takes what changed since
+        await stack.fill("tiny", 2)
+        await stack.refill("tiny")
+        by_us = await pop_all(hot, "tiny")  # callers moved: both serve
+        by_old += await old_issues(10)
+        await run_import(settings, *words)  # the old service stopped: a last import
+        for _ in range(40):
+            await stack.fill("tiny", 2)
+            await stack.refill("tiny")
+            got = await pop_all(hot, "tiny")
+            if not got and stack.keygen.exhausted("tiny"):
+                break
+            by_us += got
+    finally:
+        await old.execute("DROP TABLE IF EXISTS id_pool_switch")
+        await old.close()
+        await hot.close()
+    assert len(by_old) == 30 and len(set(by_us)) == len(by_us) > 500
+    assert not set(by_old) & set(by_us)
+    assert not set(pool) & set(by_us)  # available there: never handed out here either
+
+
+async def test_mosips_put_answers_for_imported_uins_as_the_kernel_would(
+    servers: Servers, database: str, hot: HotStore, tmp_path: Path
+) -> None:
+    """An imported ASSIGNED UIN cannot be given back (KER-UIG-004, the kernel's "not
+    ISSUED"); an imported ISSUED one is confirmed by its client."""
+    farmer = build_id_types(mosip_settings(servers, database))["farmer"]
+    assigned, issued = farmer.generate(2_000, 4_000)[0][:2]
+    listing = tmp_path / "uins.txt"
+    listing.write_text(f"{assigned},ASSIGNED\n{issued},ISSUED\n")
+    async with mosip_stack(servers, database, hot) as (http, _, settings, _):
+        words = ("file", str(listing), "--type", "farmer", "--client", ANONYMOUS)
+        (report,) = await run_import(settings, *words)
+        assert report["ledger_added"] == 2
+        assert error_code(await put(http, assigned, "UNASSIGNED")) == "KER-UIG-004"
+        assert (await put(http, assigned, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
+        assert (await put(http, issued, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
