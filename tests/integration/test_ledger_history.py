@@ -597,6 +597,7 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     sync: SyncRecord,
     redis_client: Any,
     promotion: PromotionPlan,
+    tmp_path: Path,
 ) -> None:
     """The ledger halts rather than decide without the lost link; keys are still
     served, and an operator accepts the loss."""
@@ -606,7 +607,9 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     shown = format_status(await collect_status(ledger.settings))
     assert f"ledger ({hot.namespace}): HALTED: halted: ledger history lost" in shown
     assert "gone from the log" in shown and "ledger-resume" in shown
-    resumed = await resume_ledger(ledger.settings)  # `ledger-resume --accept-loss`
+    listed = tmp_path / "quarantined.csv"
+    resumed = await resume_ledger(ledger.settings, listed)  # `ledger-resume --accept-loss`
+    assert resumed["quarantine_file"] == str(listed) and listed.read_text().startswith("id_type,key\n")
     assert set(resumed["resumed"]) == {hot.namespace}
     await ledger.applied()
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
