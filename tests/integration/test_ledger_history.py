@@ -609,7 +609,9 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     assert "gone from the log" in shown and "ledger-resume" in shown
     listed = tmp_path / "quarantined.csv"
     resumed = await resume_ledger(ledger.settings, listed)  # `ledger-resume --accept-loss`
-    assert resumed["quarantine_file"] == str(listed) and listed.read_text().startswith("id_type,key\n")
+    assert resumed["quarantine_file"] == str(listed) and listed.read_text().startswith(
+        "id_type,key\n"
+    )
     assert set(resumed["resumed"]) == {hot.namespace}
     await ledger.applied()
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so

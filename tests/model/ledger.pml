@@ -787,7 +787,8 @@ inline look_answer(c, s) {
 #define IN_LOOK1(c) (lk[c] == 1)
 #define IN_LOOK2(c) (lk[c] == 2)
 #define CAN_READ(k) (ks[k] == IDLE && (unread || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k)))
-#define CAN_BE_CLAIMED(k) (ks[k] >= HOLDING && ks[k] <= COMMITTED && kb[k] != 0 && ks[3 - k] == IDLE)
+#define OWNS(k) ((est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k))
+#define CAN_BE_CLAIMED(k) (((ks[k] >= HOLDING && ks[k] <= COMMITTED && kb[k] != 0) || (kb[k] == 0 && OWNS(k))) && ks[3 - k] == IDLE)
 #define IS(S, k) (ks[k] == S)
 #ifdef REPLAY
 #define HOLDING_K(k) (IS(HOLDING, k) || IS(BEGUN, k))
@@ -805,7 +806,7 @@ inline look_answer(c, s) {
 #define BUSY_NOW(k) (ks[k] != IDLE)
 #define RQ_K(k) IS(RQ_BEGUN, k)
 #define RS_K(k) IS(RS_BEGUN, k)
-#define BUSY_K(k) (ks[k] != IDLE || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k))
+#define BUSY_K(k) (ks[k] != IDLE || OWNS(k))
 
 /* ---------------------------------------------------------------------------------- */
 
@@ -997,18 +998,29 @@ active proctype protocol() {
        printf("read: keysync %d batch %d\n", k, kb[k]);
        STEPPED; CLEAN }
 
-  /* ---- another keysync claims a live one's batch (XAUTOCLAIM after
-   *      ledger_claim_idle_s): both may decide the same entries ---- */
+  /* ---- another keysync claims a live one's batch, or the entries a stopped one left
+   *      pending (LedgerStream.read: XAUTOCLAIM after ledger_claim_idle_s): a live
+   *      one's and the claimer may both decide the same entries ---- */
   :: atomic { WHEN(A_CLAIM, b_claim > 0 && NKS > 1 && ANY_K(CAN_BE_CLAIMED)) ->
        PICK_K(CAN_BE_CLAIMED);
        u = 3 - k;
        b_claim--;
-       e = 1;
-       do
-       :: e < ne -> if :: (kb[k] & bitof(e)) != 0 && est[e] == 2 + k -> est[e] = 2 + u :: else -> skip fi; e++
-       :: e >= ne -> break
-       od;
-       kb[u] = kb[k]; ks[u] = HOLDING;
+       if
+       :: kb[k] == 0 ->   /* stopped, between turns, or restoring: every entry pending under it */
+          kb[u] = 0; e = 1;
+          do
+          :: e < ne -> if :: est[e] == 2 + k -> est[e] = 2 + u; kb[u] = kb[u] | bitof(e) :: else -> skip fi; e++
+          :: e >= ne -> break
+          od
+       :: else ->
+          e = 1;
+          do
+          :: e < ne -> if :: (kb[k] & bitof(e)) != 0 && est[e] == 2 + k -> est[e] = 2 + u :: else -> skip fi; e++
+          :: e >= ne -> break
+          od;
+          kb[u] = kb[k]
+       fi;
+       ks[u] = HOLDING;
        printf("claim: keysync %d takes keysync %d's batch\n", u, k);
        STEPPED; CLEAN }
 
@@ -1076,17 +1088,13 @@ active proctype protocol() {
        ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0;
        STEPPED; CLEAN }
 
-  /* ---- a keysync dies: what it held is claimed by another, or by itself restarted
-   *      (LedgerStream.read's claim from a stopped consumer) ---- */
+  /* ---- a keysync dies: what it read stays pending under it (the stream's pending
+   *      list), read first by itself restarted (the same consumer name) or claimed by
+   *      another (A_CLAIM); newer entries are read by others meanwhile ---- */
   :: atomic { WHEN(A_CRASH, b_crash > 0 && ANY_K(BUSY_K)) ->
        PICK_K(BUSY_K);
        b_crash--;
        printf("crash: keysync %d\n", k);
-       e = 1;
-       do
-       :: e < ne -> if :: est[e] == 2 + k -> est[e] = UNREAD :: else -> skip fi; e++
-       :: e >= ne -> break
-       od;
        ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0; ktarget[k] = 0;
        STEPPED; CLEAN }
 

@@ -40,10 +40,10 @@ WORLDS = {
     "W_PAIR": 89_063,
     "W_REISSUE": 695_239,
     "W_QUIET": 2_706,
-    "W_TWICE": 3_175_364,
+    "W_TWICE": 3_172_588,
     "W_REDIS": 9_104_288,
     "W_MIXED": 2_663_417,
-    "W_CLAIM": 74_283,
+    "W_CLAIM": 74_902,
     "W_LOSS": 5_082_437,
     "W_LOOK": 34_782,
 }

@@ -540,12 +540,22 @@ class Mirror:
         ks.ks = HOLDING
 
     def claim(self, k: int) -> None:
+        """Keysync ``3 - k`` takes ``k``'s live batch, or every entry ``k`` left pending
+        while it holds no batch (stopped, between turns, or restoring) (XAUTOCLAIM after
+        ledger_claim_idle_s)."""
         ks, other = self.ks[k], self.ks[3 - k]
+        owned = [e for e in range(1, self.ne) if self.entries[e].st == 2 + k]
+        live = HOLDING <= ks.ks <= COMMITTED and ks.kb != 0
         self.enabled(
-            HOLDING <= ks.ks <= COMMITTED and ks.kb != 0 and other.ks == IDLE,
-            "claim: no live batch to take",
+            (live or (ks.kb == 0 and bool(owned))) and other.ks == IDLE,
+            "claim: no batch to take",
         )
         u = 3 - k
+        if not live:
+            for e in owned:
+                self.entries[e].st = 2 + u
+            other.kb, other.ks = sum(bit(e) for e in owned), HOLDING
+            return
         for e in range(1, self.ne):
             if ks.kb & bit(e) and self.entries[e].st == 2 + k:
                 self.entries[e].st = 2 + u
@@ -606,12 +616,11 @@ class Mirror:
         ks.ks, ks.kb, ks.krec, ks.knode, ks.ktarget = IDLE, 0, 0, 0, 0
 
     def crash(self, k: int) -> None:
+        """A keysync dies: what it read stays pending under it (read first when it
+        restarts under the same name, or claimed by another)."""
         ks = self.ks[k]
         busy = ks.ks != IDLE or any(e.st == 2 + k for e in self.entries)
         self.enabled(busy, "crash: nothing to lose")
-        for entry in self.entries[1:]:
-            if entry.st == 2 + k:
-                entry.st = UNREAD
         ks.ks, ks.kb, ks.krec, ks.knode, ks.ktarget = IDLE, 0, 0, 0, 0
 
     def take(self, k: int) -> None:

@@ -5,7 +5,8 @@ cold table, two API clients, one or two keysyncs (each a ledger drain and a refi
 keysync's process runs them), and the faults a seed draws: PostgreSQL promotions that
 lose commits, Redis failovers, restarts empty or from an older copy, keysyncs killed
 and restarted, processes frozen past every timeout (so that another keysync claims
-their batch).
+their batch), and keysyncs stalled just after a commit, before its confirmation (their
+batch applied again by another, a restore's link committed but not yet recorded).
 
 The code is the service's own: ``keysync.ledger.LedgerDrain`` and
 ``keysync.main.drain_ledger``, ``Keysync.refill``, the fence (``settle``), the hot
@@ -91,14 +92,15 @@ KEYSYNC_CONFIG: dict[str, Any] = {
 CONNECT_TIMEOUT_S = 1.0
 
 
-def settings() -> Settings:
-    """The world's configuration."""
+def settings(claim_idle_s: float = KEYSYNC_CONFIG["ledger_claim_idle_s"]) -> Settings:
+    """The world's configuration (``claim_idle_s``: how long a batch waits before
+    another keysync takes it over; a seed draws it)."""
     return load_settings(
         EMPTY_CONFIG,
         postgres_dsn="postgresql://simulation/kd",
         redis_url="redis://simulation/0",
         id_types={TYPE: TYPE_CONFIG},
-        keysync=KEYSYNC_CONFIG,
+        keysync={**KEYSYNC_CONFIG, "ledger_claim_idle_s": claim_idle_s},
         postgres_connect_timeout_s=CONNECT_TIMEOUT_S,
         dispenser={"mosip": {"uin": TYPE, "ledger_wait_s": 20}},
     )
@@ -107,7 +109,7 @@ def settings() -> Settings:
 @dataclass
 class Fault:
     at: float  # seconds after the start
-    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause
+    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause, stall
     arg: int = 0  # how far back (commits, writes), which keysync, how long (s)
 
 
@@ -117,14 +119,19 @@ class Plan:
 
     keysyncs: int
     active_s: float
+    # A long claim lets a stalled batch be taken over only after the ledger moved on
+    # (its release requeued and the key issued again): applied again, it must keep the
+    # outcome decided first.
+    claim_idle_s: float = 2.0
     faults: list[Fault] = field(default_factory=list)
 
     @classmethod
     def draw(cls, chance: Chance) -> Plan:
         rng = chance.rng
         plan = cls(keysyncs=rng.choice((1, 2)), active_s=rng.uniform(10, 40))
-        kinds = ("promote", "redis_failover", "redis_empty", "redis_old", "crash", "pause")
-        weights = (5, 3, 1, 1, 3, 3)
+        plan.claim_idle_s = rng.choice((2.0, 2.0, 8.0))
+        kinds = ("promote", "redis_failover", "redis_empty", "redis_old", "crash", "pause", "stall")
+        weights = (5, 3, 1, 1, 3, 3, 3)
         for _ in range(rng.choice((0, 1, 2, 2, 3, 4))):
             kind = rng.choices(kinds, weights)[0]
             at = rng.uniform(2, plan.active_s)
@@ -135,6 +142,7 @@ class Plan:
                 "redis_old": rng.choice((10, 30, 60)),
                 "crash": rng.randint(1, plan.keysyncs),
                 "pause": rng.choice((1, 3, 5, 12, 30)),
+                "stall": rng.choice((3, 5, 8, 12, 15)),
             }[kind]
             plan.faults.append(Fault(at, kind, arg))
         plan.faults.sort(key=lambda f: f.at)
@@ -195,14 +203,23 @@ class World:
         self.seed = seed
         self.chance = Chance(seed)
         self.plan = Plan.draw(self.chance)
-        self.settings = settings()
+        self.settings = settings(self.plan.claim_idle_s)
         self.types = build_id_types(self.settings, generating=False)
         self.paused: dict[str, float] = {}  # actor -> frozen until (loop time)
+        # actor -> (how long it freezes just after its next commit, the phase that
+        # commit must be in: "restore" or any, "") (a "stall" fault)
+        self.stalls: dict[str, tuple[float, str]] = {}
         self.loop: VirtualLoop | None = None
         self.redis = SimRedis(self._latency, self.chance.hex40)
         self.postgres = SimPostgres({TYPE: 1000}, self._latency)
         self.postgres.root.tables.cold[TYPE][KEY] = None
+        # K came into the cold table as keys do, after keygen's guarded lease: the clock
+        # row's last guarded write is on the first timeline (the model's node 0). A row
+        # never guarded would let a vouch pass on a server promoted since (seed 1784),
+        # a state no server holding cold keys is in.
+        self.postgres.root.tables.clock["timeline"] = self.postgres.timeline
         self.recorder = Recorder(self, self.plan.keysyncs)
+        self.postgres.listeners.append(self._stall_after_commit)
         self.stop = asyncio.Event()
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -216,6 +233,17 @@ class World:
         frozen = self.paused.get(ACTOR.get(), 0.0)
         assert self.loop is not None
         return max(delay, frozen - self.loop.time())
+
+    def _stall_after_commit(self, commit: Any, conn: Any) -> None:
+        """A stalled actor freezes at once after its commit: its confirmation (the
+        stamp recorded, the outcomes published, the entries acknowledged) waits while
+        others act; its batch may be claimed and applied again meanwhile."""
+        actor = ACTOR.get()
+        stall = self.stalls.get(actor)
+        if stall is not None and stall[1] in ("", PHASE.get()):
+            del self.stalls[actor]
+            assert self.loop is not None
+            self.paused[actor] = self.loop.time() + stall[0]
 
     # --- the stores of each process -------------------------------------------------
 
@@ -390,6 +418,12 @@ class World:
             victims = [a for a in self.tasks if a != "faults"]
             actor = self.chance.rng.choice(sorted(victims))
             self.paused[actor] = loop.time() + fault.arg
+        elif fault.kind == "stall":
+            # Half the stalls wait for a restore's commit: its link committed, the
+            # record still naming the restore pending, while the other keysync works.
+            actor = f"keysync-{self.chance.rng.randint(1, self.plan.keysyncs)}"
+            phase = self.chance.rng.choice(("", "restore"))
+            self.stalls[actor] = (float(fault.arg), phase)
 
     # --- one run --------------------------------------------------------------------
 

@@ -349,7 +349,10 @@ async def _fence(
         claimed = await sync.reset(stamp, record.leased, mode, pending, record, target)
         if claimed == "moved":
             raise _Moved()
-        _refuse(claimed, row, await sync.read(), sync.namespace)
+        if claimed != "ok":  # read again only to say why: nothing else runs between a
+            # claim and the commit that makes it true (a Redis error there would roll
+            # the fence back after its record was claimed)
+            _refuse(claimed, row, await sync.read(), sync.namespace)
     return FenceReport(reason, discarded, starts, stamp, settled, restores)
 
 
