@@ -41,6 +41,7 @@ from tests.integration.fixtures import (
 )
 from tests.integration.test_mosip import error_code, mosip_settings, put
 from tests.integration.test_mosip import stack as mosip_stack
+from tests.integration.test_replica_fence import Pair, pair, replicaof  # noqa: F401
 
 TINY = {
     "kind": "numeric",
@@ -604,3 +605,60 @@ async def test_an_import_killed_before_its_sweep_only_sweeps_when_run_again(
     assert stages.rows == 0 and report["excluded_added"] == len(THIRD)
     assert report["hot_removed"] > 0 and listed and not set(listed) & set(THIRD)
     assert (await _state(settings))["runs"] == []
+
+
+async def listed(settings: Settings, name: str) -> list[str]:
+    hot = HotStore.from_settings(settings)
+    try:
+        return [key async for keys in hot.listed(name) for key in keys]
+    finally:
+        await hot.close()
+
+
+async def test_a_redis_failover_right_after_the_import_hands_out_none_of_it(
+    servers: Servers,
+    database: str,
+    source: str,
+    pair: Pair,  # noqa: F811
+) -> None:
+    """A serving stack on a Redis primary with a replica (loopback, redis-server); a
+    keysync batch taken before the import; the replica promoted (REPLICAOF NO ONE) as
+    soon as the import returns. The late batch is refused there, and keygen and keysync,
+    now on the promoted server, dispensed to exhaustion: none of the imported, and no
+    other key lost but the late batch and the lists the promotion discards (the fence)."""
+    on_primary = make_settings(servers, database, id_types=TYPES, redis_url=pair.primary.url)
+    promoted = make_settings(servers, database, id_types=TYPES, redis_url=pair.replica.url)
+    await run_migrate(on_primary)
+    cold = await ColdStore.connect(on_primary.postgres_dsn)
+    hot = HotStore.from_settings(promoted)
+    try:
+        before = Stack(on_primary, cold, SyncRecord.from_settings(on_primary))
+        await before.fill("tiny", 3)
+        await before.refill("tiny")  # imported IDs in the hot list, replicated
+        late = await before.cold.begin_take("tiny", 100)
+        await late.commit()  # taken before the import, pushed after the failover
+        assert set(late.keys) & set(THIRD)
+        (report,) = await run_import(on_primary, "openg2p", "--from", source, "--type", "tiny")
+        assert report["replicas"] == report["replicas_acknowledged"] == 1
+        before.generator.close()
+        at_failover = await listed(on_primary, "tiny")  # discarded by the promotion
+        await replicaof(pair.replica_client, "NO", "ONE")  # the failover
+
+        pushed = await hot.push("tiny", late.keys, "late-batch", epoch=late.epoch)
+        assert pushed.status == "superseded"
+        after = Stack(promoted, cold, SyncRecord.from_settings(promoted))
+        handed_out = await pop_all(hot, "tiny")
+        for _ in range(40):
+            await after.fill("tiny", 2)
+            await after.refill("tiny")
+            got = await pop_all(hot, "tiny")
+            if not got and after.keygen.exhausted("tiny"):
+                break
+            handed_out += got
+        after.generator.close()
+    finally:
+        await hot.close()
+        await cold.close()
+    assert len(set(handed_out)) == len(handed_out) > 300
+    assert not set(handed_out) & set(THIRD)
+    assert set(handed_out) | set(late.keys) | set(at_failover) | set(THIRD) == set(EVERY_KEY)
