@@ -1580,8 +1580,22 @@ MUTANTS: Final = (
     Mutant(
         "import_leaves_excluded_ids_in_the_cold_table",
         "shared/stores/postgres/imports.py",
-        "done.cold_removed = int(await conn.fetchval(sql.for_type(sql.DELETE_STAGED_COLD, name)))",
+        "done.cold_removed = int(await conn.fetchval(self._sql(sql.DELETE_STAGED_COLD)))",
         "done.cold_removed = 0",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "a_killed_import_starts_over",
+        "shared/stores/postgres/imports.py",
+        '            if row is not None and origin is not None and row["origin"] == origin:',
+        "            if False:",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "a_killed_import_resumed_from_another_file",
+        "shared/cli/imports.py",
+        '    origin = None if path == "-" else f"{_identity(path)} --status {status}"',
+        '    origin = None if path == "-" else f"{path} --status {status}"',
         (IMPORT_TESTS,),
     ),
     Mutant(

@@ -1,12 +1,16 @@
 """``keydispenser import``: take over what another generator issued (docs/operations.md,
 "Moving from OpenG2P's or MOSIP's generator").
 
-Each type is imported in one transaction of keydispenser's database: every ID its
-source holds is excluded (never handed out), removed from the cold table, and, for a
-type with a ledger, the issued ones recorded as issues; nothing is left half done by a
-failure (it rolls back; run it again). Then the type's hot list is swept (exclude.lua):
-the import epoch is raised first, so that no keysync batch taken before the import
-lands after the sweep. Running it again changes nothing the source did not change.
+Each type is imported in three steps, and a run killed in any of them is resumed by the
+next run of the same source (kd_import_runs), never started over: its rows are read, a
+chunk at a time, into a staging table of keydispenser's database, each chunk committed
+with the cursor just past it (the source's rows in the order of their IDs, or the
+file's byte offset); then one transaction records them all: every ID its source holds
+is excluded (never handed out), removed from the cold table, and, for a type with a
+ledger, the issued ones recorded as issues; a refusal leaves nothing recorded. Then the
+type's hot list is swept (exclude.lua): the import epoch is raised first, so that no
+keysync batch taken before the import lands after the sweep. Running it again changes
+nothing the source did not change.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import asyncpg
 
@@ -47,7 +52,9 @@ from shared.stores.postgres.imports import (
     OPENG2P_ROWS,
     ImportTarget,
     Recorded,
+    Run,
     Source,
+    SourceRows,
     excluded_among,
     source_table,
 )
@@ -59,7 +66,9 @@ STOCK_MARGIN_S = 0.5
 MOSIP_UIN_TABLES = ("kernel.uin", "kernel.uin_assigned")
 MOSIP_VID_TABLES = ("kernel.vid", "kernel.vid_assigned")
 
-Rows = Callable[[], AsyncIterator[list[SourceRow]]]
+# A source's rows from just past a cursor (None: from the start), a chunk at a time,
+# each with the cursor just past it (JSON: kd_import_runs keeps it).
+Rows = Callable[[Any], AsyncIterator[tuple[list[SourceRow], Any]]]
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,8 @@ class Plan:
     statuses: dict[str, Meaning]
     rows: Rows
     total: int | None  # rows to read, when known (progress)
+    # What is read (a killed run of the same origin is resumed); None: never resumed.
+    origin: str | None
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
@@ -142,30 +153,38 @@ async def _table_plan(
     label: str,
     type_name: str,
     statuses: dict[str, Meaning],
-    statement: str,
+    spec: SourceRows,
     tables: tuple[str, ...] | list[str],
 ) -> Plan:
     present = await source.present(tables)
     if not present:
         raise ConfigError(f"--from {source.where}: no table {' or '.join(tables)} there")
     total = await source.count(present)
-    return Plan(type_name, label, statuses, lambda: source.rows(statement, present, CHUNK), total)
+
+    def rows(cursor: Any) -> AsyncIterator[tuple[list[SourceRow], Any]]:
+        return source.rows(spec, present, CHUNK, cursor)
+
+    origin = f"{source.where} {' '.join(present)}"
+    return Plan(type_name, label, statuses, rows, total, origin)
 
 
 def file_plan(path: str, type_name: str, status: str) -> Plan:
     if status not in FILE:
         raise ConfigError(f"--status: {status!r} is none of {', '.join(FILE)}")
     total = None if path == "-" else _lines(path)
+    origin = None if path == "-" else f"{_identity(path)} --status {status}"
 
-    async def rows() -> AsyncIterator[list[SourceRow]]:
+    async def rows(cursor: Any) -> AsyncIterator[tuple[list[SourceRow], Any]]:
         try:
             with _opened(path) as stream:
-                for chunk in _chunks(stream, status):
+                if cursor:
+                    stream.seek(int(cursor["offset"]))
+                for chunk in _chunks(stream, status, int(cursor["offset"]) if cursor else 0):
                     yield chunk
         except (OSError, UnicodeDecodeError) as exc:
             raise KeydispenserError(f"import file: cannot read {path}: {exc}") from exc
 
-    return Plan(type_name, "file", FILE, rows, total)
+    return Plan(type_name, "file", FILE, rows, total, origin)
 
 
 def _lines(path: str) -> int:
@@ -177,65 +196,104 @@ def _lines(path: str) -> int:
         raise ConfigError(f"import file: cannot read {path}: {exc.strerror or exc}") from exc
 
 
+def _identity(path: str) -> str:
+    """The file as a killed run saw it: path, size and time of its last change (another
+    file, or this one changed, is read from the start)."""
+    found = os.stat(path)
+    return f"{os.path.realpath(path)} {found.st_size} {found.st_mtime_ns}"
+
+
 @contextmanager
-def _opened(path: str) -> Iterator[TextIO]:
+def _opened(path: str) -> Iterator[BinaryIO]:
     if path == "-":
-        yield sys.stdin
+        yield sys.stdin.buffer
         return
-    with open(path, encoding="utf-8") as stream:
+    with open(path, "rb") as stream:
         yield stream
 
 
-def _chunks(stream: TextIO, status: str) -> Iterator[list[SourceRow]]:
+def _chunks(stream: BinaryIO, status: str, offset: int) -> Iterator[tuple[list[SourceRow], Any]]:
+    """The file's rows from ``offset``, a chunk at a time, each with the offset past it."""
     chunk: list[SourceRow] = []
     for line in stream:
-        row = file_row(line, status)
+        offset += len(line)
+        row = file_row(line.decode("utf-8"), status)
         if row is not None:
             chunk.append(row)
         if len(chunk) == CHUNK:
-            yield chunk
+            yield chunk, {"offset": offset}
             chunk = []
     if chunk:
-        yield chunk
+        yield chunk, {"offset": offset}
 
 
 async def import_type(
     settings: Settings, id_type: IdType, plan: Plan, client: str | None, dry_run: bool
 ) -> dict[str, Any]:
-    """One type: its transaction (rolled back for a dry run or a refusal), then its hot
-    list swept."""
+    """One type: its rows read and staged (where a killed run stopped, when one did),
+    recorded, its hot list swept, its run ended. A dry run does all but the sweep in a
+    transaction it rolls back (a killed run it went on from is left as it was)."""
     check_files(settings.postgres_dsn)
     conn = await asyncpg.connect(settings.postgres_dsn, **driver_options(settings.postgres_pooler))
-    intake = Intake(id_type, plan.statuses)
-    progress = Progress(id_type.name, plan.total)
     try:
         await schema.check(conn, {id_type.name: id_type})
-        transaction = conn.transaction()
-        await transaction.start()
-        try:
-            recorded = await _record(conn, intake, plan, client or plan.source, progress)
-        except BaseException:
-            await transaction.rollback()
-            raise
-        await (transaction.rollback() if dry_run else transaction.commit())
+        target = ImportTarget(conn, id_type.name, plan.source)
+        if dry_run:
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                done = await _recorded(target, id_type, plan, client or plan.source)
+            finally:
+                await transaction.rollback()
+            return _report(id_type.name, plan, done, None, dry_run)
+        done = await _recorded(target, id_type, plan, client or plan.source)
+        swept = await sweep(settings, id_type.name, done.recorded.epoch)
+        await target.end()
+    finally:
+        await conn.close()
+    return _report(id_type.name, plan, done, swept, dry_run)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A type's rows read and recorded; where a killed run had stopped, if one had."""
+
+    intake: Intake
+    recorded: Recorded
+    resumed: dict[str, Any] | None
+
+
+async def _recorded(target: ImportTarget, id_type: IdType, plan: Plan, client: str) -> Done:
+    """Read and stage what is left of the source's rows (all of them, unless a killed
+    run of the same origin staged some), then record them; a refusal ends the run."""
+    intake = Intake(id_type, plan.statuses)
+    run = await target.resume(plan.origin, intake.counts())
+    if run.resumed:
+        intake = Intake.resumed(id_type, plan.statuses, run.tally)
+    resumed = _resuming(id_type.name, run, intake)
+    if run.recorded is not None:
+        return Done(intake, run.recorded, resumed)
+    progress = Progress(id_type.name, plan.total, first=intake.rows)
+    try:
+        async for rows, cursor in plan.rows(run.cursor):
+            await target.stage(intake.take(rows), cursor, intake.counts())
+            progress.show(intake.rows)
     finally:
         progress.done()
-        await conn.close()
-    swept = None if dry_run else await sweep(settings, id_type.name, recorded.epoch)
-    return _report(id_type.name, plan, intake, recorded, swept, dry_run)
-
-
-async def _record(
-    conn: asyncpg.Connection, intake: Intake, plan: Plan, client: str, progress: Progress
-) -> Recorded:
-    target = ImportTarget(conn)
-    async for rows in plan.rows():
-        await target.stage(intake.take(rows))
-        progress.show(intake.rows)
     refusal = intake.refusal()
     if refusal is not None:
-        raise KeydispenserError(f"{plan.source} into '{intake.id_type.name}': {refusal}")
-    return await target.record(intake.id_type, plan.source, client)
+        await target.end()
+        raise KeydispenserError(f"{plan.source} into '{id_type.name}': {refusal}")
+    return Done(intake, await target.record(id_type, client), resumed)
+
+
+def _resuming(name: str, run: Run, intake: Intake) -> dict[str, Any] | None:
+    """Where a killed run had stopped (said on standard error too), if one had."""
+    if not run.resumed:
+        return None
+    step = "reading" if run.recorded is None else "sweeping"
+    sys.stderr.write(f"import {name}: resuming a killed run at row {intake.rows:,} ({step})\n")
+    return {"at_row": intake.rows, "step": step}
 
 
 @dataclass(frozen=True)
@@ -272,16 +330,17 @@ async def sweep(settings: Settings, name: str, epoch: int) -> Swept:
 
 
 def _report(
-    name: str, plan: Plan, intake: Intake, recorded: Recorded, swept: Swept | None, dry_run: bool
+    name: str, plan: Plan, done: Done, swept: Swept | None, dry_run: bool
 ) -> dict[str, Any]:
     return {
         "id_type": name,
         "source": plan.source,
         "dry_run": dry_run,
-        "rows_read": intake.rows,
-        "invalid": intake.invalid,
-        "invalid_examples": intake.invalid_examples,
-        **asdict(recorded),
+        "resumed": done.resumed,
+        "rows_read": done.intake.rows,
+        "invalid": done.intake.invalid,
+        "invalid_examples": done.intake.invalid_examples,
+        **asdict(done.recorded),
         **(asdict(swept) if swept is not None else {"hot_removed": None}),
     }
 
@@ -289,11 +348,13 @@ def _report(
 class Progress:
     """Plain progress lines on standard error, only when it is a terminal."""
 
-    def __init__(self, name: str, total: int | None, stream: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, name: str, total: int | None, stream: TextIO = sys.stderr, first: int = 0
+    ) -> None:
         self._name, self._total, self._stream = name, total, stream
         self._on = stream.isatty()
         self._start = self._last = time.monotonic()
-        self._rows = 0
+        self._rows = self._first = first  # rows a killed run had read (not this one's rate)
 
     def show(self, rows: int) -> None:
         self._rows = rows
@@ -304,7 +365,7 @@ class Progress:
 
     def line(self, now: float) -> str:
         elapsed = max(now - self._start, 1e-9)
-        rate = self._rows / elapsed
+        rate = (self._rows - self._first) / elapsed
         text = f"import {self._name}: {self._rows:,} rows"
         if self._total:
             text += f" of {self._total:,}"
@@ -314,5 +375,5 @@ class Progress:
         return text
 
     def done(self) -> None:
-        if self._on and self._rows:
+        if self._on and self._rows > self._first:
             self._stream.write(self.line(time.monotonic()) + ", done\n")

@@ -19,10 +19,11 @@ The statuses are the sources' own, as their code writes them:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from shared.domain.idtypes import IdType
@@ -82,6 +83,29 @@ class Intake:
     invalid: int = 0
     invalid_examples: list[str] = field(default_factory=list)
     unknown: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def resumed(
+        cls, id_type: IdType, statuses: dict[str, Meaning], counts: Mapping[str, Any]
+    ) -> Intake:
+        """An intake that goes on from ``counts`` (a killed run's, as ``counts`` made them)."""
+        return cls(
+            id_type,
+            statuses,
+            rows=int(counts["rows"]),
+            invalid=int(counts["invalid"]),
+            invalid_examples=list(counts["invalid_examples"]),
+            unknown=Counter(counts["unknown"]),
+        )
+
+    def counts(self) -> dict[str, Any]:
+        """What it counted so far (JSON: a killed run is resumed from it)."""
+        return {
+            "rows": self.rows,
+            "invalid": self.invalid,
+            "invalid_examples": list(self.invalid_examples),
+            "unknown": dict(self.unknown),
+        }
 
     def take(self, rows: list[SourceRow]) -> list[Staged]:
         """The rows of ``rows`` to stage, each with its key as the stores hold it and the

@@ -223,9 +223,9 @@ async def template_db(servers: Servers) -> AsyncIterator[str]:
         await drop_database(servers.postgres_admin_dsn, name)
 
 
-@pytest.fixture
-async def database(servers: Servers, template_db: str) -> AsyncIterator[str]:
-    """A fresh database per test, cloned from the migrated template."""
+@asynccontextmanager
+async def cloned_database(servers: Servers, template_db: str) -> AsyncIterator[str]:
+    """A fresh database cloned from the migrated template, dropped at the end."""
     name = f"kd_test_{os.getpid()}_{next(_counter)}"
     admin = await asyncpg.connect(servers.postgres_admin_dsn)
     try:
@@ -234,6 +234,13 @@ async def database(servers: Servers, template_db: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def database(servers: Servers, template_db: str) -> AsyncIterator[str]:
+    """A fresh database per test, cloned from the migrated template."""
+    async with cloned_database(servers, template_db) as name:
+        yield name
 
 
 @pytest.fixture

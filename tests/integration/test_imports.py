@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,23 @@ from shared.domain.checkdigit import verhoeff_digit
 from shared.domain.config import Settings
 from shared.domain.errors import ConfigError, KeydispenserError
 from shared.domain.idtypes import build_id_types
+from shared.domain.imports import Staged
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger.table import Applied, key_status, requeue
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
-from shared.stores.postgres.imports import Source
-from tests.integration.fixtures import Servers, dispenser_in_process, make_settings
+from shared.stores.postgres.imports import ImportTarget, Source
+from tests.integration.fixtures import (
+    Servers,
+    cloned_database,
+    dispenser_in_process,
+    make_settings,
+)
 from tests.integration.test_mosip import error_code, mosip_settings, put
 from tests.integration.test_mosip import stack as mosip_stack
+from tests.integration.test_replica_fence import Pair, pair, replicaof  # noqa: F401
 
 TINY = {
     "kind": "numeric",
@@ -446,3 +453,212 @@ async def test_mosips_put_answers_for_imported_uins_as_the_kernel_would(
         assert error_code(await put(http, assigned, "UNASSIGNED")) == "KER-UIG-004"
         assert (await put(http, assigned, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
         assert (await put(http, issued, "ASSIGNED"))["response"]["status"] == "ASSIGNED"
+
+
+class Killed(Exception):
+    """Stands for a kill: the import's process ends in the middle of its run."""
+
+
+class Stages:
+    """ImportTarget.stage, counted (rows staged), ending the run as a kill would once
+    ``left`` chunks were staged (None: never)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, left: int | None) -> None:
+        self.rows, self.left = 0, left
+        real = ImportTarget.stage
+
+        async def stage(target: ImportTarget, rows: Sequence[Staged], *more: Any) -> None:
+            if self.left == 0:
+                raise Killed
+            await real(target, rows, *more)
+            self.rows += len(rows)
+            self.left = None if self.left is None else self.left - 1
+
+        monkeypatch.setattr(ImportTarget, "stage", stage)
+
+
+async def _state(settings: Settings) -> dict[str, list[tuple[Any, ...]]]:
+    """What imports left: exclusions, ledger issues, runs (their tallies), staging tables."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        found = {
+            "excluded": await conn.fetch(
+                "SELECT id_type, key, counter, source, status, created_at, updated_at"
+                " FROM kd_excluded ORDER BY id_type, key"
+            ),
+            "ledger": await conn.fetch(
+                "SELECT key, issued_at, client, entry_id, used_at, used_by"
+                ' FROM "kd_ledger_uin" ORDER BY key'
+            ),
+            "runs": await conn.fetch(
+                "SELECT id_type, source, cursor IS NOT NULL, tally, recorded IS NOT NULL"
+                " FROM kd_import_runs ORDER BY id_type, source"
+            ),
+            "staging": await conn.fetch(
+                "SELECT relname FROM pg_class WHERE relname LIKE 'kd_stage_%' ORDER BY 1"
+            ),
+        }
+    finally:
+        await conn.close()
+    return {name: [tuple(row) for row in rows] for name, rows in found.items()}
+
+
+async def _staged(settings: Settings, table: str) -> int:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        return int(await conn.fetchval(f'SELECT count(*) FROM "{table}"'))
+    finally:
+        await conn.close()
+
+
+async def _uninterrupted(
+    servers: Servers, template_db: str, *words: str
+) -> tuple[dict[str, Any], dict[str, list[tuple[Any, ...]]]]:
+    """The same import, never killed, into a database of its own: its report and state."""
+    async with cloned_database(servers, template_db) as other:
+        whole = make_settings(servers, other, id_types=TYPES)
+        await run_migrate(whole)
+        (report,) = await run_import(whole, *words)
+        return report, await _state(whole)
+
+
+async def test_a_killed_import_resumes_where_it_stopped(
+    settings: Settings,
+    source: str,
+    servers: Servers,
+    template_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed after two chunks of its read: nothing is recorded yet, the next run reads
+    only the rows left, says where it went on from, and leaves exactly what an import
+    never killed leaves."""
+    monkeypatch.setattr(imports, "CHUNK", 100)
+    words = ("openg2p", "--from", source, "--type", "uin", "--table", "id_pool_tiny")
+    stages = Stages(monkeypatch, left=2)
+    with pytest.raises(Killed):
+        await run_import(settings, *(*words, "--client", "old"))
+    killed = await _state(settings)
+    assert killed["excluded"] == [] and killed["ledger"] == []
+    assert [run[:3] for run in killed["runs"]] == [("uin", "openg2p", True)]
+    assert await _staged(settings, "kd_stage_openg2p_uin") == stages.rows == 200
+
+    stages.rows, stages.left = 0, None
+    (resumed,) = await run_import(settings, *(*words, "--client", "old"))
+    assert resumed["resumed"] == {"at_row": 200, "step": "reading"}
+    assert stages.rows == len(THIRD) - 200  # only what was left was read
+    report, state = await _uninterrupted(servers, template_db, *words, "--client", "old")
+    assert await _state(settings) == state
+    assert state["runs"] == [] and state["staging"] == []  # each run ended
+    assert report["resumed"] is None and {**resumed, "resumed": None} == report
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["same-file", "changed-file"])
+async def test_a_killed_import_of_a_file_changed_since_starts_over(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: bool
+) -> None:
+    """The control: the run goes on from where a killed one stopped only when it reads
+    what that one read; a file changed since is read from its first line (an unchanged
+    one, only past the rows staged)."""
+    monkeypatch.setattr(imports, "CHUNK", 100)
+    listing = tmp_path / "issued.txt"
+    listing.write_text("".join(f"{key},TAKEN\n" for key in THIRD))
+    words = ("file", str(listing), "--type", "uin")
+    stages = Stages(monkeypatch, left=2)
+    with pytest.raises(Killed):
+        await run_import(settings, *words)
+    if changed:
+        with listing.open("a") as more:
+            more.write(f"{EVERY_KEY[1]},TAKEN\n")
+    stages.rows, stages.left = 0, None
+    (report,) = await run_import(settings, *words)
+    total = len(THIRD) + changed
+    assert report["resumed"] == (None if changed else {"at_row": 200, "step": "reading"})
+    assert stages.rows == (total if changed else total - 200)
+    assert report["rows_read"] == report["excluded_added"] == report["ledger_added"] == total
+
+
+async def test_an_import_killed_before_its_sweep_only_sweeps_when_run_again(
+    settings: Settings, source: str, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after its record, before the hot list's sweep: the next run reads nothing
+    again, sweeps, and reports what the killed one recorded."""
+    hot = HotStore.from_settings(settings)
+    await stack.fill("tiny", 8)
+    await stack.refill("tiny")  # imported IDs in the hot list
+    real_sweep = imports.sweep
+
+    async def killed(*args: Any) -> imports.Swept:
+        raise Killed
+
+    monkeypatch.setattr(imports, "sweep", killed)
+    words = ("openg2p", "--from", source, "--type", "tiny")
+    with pytest.raises(Killed):
+        await run_import(settings, *words)
+    monkeypatch.setattr(imports, "sweep", real_sweep)
+    stages = Stages(monkeypatch, left=None)
+    (report,) = await run_import(settings, *words)
+    try:
+        listed = await pop_all(hot, "tiny")
+    finally:
+        await hot.close()
+    assert report["resumed"] == {"at_row": len(THIRD), "step": "sweeping"}
+    assert stages.rows == 0 and report["excluded_added"] == len(THIRD)
+    assert report["hot_removed"] > 0 and listed and not set(listed) & set(THIRD)
+    assert (await _state(settings))["runs"] == []
+
+
+async def listed(settings: Settings, name: str) -> list[str]:
+    hot = HotStore.from_settings(settings)
+    try:
+        return [key async for keys in hot.listed(name) for key in keys]
+    finally:
+        await hot.close()
+
+
+async def test_a_redis_failover_right_after_the_import_hands_out_none_of_it(
+    servers: Servers,
+    database: str,
+    source: str,
+    pair: Pair,  # noqa: F811
+) -> None:
+    """A serving stack on a Redis primary with a replica (loopback, redis-server); a
+    keysync batch taken before the import; the replica promoted (REPLICAOF NO ONE) as
+    soon as the import returns. The late batch is refused there, and keygen and keysync,
+    now on the promoted server, dispensed to exhaustion: none of the imported, and no
+    other key lost but the late batch and the lists the promotion discards (the fence)."""
+    on_primary = make_settings(servers, database, id_types=TYPES, redis_url=pair.primary.url)
+    promoted = make_settings(servers, database, id_types=TYPES, redis_url=pair.replica.url)
+    await run_migrate(on_primary)
+    cold = await ColdStore.connect(on_primary.postgres_dsn)
+    hot = HotStore.from_settings(promoted)
+    try:
+        before = Stack(on_primary, cold, SyncRecord.from_settings(on_primary))
+        await before.fill("tiny", 3)
+        await before.refill("tiny")  # imported IDs in the hot list, replicated
+        late = await before.cold.begin_take("tiny", 100)
+        await late.commit()  # taken before the import, pushed after the failover
+        assert set(late.keys) & set(THIRD)
+        (report,) = await run_import(on_primary, "openg2p", "--from", source, "--type", "tiny")
+        assert report["replicas"] == report["replicas_acknowledged"] == 1
+        before.generator.close()
+        at_failover = await listed(on_primary, "tiny")  # discarded by the promotion
+        await replicaof(pair.replica_client, "NO", "ONE")  # the failover
+
+        pushed = await hot.push("tiny", late.keys, "late-batch", epoch=late.epoch)
+        assert pushed.status == "superseded"
+        after = Stack(promoted, cold, SyncRecord.from_settings(promoted))
+        handed_out = await pop_all(hot, "tiny")
+        for _ in range(40):
+            await after.fill("tiny", 2)
+            await after.refill("tiny")
+            got = await pop_all(hot, "tiny")
+            if not got and after.keygen.exhausted("tiny"):
+                break
+            handed_out += got
+        after.generator.close()
+    finally:
+        await hot.close()
+        await cold.close()
+    assert len(set(handed_out)) == len(handed_out) > 300
+    assert not set(handed_out) & set(THIRD)
+    assert set(handed_out) | set(late.keys) | set(at_failover) | set(THIRD) == set(EVERY_KEY)

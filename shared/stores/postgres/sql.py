@@ -9,6 +9,7 @@ and substituted through ``str.format`` as ``{cold}`` / ``{seq}`` only.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from shared.domain.names import ID_TYPE_NAME
@@ -295,10 +296,29 @@ COUNT_EXCLUDED_BETWEEN: Final = """
 SELECT count(*) FROM kd_excluded WHERE id_type = $1 AND counter >= $2 AND counter < $3
 """
 
-# No parameters. Where an import's rows wait for the set-based statements below (the
-# transaction's own: dropped at its end).
+# An import's staging table: where the rows it read wait until it records them (one per
+# type and source, kept across a killed run: kd_import_runs). The bare name, for COPY.
+_STAGING_NAME: Final = re.compile(r"^kd_stage_[a-z0-9]{1,12}_[a-z][a-z0-9_]{0,40}$")
+
+
+def staging_table_name(name: str, source: str) -> str:
+    """The staging table of an import of ``source`` into the type ``name`` (bare)."""
+    bare = f"kd_stage_{source}_{name}"
+    if not _STAGING_NAME.fullmatch(bare):
+        raise ValueError(f"refusing unsafe identifier {bare!r}")
+    return bare
+
+
+def for_import(statement: str, name: str, source: str) -> str:
+    """``statement`` with the type's identifiers and the import's staging table filled in."""
+    staging = '"' + staging_table_name(name, source) + '"'
+    return statement.format(cold=cold_table(name), ledger=ledger_table(name), staging=staging)
+
+
+# No parameters (identifiers: {staging}). Creates the staging table, unlogged (a crash
+# empties it with kd_import_runs: the next run starts over).
 CREATE_IMPORT_STAGING: Final = """
-CREATE TEMP TABLE kd_import_staging (
+CREATE UNLOGGED TABLE {staging} (
     key text NOT NULL,
     counter bigint,
     status text NOT NULL,
@@ -306,9 +326,10 @@ CREATE TEMP TABLE kd_import_staging (
     updated_at timestamptz,
     issued boolean NOT NULL,
     used boolean NOT NULL
-) ON COMMIT DROP
+)
 """
-IMPORT_STAGING: Final = "kd_import_staging"
+# No parameters (identifiers: {staging}).
+DROP_IMPORT_STAGING: Final = "DROP TABLE IF EXISTS {staging}"
 IMPORT_STAGING_COLUMNS: Final = (
     "key",
     "counter",
@@ -319,23 +340,24 @@ IMPORT_STAGING_COLUMNS: Final = (
     "used",
 )
 
-# No parameters. Keys the source holds more than once: how many, rows beyond the first,
-# and a few of them.
+# No parameters (identifiers: {staging}). Keys the source holds more than once: how many,
+# rows beyond the first, and a few of them.
 SUMMARIZE_STAGED_DUPLICATES: Final = """
 SELECT count(*) AS keys, coalesce(sum(n - 1), 0) AS extra,
        (array_agg(key ORDER BY key))[1:5] AS examples
-FROM (SELECT key, count(*) AS n FROM kd_import_staging GROUP BY key HAVING count(*) > 1) AS d
+FROM (SELECT key, count(*) AS n FROM {staging} GROUP BY key HAVING count(*) > 1) AS d
 """
 
 # The staged rows, one per key (the newest of a key the source holds twice), in key
 # order (the index's: inserted in order, its pages are written once).
 _STAGED_ONCE: Final = """
 SELECT DISTINCT ON (key) key, counter, status, created_at, updated_at
-FROM kd_import_staging ORDER BY key, updated_at DESC NULLS LAST
+FROM {staging} ORDER BY key, updated_at DESC NULLS LAST
 """
 
-# $1: id type, $2: source. Rewrites the exclusions the source now says something else
-# of (a new status, new times). After LOCK_IMPORT. Status tag: UPDATE n.
+# $1: id type, $2: source (identifiers: {staging}). Rewrites the exclusions the source
+# now says something else of (a new status, new times). After LOCK_IMPORT. Status tag:
+# UPDATE n.
 UPDATE_CHANGED_EXCLUDED: Final = f"""
 UPDATE kd_excluded AS e
 SET source = $2, status = s.status, created_at = s.created_at, updated_at = s.updated_at,
@@ -346,8 +368,8 @@ WHERE e.id_type = $1 AND e.key = s.key
       IS DISTINCT FROM ($2, s.status, s.created_at, s.updated_at)
 """
 
-# $1: id type, $2: source. Excludes every staged ID not excluded yet. After LOCK_IMPORT
-# (no other import inserts meanwhile). Status tag: INSERT 0 n.
+# $1: id type, $2: source (identifiers: {staging}). Excludes every staged ID not excluded
+# yet. After LOCK_IMPORT (no other import inserts meanwhile). Status tag: INSERT 0 n.
 INSERT_NEW_EXCLUDED: Final = f"""
 INSERT INTO kd_excluded (id_type, key, counter, source, status, created_at, updated_at)
 SELECT $1, s.key, s.counter, $2, s.status, s.created_at, s.updated_at
@@ -355,22 +377,24 @@ FROM ({_STAGED_ONCE}) AS s
 WHERE NOT EXISTS (SELECT 1 FROM kd_excluded AS e WHERE e.id_type = $1 AND e.key = s.key)
 """
 
-# No parameters (identifiers: {cold}). Removes the staged IDs from the cold table; how many.
+# No parameters (identifiers: {cold}, {staging}). Removes the staged IDs from the cold
+# table; how many.
 DELETE_STAGED_COLD: Final = """
 WITH gone AS (
-    DELETE FROM {cold} AS c USING kd_import_staging AS s WHERE c.key = s.key RETURNING 1
+    DELETE FROM {cold} AS c USING {staging} AS s WHERE c.key = s.key RETURNING 1
 )
 SELECT count(*) FROM gone
 """
 
 # $1: the API client the imported issues belong to, $2: the entry id they are recorded
-# under. The source's issued IDs become issues of the ledger ({ledger}), used when the
-# source says so (MOSIP's ASSIGNED), at the source's times; an ID the ledger already
-# holds is left as it is (counted by SUMMARIZE_ISSUED_HERE). How many were added.
+# under (identifiers: {ledger}, {staging}). The source's issued IDs become issues of the
+# ledger, used when the source says so (MOSIP's ASSIGNED), at the source's times; an ID
+# the ledger already holds is left as it is (counted by SUMMARIZE_ISSUED_HERE). How many
+# were added.
 INSERT_IMPORTED_ISSUES: Final = """
 WITH issued AS (
     SELECT DISTINCT ON (key) key, created_at, updated_at, used
-    FROM kd_import_staging WHERE issued ORDER BY key, updated_at DESC NULLS LAST
+    FROM {staging} WHERE issued ORDER BY key, updated_at DESC NULLS LAST
 ),
 written AS (
     INSERT INTO {ledger} (key, issued_at, client, entry_id, used_at, used_by)
@@ -384,13 +408,51 @@ written AS (
 SELECT count(*) FROM written
 """
 
-# $1: the entry id imported issues are recorded under. Staged IDs this ledger ({ledger})
-# holds as issued by keydispenser itself: both systems issued them (how many, a few).
+# $1: the entry id imported issues are recorded under (identifiers: {ledger}, {staging}).
+# Staged IDs this ledger holds as issued by keydispenser itself: both systems issued them
+# (how many, a few).
 SUMMARIZE_ISSUED_HERE: Final = """
 SELECT count(*) AS keys, (array_agg(l.key ORDER BY l.key))[1:5] AS examples
 FROM {ledger} AS l
-WHERE l.entry_id <> $1 AND l.key IN (SELECT key FROM kd_import_staging)
+WHERE l.entry_id <> $1 AND l.key IN (SELECT key FROM {staging})
 """
+
+# $1: id type, $2: source. The run an earlier import of them left (kd_import_runs),
+# locked until the caller's transaction ends.
+SELECT_IMPORT_RUN: Final = """
+SELECT origin, cursor, tally, recorded FROM kd_import_runs
+WHERE id_type = $1 AND source = $2
+FOR UPDATE
+"""
+
+# $1: id type, $2: source, $3: origin (NULL: never resumed), $4: tally (jsonb). A run
+# from the start, in place of any earlier one.
+START_IMPORT_RUN: Final = """
+INSERT INTO kd_import_runs (id_type, source, origin, cursor, tally)
+VALUES ($1, $2, $3, NULL, $4::jsonb)
+ON CONFLICT (id_type, source) DO UPDATE
+SET origin = $3, cursor = NULL, tally = $4::jsonb, recorded = NULL, started_at = now(),
+    updated_at = now()
+"""
+
+# $1: id type, $2: source, $3: the cursor the caller last moved it to (jsonb, NULL at the
+# start), $4: the new cursor, $5: the tally. Moves the run on past a chunk staged in the
+# same transaction; UPDATE 0 when another import moved it meanwhile.
+ADVANCE_IMPORT_RUN: Final = """
+UPDATE kd_import_runs SET cursor = $4::jsonb, tally = $5::jsonb, updated_at = now()
+WHERE id_type = $1 AND source = $2 AND recorded IS NULL
+  AND cursor IS NOT DISTINCT FROM $3::jsonb
+"""
+
+# $1: id type, $2: source, $3: what recording the staged rows did (jsonb). Only the hot
+# list's sweep is left.
+MARK_IMPORT_RECORDED: Final = """
+UPDATE kd_import_runs SET recorded = $3::jsonb, updated_at = now()
+WHERE id_type = $1 AND source = $2
+"""
+
+# $1: id type, $2: source. The run is over (swept, refused or discarded).
+DELETE_IMPORT_RUN: Final = "DELETE FROM kd_import_runs WHERE id_type = $1 AND source = $2"
 
 # $1: id type. Moves the type's import epoch on; returns it.
 ADVANCE_IMPORT_EPOCH: Final = """
