@@ -97,6 +97,11 @@ class Proxy:
         self.hub._ask("set", self.number, mode)
         self.mode = mode
 
+    def retarget(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        """Forward new connections to ``target_host:target_port``; close the open ones."""
+        self.hub._ask("retarget", self.number, target_host, target_port)
+        self.target = (target_host, target_port)
+
 
 def standalone(target_host: str, target_port: int, large_bytes: int = 4_096) -> Proxy:
     """A proxy with a hub of its own (close it with ``proxy.hub.close()``)."""
@@ -145,6 +150,10 @@ class _Hub:
             _, number, mode = request
             self._proxies[number].switch(mode)
             return None
+        if request[0] == "retarget":
+            _, number, host, port = request
+            self._proxies[number].retarget((host, port))
+            return None
         raise ValueError(f"unknown proxy hub request {request[0]!r}")
 
 
@@ -166,6 +175,11 @@ class _Proxy:
     async def crossable(self) -> None:
         """Wait while the link is cut."""
         await self._open.wait()
+
+    def retarget(self, target: tuple[str, int]) -> None:
+        self.target = target
+        for link in list(self._links):
+            link.close()
 
     def switch(self, mode: str) -> None:
         self.mode = mode
