@@ -1,7 +1,7 @@
 """keysync's ledger loop: the Redis stream applied to PostgreSQL, one ledger transaction
 per batch, each a link of the ledger's one history (docs/reliability.md).
 
-A ledger transaction decides its batch (``table.apply``), passes the guard last
+A ledger transaction decides its batch (``decide.apply``), passes the guard last
 (``fence_sql.GUARD_LEDGER``: the lane's chain moves to this link; refused unless the
 server is on the record's history and timeline, with no restore pending), copies what
 it wrote to the ledger log in Redis before it commits, and is confirmed once committed
@@ -38,16 +38,10 @@ from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import Record, SyncRecord
 from shared.stores.fence.verdict import ClockRow, verdict
 from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.batch import Applied, parse
+from shared.stores.ledger.decide import LEDGER_LOCK, apply, prune_early_marks, requeue
+from shared.stores.ledger.replay import apply_ops
 from shared.stores.ledger.stream import LedgerStream, Link
-from shared.stores.ledger.table import (
-    LEDGER_LOCK,
-    Applied,
-    apply,
-    apply_ops,
-    parse,
-    prune_early_marks,
-    requeue,
-)
 from shared.stores.postgres.cold_store import ColdStore, translated
 
 log = logging.getLogger(__name__)

@@ -317,7 +317,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "released_key_reissued_without_the_opt_in",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "_release(conn, name, marks, name in batch.reissue, done)",
         "_release(conn, name, marks, True, done)",
         ("tests/integration/test_mosip.py",),
@@ -450,7 +450,7 @@ MUTANTS: Final = (
         # claimed once the key was requeued and issued anew) decided again, not given
         # the outcome decided first: a release answered "not found".
         "an_outcome_decided_again",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "        if rows:\n            found[name] =",
         "        if False:\n            found[name] =",
         (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
@@ -558,7 +558,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_mark_batch_shares_the_ledger_lock",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "    alone = bool(batch.used or batch.released)",
         "    alone = False",
         (LEDGER_RECORD_TESTS,),
@@ -926,7 +926,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "ledger_use_applied_before_its_issue_is_lost",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "    if waiting.keys:\n        await conn.execute(\n"
         "            ledger_sql.INSERT_EARLY_MARKS,",
         "    if False:\n        await conn.execute(\n            ledger_sql.INSERT_EARLY_MARKS,",
@@ -934,7 +934,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "ledger_issue_ignores_the_uses_that_came_first",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "        await _apply_early_marks(conn, name, set(rows.all_keys()) - set(skipped), done)",
         "        pass",
         ("tests/integration/test_ledger.py",),
@@ -990,7 +990,7 @@ MUTANTS: Final = (
     ),
     Mutant(
         "a_use_in_one_batch_undoes_an_earlier_release",
-        "shared/stores/ledger/table.py",
+        "shared/stores/ledger/decide.py",
         "Counter(key for each in marks.values() for key in each.keys)",
         "Counter(set(key for each in marks.values() for key in each.keys))",
         (LEDGER_RECORD_TESTS, "tests/unit/test_ledger_order.py"),

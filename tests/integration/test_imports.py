@@ -29,7 +29,8 @@ from shared.domain.imports import Staged
 from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
-from shared.stores.ledger.table import Applied, key_status, requeue
+from shared.stores.ledger.batch import Applied
+from shared.stores.ledger.decide import key_status, requeue
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import drop_database, run_migrate, scratch_database
 from shared.stores.postgres.imports import ImportTarget, Source

@@ -16,8 +16,8 @@ from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.batch import Applied
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import Applied
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, small_types
 from tests.integration.fixtures import Servers, dispenser_over_http, make_settings

@@ -17,8 +17,9 @@ from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.ledger import sql as ledger_sql
+from shared.stores.ledger.batch import Applied, parse
+from shared.stores.ledger.decide import apply
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import Applied, apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from tests.conftest import NS, small_types

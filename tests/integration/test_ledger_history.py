@@ -33,9 +33,10 @@ from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.groups import SyncRecords
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.batch import parse
+from shared.stores.ledger.decide import apply
 from shared.stores.ledger.reader import LedgerReader
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate

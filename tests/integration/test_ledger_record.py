@@ -23,8 +23,9 @@ from shared.stores.fence.guarded import GuardedCold
 from shared.stores.fence.postgres_fence import settle
 from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.batch import parse
+from shared.stores.ledger.decide import apply
 from shared.stores.ledger.stream import LedgerEntry, LedgerStream
-from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.databases import run_migrate
 from tests.conftest import small_types

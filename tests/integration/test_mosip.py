@@ -21,8 +21,9 @@ from shared.domain.config import Settings
 from shared.domain.errors import SchemaError
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
+from shared.stores.ledger.batch import parse
+from shared.stores.ledger.decide import apply
 from shared.stores.ledger.stream import LedgerStream
-from shared.stores.ledger.table import apply, parse
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate

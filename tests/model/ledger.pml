@@ -551,7 +551,7 @@ inline onchain(x) {
   r = (x == 0 || (held[srv] & (1 << x)) != 0)
 }
 
-/* ---- deciding a batch (shared/stores/ledger/table.py apply) ---------------------- */
+/* ---- deciding a batch (shared/stores/ledger/decide.py apply) ---------------------- */
 
 /* An issue entry (table._issue, INSERT_LEDGER_ISSUED, SELECT_ISSUED_TWICE): inserted
  * unless this issue was given back since (an entry applied again, wherever its row
@@ -684,7 +684,7 @@ inline chain_intact(x) {
   od
 }
 
-/* Write again what one lost link wrote, its operations in order (table.apply_ops:
+/* Write again what one lost link wrote, its operations in order (replay.apply_ops:
  * FORCE_ISSUED, FORCE_USED, FORCE_RELEASED_TO_HISTORY, FORCE_REQUEUED,
  * FORCE_OUTCOMES): nothing is decided. */
 inline replay_link(q) {
@@ -1032,7 +1032,7 @@ active proctype protocol() {
        STEPPED; CLEAN }
 
   /* ---- it decides its batch in one guarded transaction, logged before it commits
-   *      (LedgerDrain._once: table.apply, GUARD_LEDGER, add_link, COMMIT); refused,
+   *      (LedgerDrain._once: decide.apply, GUARD_LEDGER, add_link, COMMIT); refused,
    *      it holds the batch for its next attempt (LedgerDrain._refused) ---- */
   :: atomic { WHEN(A_COMMIT, nn < MAXN && ANY_K(BEGUN_K)) ->
        PICK_K(BEGUN_K);
@@ -1112,7 +1112,7 @@ active proctype protocol() {
        ks[k] = IDLE; knode[k] = 0;
        STEPPED; CLEAN }
 
-  /* ---- the requeue (LedgerDrain.requeue_released, table.requeue): a ledger
+  /* ---- the requeue (LedgerDrain.requeue_released, decide.requeue): a ledger
    *      transaction of its own, every ledger_requeue_every_s, whether or not a release
    *      is due (then its link writes nothing); a due release's key goes back to the
    *      cold table unless an issue of it is live ---- */

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from shared.stores.ledger.table import Used, in_stream_order
+from shared.stores.ledger.batch import Used
+from shared.stores.ledger.decide import in_stream_order
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from shared.domain.config import IdTypeConfig, load_settings
 from shared.domain.idtypes import build_id_types
-from shared.stores.ledger.table import entry_time, parse
+from shared.stores.ledger.batch import entry_time, parse
 from tests.conftest import EMPTY_CONFIG, TEST_SECRET
 
 

@@ -34,7 +34,7 @@ from shared.stores.fence.sync_record import Record
 from shared.stores.fence.verdict import ClockRow, verdict
 from shared.stores.groups import SyncRecords
 from shared.stores.ledger import sql as ledger_sql
-from shared.stores.ledger.table import key_status
+from shared.stores.ledger.decide import key_status
 from shared.stores.postgres import sql
 from shared.stores.postgres.cold_store import ColdStore, translated
 

@@ -41,7 +41,7 @@ CONFIRMED_KEPT = 16
 @dataclass(frozen=True)
 class Link:
     """One ledger transaction as the log holds it: its id, the link it follows ("": the
-    lane's first) and what it wrote (``shared.stores.ledger.table.Applied.ops``)."""
+    lane's first) and what it wrote (``shared.stores.ledger.batch.Applied.ops``)."""
 
     id: str
     prev: str

@@ -1,4 +1,5 @@
-"""The ledger in PostgreSQL: which key was issued when, to which client, its status.
+"""The ledger's decisions in PostgreSQL: which key was issued when, to which client,
+its status.
 
 Dispensers never write PostgreSQL. The pop script appends an "issue" entry to a Redis
 stream in the same atomic step that takes the keys, and a mark of use or a release
@@ -8,7 +9,7 @@ appends its own entry; keysync applies the stream to per-type ledger tables in b
 Each transaction decides once (``apply``) and returns what it wrote as operations
 (``Applied.ops``): they are copied to the ledger log before the transaction commits,
 and a restore after a PostgreSQL promotion writes them again as they are
-(``apply_ops``), deciding nothing. The outcome of a status change a client waits for
+(``replay.apply_ops``), deciding nothing. The outcome of a status change a client waits for
 (MOSIP's PUT, an entry with ``reply``) is written beside it (``kd_outcomes``) and is
 the answer whenever the entry is applied again.
 
@@ -27,184 +28,23 @@ inserts the issue row; drains take one advisory lock, so the two never miss each
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from collections import Counter
+from datetime import datetime
 
 import asyncpg
 
-from shared.domain.apikeys import ANONYMOUS
 from shared.domain.idtypes import IdType
 from shared.domain.outcomes import outcome_of
 from shared.domain.tiers import KeyStatus
 from shared.stores.ledger import sql as ledger_sql
-from shared.stores.ledger.stream import LedgerEntry
+from shared.stores.ledger.batch import Applied, Batch, Issued, Reply, Used
 from shared.stores.postgres import sql
 
 log = logging.getLogger(__name__)
 
 
-def entry_time(entry_id: str) -> datetime:
-    """A stream entry ID starts with the Redis server's clock in milliseconds."""
-    return datetime.fromtimestamp(int(entry_id.split("-", 1)[0]) / 1000, UTC)
-
-
 def _ms(when: datetime) -> int:
     return round(when.timestamp() * 1000)
-
-
-def _at(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-@dataclass
-class Issued:
-    """Issue entries of one type, one item per entry (as ledger_sql._ISSUE_BATCH takes them)."""
-
-    keys: list[str] = field(default_factory=list)  # each entry's keys, space-separated
-    times: list[datetime] = field(default_factory=list)
-    clients: list[str] = field(default_factory=list)  # one per key, or one for all
-    idempotency_keys: list[str | None] = field(default_factory=list)
-    entries: list[str] = field(default_factory=list)
-    count: int = 0  # keys in all
-
-    def arrays(self) -> tuple[list[str], list[datetime], list[str], list[str | None], list[str]]:
-        return self.keys, self.times, self.clients, self.idempotency_keys, self.entries
-
-    def all_keys(self) -> list[str]:
-        return " ".join(self.keys).split()
-
-
-@dataclass
-class Used:
-    keys: list[str] = field(default_factory=list)
-    times: list[datetime] = field(default_factory=list)
-    clients: list[str] = field(default_factory=list)  # who marked each key
-    admin: list[bool] = field(default_factory=list)  # whether it may mark any key
-    entries: list[str] = field(default_factory=list)  # the stream entry of each mark
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A status change a client waits for the outcome of (``reply`` in its entry)."""
-
-    entry: str
-    op: str  # "used" or "release"
-    key: str
-    client: str
-    admin: bool
-
-
-@dataclass
-class Batch:
-    issued: dict[str, Issued] = field(default_factory=lambda: defaultdict(Issued))
-    used: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
-    released: dict[str, Used] = field(default_factory=lambda: defaultdict(Used))
-    reissue: set[str] = field(default_factory=set)  # types whose released keys go back
-    replies: dict[str, list[Reply]] = field(default_factory=lambda: defaultdict(list))
-    duplicates: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    skipped: int = 0
-
-
-def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
-    """Group stream entries by type and operation; flag keys issued twice in the batch."""
-    batch = Batch()
-    seen: dict[str, set[str]] = defaultdict(set)  # keys issued in this batch, per type
-    for entry_id, fields in entries:
-        name, op = fields.get("type", ""), fields.get("op", "")
-        id_type = types.get(name)
-        keys = fields.get("keys", "").split()
-        if id_type is None or not id_type.config.ledger or op not in ("issue", "used", "release"):
-            batch.skipped += 1
-            log.warning("ledger_entry_skipped", extra={"entry": entry_id, "id_type": name})
-            continue
-        if op in ("used", "release"):
-            _add_mark(batch, name, op, entry_id, fields, keys, id_type)
-            continue
-        _add_issue(batch, name, entry_id, fields, keys, seen[name])
-    return batch
-
-
-def _add_mark(
-    batch: Batch,
-    name: str,
-    op: str,
-    entry_id: str,
-    fields: dict[str, str],
-    keys: list[str],
-    id_type: IdType,
-) -> None:
-    used = batch.used[name] if op == "used" else batch.released[name]
-    if op == "release" and id_type.config.reissue_released:
-        batch.reissue.add(name)
-    client, admin = fields.get("clients") or ANONYMOUS, fields.get("admin") == "1"
-    if fields.get("reply") == "1" and len(keys) == 1:
-        batch.replies[name].append(Reply(entry_id, op, keys[0], client, admin))
-    used.keys.extend(keys)
-    used.times.extend([entry_time(entry_id)] * len(keys))
-    used.clients.extend([client] * len(keys))
-    used.admin.extend([admin] * len(keys))
-    used.entries.extend([entry_id] * len(keys))
-
-
-def _add_issue(
-    batch: Batch,
-    name: str,
-    entry_id: str,
-    fields: dict[str, str],
-    keys: list[str],
-    held: set[str],
-) -> None:
-    clients = fields.get("clients") or ANONYMOUS
-    fresh = set(keys)
-    if len(fresh) != len(keys) or not held.isdisjoint(fresh):
-        keys, clients = _without_repeats(keys, clients, held, batch.duplicates[name])
-        fresh = set(keys)
-    held |= fresh
-    if not keys:
-        return
-    issued = batch.issued[name]
-    issued.keys.append(" ".join(keys))
-    issued.times.append(entry_time(entry_id))
-    issued.clients.append(clients)
-    issued.idempotency_keys.append(fields.get("idem") or None)
-    issued.entries.append(entry_id)
-    issued.count += len(keys)
-
-
-def _without_repeats(
-    keys: list[str], clients: str, held: set[str], repeats: list[str]
-) -> tuple[list[str], str]:
-    """An entry's keys less those already issued in the batch (added to ``repeats``),
-    with their clients (one per key, or one for all)."""
-    names = clients.split() or [ANONYMOUS]
-    if len(names) != len(keys):
-        names = [names[0]] * len(keys)
-    kept, kept_names, mine = [], [], set()
-    for key, client in zip(keys, names, strict=True):
-        if key in held or key in mine:
-            repeats.append(key)
-            continue
-        mine.add(key)
-        kept.append(key)
-        kept_names.append(client)
-    return kept, " ".join(kept_names)
-
-
-@dataclass
-class Applied:
-    issued: int = 0
-    used: int = 0
-    duplicates: dict[str, list[str]] = field(default_factory=dict)
-    used_unknown: int = 0  # marks of keys not (yet) issued: they wait for their issue row
-    used_refused: int = 0  # marks by a client the key was not issued to (not applied)
-    released: int = 0  # keys given back (and put back in the cold tier when reissued)
-    restored: int = 0  # ledger links a restore wrote again after a PostgreSQL fence
-    # What the transaction wrote, in order, as ``apply_ops`` writes it again (the log).
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    # The outcome of each status change a client waits for: entry -> OUTCOMES.
-    outcomes: dict[str, str] = field(default_factory=dict)
 
 
 # The advisory lock every ledger transaction takes ("kdlg").
@@ -571,83 +411,6 @@ async def requeue(conn: asyncpg.Connection, id_type: IdType, done: Applied) -> i
 
 
 # --- a restore: the ops written again -------------------------------------------------
-
-
-async def apply_ops(conn: asyncpg.Connection, ops: list[dict[str, Any]]) -> None:
-    """Write again, in order, what ledger transactions wrote (``Applied.ops``, from the
-    ledger log), in the caller's transaction. Nothing is decided: each statement writes
-    the rows the decision wrote. Keys requeued are not put back in the cold table (a
-    restore follows a fence, which discarded it)."""
-    for op in ops:
-        await _OPS[op["op"]](conn, op["type"], op)
-
-
-async def _force_issue(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    arrays = (op["keys"], [_at(t) for t in op["times"]], op["clients"], op["idem"], op["entries"])
-    await conn.execute(sql.for_type(ledger_sql.FORCE_ISSUED, name), *arrays, op["skip"])
-
-
-async def _force_early(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    keys, times, clients = op["applied"]
-    statement = sql.for_type(ledger_sql.FORCE_EARLY_MARKS_APPLIED, name)
-    await conn.execute(statement, name, op["keys"], keys, [_at(t) for t in times], clients)
-
-
-async def _force_used(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    keys, times, clients = op["applied"]
-    if keys:
-        await conn.execute(
-            sql.for_type(ledger_sql.FORCE_USED, name), keys, [_at(t) for t in times], clients
-        )
-    keys, times, clients, admin = op["waiting"]
-    if keys:
-        await conn.execute(
-            ledger_sql.INSERT_EARLY_MARKS, name, keys, [_at(t) for t in times], clients, admin
-        )
-
-
-async def _force_release(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    if not op["rows"][0]:
-        return
-    if op["history"]:
-        keys, times, clients, entries, recorded = op["rows"]
-        statement = sql.for_type(ledger_sql.FORCE_RELEASED_TO_HISTORY, name)
-        await conn.execute(
-            statement,
-            name,
-            keys,
-            [_at(t) for t in times],
-            clients,
-            entries,
-            [_at(t) for t in recorded],
-        )
-        return
-    keys, times, clients = op["rows"]
-    await conn.execute(
-        sql.for_type(ledger_sql.FORCE_RELEASED, name), keys, [_at(t) for t in times], clients
-    )
-
-
-async def _force_outcomes(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    entries, outcomes = op["outcomes"]
-    await conn.execute(ledger_sql.FORCE_OUTCOMES, name, entries, outcomes)
-
-
-async def _force_requeue(conn: asyncpg.Connection, name: str, op: dict[str, Any]) -> None:
-    keys, entries, discarded, times = op["rows"]
-    await conn.execute(
-        ledger_sql.FORCE_REQUEUED, name, keys, entries, discarded, [_at(t) for t in times]
-    )
-
-
-_OPS = {
-    "issue": _force_issue,
-    "early": _force_early,
-    "used": _force_used,
-    "release": _force_release,
-    "outcomes": _force_outcomes,
-    "requeue": _force_requeue,
-}
 
 
 async def prune_early_marks(conn: asyncpg.Connection, max_age_s: float) -> int:
