@@ -376,7 +376,7 @@ async def _durable(dispenser: Dispenser, id_type: IdType) -> None:
     if config.ledger_durability == "async":
         return
     try:
-        durable = await dispenser.ledger_stream.confirm(
+        durable = await dispenser.ledger_stream.wait_durable(
             id_type.name, config.ledger_durability, config.ledger_replicas, config.ledger_wait_ms
         )
     except StoreUnavailable:

@@ -269,7 +269,7 @@ class Pool:
         self._after_pop(popped)
         if not popped.keys:
             raise self._none_left(popped)
-        await self._confirmed(popped)
+        await self._durable(popped)
         return popped
 
     def join(self, client: str) -> asyncio.Future[Answer]:
@@ -388,7 +388,7 @@ class Pool:
         popped = await self._hot.pop_coalesced(self.name, count, clients, self._ledger)
         self._metrics.pop_requests.observe(count)
         self._after_pop(popped, issued=False)  # counted as each is handed out
-        await self._confirmed(popped)
+        await self._durable(popped)
         return popped
 
     # --- the stock's freshness (imports) ----------------------------------------
@@ -429,7 +429,7 @@ class Pool:
 
     # --- after a pop -------------------------------------------------------------
 
-    async def _confirmed(self, popped: Popped) -> None:
+    async def _durable(self, popped: Popped) -> None:
         """Return once the ledger type's issue entry of ``popped`` is as durable as its
         ``ledger_durability`` asks; else its keys are never handed out (counted), and
         StoreUnavailable says why (503)."""
@@ -437,7 +437,7 @@ class Pool:
         if config.ledger_durability == "async" or not popped.keys:
             return
         try:
-            durable = await self._stream.confirm(
+            durable = await self._stream.wait_durable(
                 self.name,
                 config.ledger_durability,
                 config.ledger_replicas,

@@ -217,7 +217,7 @@ class LedgerDrain:
         mode, replicas, wait_ms = self._durability
         if mode == "async":
             return
-        if not await self._stream.confirm(self._lane_type, mode, replicas, wait_ms):
+        if not await self._stream.wait_durable(self._lane_type, mode, replicas, wait_ms):
             raise StoreUnavailable(
                 "redis",
                 f"ledger link not {mode} on {replicas} replica(s) within {wait_ms} ms",

@@ -126,7 +126,7 @@ def ledger_replayed_key(namespace: str) -> str:
 
 def ledger_confirm_key(namespace: str) -> str:
     """Written after a ledger type's pop, on any connection, so that a WAIT (WAITAOF) of
-    that connection covers the pop's issue entry too (``LedgerStream.confirm``)."""
+    that connection covers the pop's issue entry too (``LedgerStream.wait_durable``)."""
     return f"{namespace}:ledger:confirm"
 
 

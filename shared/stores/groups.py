@@ -229,10 +229,12 @@ class LedgerRouter(_ByType[LedgerStream], LedgerWrites):
         """Returns what keysync decided for ``entry`` of type ``name``, None until it has."""
         return await self.of(name).outcome(name, entry)
 
-    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+    async def wait_durable(
+        self, name: str, durability: str, replicas: int, timeout_ms: int
+    ) -> bool:
         """Returns whether type ``name``'s stream holds its last writes as durably as
-        ``durability`` asks, within ``timeout_ms`` (``LedgerStream.confirm``)."""
-        return await self.of(name).confirm(name, durability, replicas, timeout_ms)
+        ``durability`` asks, within ``timeout_ms`` (``LedgerStream.wait_durable``)."""
+        return await self.of(name).wait_durable(name, durability, replicas, timeout_ms)
 
     async def newest_entry(self, name: str) -> str | None:
         """Returns the ID of the newest entry of the stream that holds type ``name``."""

@@ -222,8 +222,8 @@ class MemoryLedger:
 
     hot: MemoryHot  # the hot tier whose pops it records (the one the test pops from)
     reissue: set[str] = field(default_factory=set)
-    confirms: list[str] = field(default_factory=list)  # types whose pops were confirmed
-    durable: bool = True  # what ``confirm`` answers
+    durable_waits: list[str] = field(default_factory=list)  # types whose pops were waited on
+    durable: bool = True  # what ``wait_durable`` answers
     held: int = 0  # entries not yet drained (what ``backlog`` reports)
     rows: dict[tuple[str, str], _Row] = field(default_factory=dict)  # (type, key)
     given_back: dict[tuple[str, str], _Row] = field(default_factory=dict)  # reissue history
@@ -290,8 +290,10 @@ class MemoryLedger:
                 self.given_back[(name, key)] = self.rows.pop((name, key))
         return await self._entry(name, keys, "release", client, admin, reply)
 
-    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
-        self.confirms.append(name)
+    async def wait_durable(
+        self, name: str, durability: str, replicas: int, timeout_ms: int
+    ) -> bool:
+        self.durable_waits.append(name)
         return self.durable
 
     async def newest_entry(self, name: str) -> str | None:

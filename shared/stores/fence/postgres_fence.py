@@ -166,7 +166,7 @@ async def _settle_once(
         expected = claimed.fences if claimed is not None else record.claim_fences
         if (claimed is not None or found[sync] == "confirm") and expected:
             with contextlib.suppress(StoreUnavailable):
-                await sync.confirm(expected)
+                await sync.clear_claim(expected)
     if report is not None:
         log.warning("postgres_fenced", extra=_fields(report))
     return report

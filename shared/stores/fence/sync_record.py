@@ -179,7 +179,7 @@ class SyncRecord(RedisPort):
             status, _ = await self._run(RESET_RECORD, fence_slots(self.namespace), args)
         return str(status)
 
-    async def confirm(self, claim_fences: int) -> None:
+    async def clear_claim(self, claim_fences: int) -> None:
         """The fence whose claim expected ``claim_fences`` committed: clear the mark
         (only that claim's; lua/confirm_record.lua)."""
         async with self._guard("confirm_record"):

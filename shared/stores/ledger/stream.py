@@ -160,7 +160,9 @@ class LedgerStream(RedisPort):
                 entry, _ = await pipe.execute()
         return _entry_id(entry)
 
-    async def confirm(self, name: str, durability: str, replicas: int, timeout_ms: int) -> bool:
+    async def wait_durable(
+        self, name: str, durability: str, replicas: int, timeout_ms: int
+    ) -> bool:
         """Whether every write made before this call (the issue entries of pops that
         returned) is on ``replicas`` replicas (``replicated``: WAIT), or in the
         primary's and ``replicas`` replicas' append-only files (``fsynced``: WAITAOF),
