@@ -17,6 +17,7 @@ from typing import Final, NamedTuple
 from dispenser.auth import Forbidden, RateLimited, Unauthenticated
 from shared.domain.errors import (
     ClockBehind,
+    FenceHalted,
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
@@ -82,6 +83,14 @@ CODES: Final = (
         503,
         "halted: ledger history lost (the message says why; an operator must resume it)",
         (LedgerHalted,),
+        True,
+    ),
+    ErrorCode(
+        "IDG-019",
+        503,
+        "halted: Redis and PostgreSQL both lost state; an operator must run the fence by "
+        "hand (the message says how)",
+        (FenceHalted,),
         True,
     ),
     ErrorCode(

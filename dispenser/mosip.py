@@ -49,6 +49,7 @@ from dispenser.envelope import JSON, Answer
 from dispenser.service import Dispenser
 from shared.domain import outcomes
 from shared.domain.errors import (
+    FenceHalted,
     InvalidInput,
     KeydispenserError,
     KeyspaceExhausted,
@@ -158,7 +159,7 @@ def _refusal(
         return Refused((internal[0], str(exc)), 413)
     if isinstance(exc, InvalidInput):
         return Refused((internal[0], str(exc)))
-    if isinstance(exc, LedgerHalted):  # at once, and why: an operator must act
+    if isinstance(exc, LedgerHalted | FenceHalted):  # at once, and why: an operator must act
         return Refused((internal[0], str(exc)), 200, {"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, StoreUnavailable | LedgerBacklogFull):
         return Refused(internal, 200, {"Retry-After": "1"})

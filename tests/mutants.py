@@ -102,6 +102,15 @@ MUTANTS: Final = (
         ),
     ),
     Mutant(
+        # Both tiers lost state and the fence halted: a lookup said "being restored"
+        # (IDG-005, retry at once) rather than the halt and the operator's command.
+        "a_fence_halt_answered_as_being_restored",
+        "shared/stores/ledger/reader.py",
+        "            if record.halted:  # both tiers lost state: an operator fences first\n",
+        "            if False:\n",
+        (f"{LEDGER_HISTORY_TESTS}::test_a_fence_halt_is_said_at_once_to_puts_and_lookups",),
+    ),
+    Mutant(
         "a_quarantined_key_given_back",
         "shared/stores/ledger/sql.py",
         "SELECT 1 FROM kd_quarantined_keys AS q WHERE q.id_type = $1 AND q.key = u.key",

@@ -143,7 +143,11 @@ class NamespaceBound(ConfigError):
 
 class FenceHalted(KeydispenserError):
     """Redis and PostgreSQL both lost state in the same window: no automatic fence can be
-    proven safe, so leases and syncs stop until an operator runs the fence by hand."""
+    proven safe, so leases and syncs stop until an operator runs the fence by hand.
+    The ledger answers nothing meanwhile (its history cannot be judged)."""
+
+    # An answer refused for a halt says when to ask again: an operator must act first.
+    retry_after_s = 60
 
     def __init__(self, reason: str) -> None:
         super().__init__(

@@ -444,8 +444,12 @@ async def test_replicated_both_primaries_lost_at_once_halt_until_an_operator_fen
     assert len(answered.issued) == 4
     reason = await redis.halted()
     assert "both lost state" in reason, reason
-    for uin in answered.issued:  # nothing answered from a history that may be taken back
-        assert await stack.lookup(uin) is None
+    for uin in answered.issued:  # nothing answered from a history that may be taken back,
+        # and the halt said at once, with the operator's command
+        reply = await stack.http.get(f"/v1/keys/{UIN}/{uin}", headers=stack.auth("auditor"))
+        (error,) = reply.json()["errors"]
+        assert reply.status_code == 503 and error["errorCode"] == "IDG-019", reply.text
+        assert "fence-postgres" in error["message"]
     env = process_env(stack.settings, stack.keysync_log.parent / "config.yaml")
     fenced = await asyncio.to_thread(run_cli, "fence-postgres", "--skip-ranges", "1", env=env)
     assert fenced.returncode == 0, fenced.stderr

@@ -651,6 +651,37 @@ async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
     assert looked.status_code == 503 and looked.json()["errors"][0]["errorCode"] == "IDG-017"
 
 
+async def test_a_fence_halt_is_said_at_once_to_puts_and_lookups(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """Redis and PostgreSQL both lost state (the fence halted leases and syncs): the
+    ledger's history cannot be judged, and MOSIP's PUT and a lookup say so at once
+    (IDG-019, the operator's command), not "being restored" or "behind"."""
+    wait_s = 30.0
+    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": wait_s}}
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, dispenser=mosip)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    await sync.halt("redis and postgres both lost state; postgres forked")
+    async with dispenser_over_http(ledger.settings) as http:
+        started = time.monotonic()
+        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = await http.put(
+            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
+        )
+        looked = await http.get(f"/v1/keys/farmer/{key}")
+        answered_s = time.monotonic() - started
+    assert answered_s < wait_s  # answered before ledger_wait_s elapsed
+    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
+    (error,) = put.json()["errors"]
+    assert error["errorCode"] == "KER-UIG-005"
+    assert looked.status_code == 503 and looked.headers["Retry-After"] == "60"
+    assert looked.json()["errors"][0]["errorCode"] == "IDG-019"
+    for message in (error["message"], looked.json()["errors"][0]["message"]):
+        assert message.startswith("leases and syncs halted: redis and postgres both lost")
+        assert "fence-postgres" in message
+
+
 async def test_accepting_a_loss_quarantines_what_it_cannot_vouch_for(
     servers: Servers,
     database: str,

@@ -23,6 +23,7 @@ import asyncpg
 
 from shared.domain.errors import (
     ConfigError,
+    FenceHalted,
     KeydispenserError,
     LedgerHalted,
     SchemaError,
@@ -80,11 +81,16 @@ class LedgerReader:
 
     async def halted(self, name: str) -> str:
         """Why the ledger that holds type ``name`` is halted ("": it is not), as the
-        fence's record says: a request refused for it is refused at once."""
+        fence's record says: a request refused for it is refused at once. FenceHalted
+        when the fence halted leases and syncs (both tiers lost state): the ledger's
+        history cannot be judged until an operator fences."""
         sync = self._records.of(name) if self._records is not None else None
         if sync is None:
             return ""
-        return (await sync.read()).ledger_halt
+        record = await sync.read()
+        if record.halted:
+            raise FenceHalted(record.halt_reason or "halted")
+        return record.ledger_halt
 
     async def status(self, name: str, key: str) -> KeyStatus:
         """The key's state now: its current issue row, else its last issue that was
@@ -142,6 +148,8 @@ class LedgerReader:
         sync = self._records.of(name) if self._records is not None else None
         record = await sync.read() if sync is not None else None
         if record is not None:
+            if record.halted:  # both tiers lost state: an operator fences first
+                raise FenceHalted(record.halt_reason or "halted")
             _refuse_halted(record.ledger_halt, record.restore_from)
         async with (
             store.connection() as conn,
