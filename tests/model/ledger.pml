@@ -1099,15 +1099,18 @@ active proctype protocol() {
        STEPPED; CLEAN }
 
   /* ---- keysync takes K from the cold table (Keysync.refill: GuardedCold.begin_take,
-   *      GUARD_TAKE), then pushes it (push.lua: its stamp recorded first) ---- */
+   *      GUARD_TAKE), then pushes it (push.lua: its stamp recorded first). A push
+   *      waits for a record Redis lost to be trusted again (Keysync.push: refused
+   *      'untrusted', it vouches and tries again; refused by its pin, it pins the new
+   *      server and tries again) ---- */
   :: atomic { WHEN(A_TAKE, cold[srv] && GUARD_PASSES && !behind && nn < MAXN && ANY_K(IDLE_K)) ->
        PICK_K(IDLE_K);
        newnode(); cold[srv] = 0; ks[k] = TAKEN; knode[k] = srv; printf("take: node %d\n", srv);
        STEPPED; CLEAN }
-  :: atomic { WHEN(A_PUSH, ANY_K(TAKEN_K)) ->
+  :: atomic { WHEN(A_PUSH, !untrusted && ANY_K(TAKEN_K)) ->
        PICK_K(TAKEN_K);
        record(knode[k], ok);
-       if :: ok && !untrusted -> hot = 1 :: else -> skip fi;   /* else lost, never pushed */
+       if :: ok -> hot = 1 :: else -> skip fi;   /* else lost, never pushed */
        printf("push: recorded %d\n", ok);
        ks[k] = IDLE; knode[k] = 0;
        STEPPED; CLEAN }

@@ -633,9 +633,11 @@ class Mirror:
         self.ks[k].ks, self.ks[k].knode = TAKEN, self.srv
 
     def push(self, k: int) -> bool:
-        self.enabled(self.ks[k].ks == TAKEN, "push: nothing taken")
+        self.enabled(
+            self.ks[k].ks == TAKEN and not self.untrusted, "push: nothing taken, or untrusted"
+        )
         ok = self.record(self.ks[k].knode)
-        if ok and not self.untrusted:
+        if ok:
             self.hot = True
         self.ks[k].ks, self.ks[k].knode = IDLE, 0
         return ok

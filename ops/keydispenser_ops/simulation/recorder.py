@@ -454,6 +454,8 @@ class Recorder:
     def on_push(self, actor: str, status: str) -> None:
         if self.slot(actor) != REFILL_SLOT or self.mirror.ks[REFILL_SLOT].ks != 4:
             return
+        if status in ("untrusted", "refused"):
+            return  # tried again (after a vouch; pinned to the new server): not a step
         pushed = self.step("push", REFILL_SLOT, note=status)
         self.expect(bool(pushed) == (status in ("pushed", "duplicate")), f"push: {status}")
 
