@@ -383,7 +383,7 @@ MUTANTS: Final = (
         "shared/stores/fence/postgres_fence.py",
         "    target = record.restore_from or record.head\n",
         "    target = record.head\n",
-        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
+        (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
         # A fence keeps the restore its server had pending from an earlier fence, though
