@@ -165,7 +165,13 @@ async def take(url: str, count: int) -> list[str]:
             assert reply.status_code == 200, reply.text
             batch = reply.json()["keys"]
             keys += batch
-            used = await client.post("/v1/keys/shortlink/used", json={"keys": batch[:5]})
+            while True:  # a 503 across the failover (a connection the old primary
+                # closed) says "retry later", and a mark of use may be sent again
+                assert time.monotonic() < deadline, "marks of use refused until the deadline"
+                used = await client.post("/v1/keys/shortlink/used", json={"keys": batch[:5]})
+                if used.status_code != 503:
+                    break
+                await asyncio.sleep(0.2)
             assert used.status_code == 202, used.text
     return keys
 
