@@ -280,7 +280,7 @@ async def test_a_quiet_spell_after_a_promotion_keeps_what_was_answered(
     await promotion.promote()
     await refill(ledger)  # keygen or keysync reaches the promoted server: fenced at once
     record = await sync.read()
-    assert record.restore_from  # the head the promoted server lacks
+    assert record.restore_to  # the head the promoted server lacks
     with pytest.raises(StoreUnavailable, match="restored"):
         await ledger.lookup(key)  # never answered from the server before its restore
     await asyncio.sleep(2.0)  # a quiet spell, twice the log's retention
@@ -330,7 +330,7 @@ async def test_a_restore_refuses_a_ledger_another_keysync_halted(
     await ledger.applied()
     await promotion.promote()
     await refill(ledger)  # fenced: the restore is pending
-    target = (await sync.read()).restore_from
+    target = (await sync.read()).restore_to
     assert target
     await sync.halt_ledger("ledger link x of lane kd is gone from the log")
     async with cold(ledger.settings) as store:
@@ -457,7 +457,7 @@ async def test_a_second_promotion_keeps_the_restore_the_first_one_found_needed(
     """A keysync reads A's repeated PUT ASSIGNED, then two replicas are promoted one
     after the other (the second never saw the first one's fence), each fenced by another
     process. The second fence leaves pending on its server the restore the first found
-    needed (the record's ``restore_from``; the record's head is by then the first
+    needed (the record's ``restore_to``; the record's head is by then the first
     fenced server's own, which the second holds): the keysync's transaction waits for
     that restore instead of deciding the repeat on a history lacking the UIN's issue
     ("not found" after A was answered ASSIGNED)."""
@@ -481,7 +481,7 @@ async def test_a_second_promotion_keeps_the_restore_the_first_one_found_needed(
         batch = parse(entries, build_id_types(ledger.settings))
         await promotion.promote()
         await refill(ledger)  # another process reaches the promoted server: fenced
-        assert (await sync.read()).restore_from
+        assert (await sync.read()).restore_to
         await promote(servers, database, second)  # the next replica, behind that fence
         await refill(ledger)  # fenced in turn
         async with cold(ledger.settings) as store:
@@ -509,7 +509,7 @@ async def test_a_promotion_back_to_an_earlier_fence_restores_what_was_answered_s
     await ledger.applied()
     await promotion.promote()
     await refill(ledger)  # another process reaches the promoted server: fenced
-    assert (await sync.read()).restore_from
+    assert (await sync.read()).restore_to
     second = f"{database}_replica2"
     await clone(servers, database, second)  # the fence committed, its restore not yet
     try:
@@ -618,6 +618,30 @@ async def test_a_restore_missing_a_link_halts_the_ledger_until_an_operator_resum
     assert (await ledger.lookup(key))["issued"] is False  # lost, and said so
 
 
+# MOSIP's PUT waiting up to 30 s for keysync: a halt must be said long before.
+HALT_WAIT_S = 30.0
+MOSIP_WAITING = {"mosip": {"uin": "farmer", "ledger_wait_s": HALT_WAIT_S}}
+
+
+async def put_and_look_up_while_halted(ledger: Any, key: str) -> tuple[dict[str, Any], Any]:
+    """A MOSIP PUT ASSIGNED of ``key`` and a lookup of it, over HTTP; asserts the PUT's
+    answer came at once (before ``ledger_wait_s``) as KER-UIG-005 with Retry-After 60.
+    (the PUT's error, the lookup's response)."""
+    async with dispenser_over_http(ledger.settings) as http:
+        started = time.monotonic()
+        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
+        put = await http.put(
+            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
+        )
+        looked = await http.get(f"/v1/keys/farmer/{key}")
+        answered_s = time.monotonic() - started
+    assert answered_s < HALT_WAIT_S  # answered before ledger_wait_s elapsed
+    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
+    (error,) = put.json()["errors"]
+    assert error["errorCode"] == "KER-UIG-005"
+    return error, looked
+
+
 async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
     servers: Servers,
     database: str,
@@ -628,23 +652,10 @@ async def test_a_halted_ledger_says_so_at_once_to_puts_and_lookups(
 ) -> None:
     """While the ledger is halted, MOSIP's PUT and a lookup answer at once why (the
     halt, its reason, the runbook's section), not "behind" after ``ledger_wait_s``."""
-    wait_s = 30.0
-    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": wait_s}}
     ledger, key = await halted_ledger(
-        servers, database, hot, sync, redis_client, promotion, dispenser=mosip
+        servers, database, hot, sync, redis_client, promotion, dispenser=MOSIP_WAITING
     )
-    async with dispenser_over_http(ledger.settings) as http:
-        started = time.monotonic()
-        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
-        put = await http.put(
-            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
-        )
-        looked = await http.get(f"/v1/keys/farmer/{key}")
-        answered_s = time.monotonic() - started
-    assert answered_s < wait_s  # answered before ledger_wait_s elapsed
-    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
-    (error,) = put.json()["errors"]
-    assert error["errorCode"] == "KER-UIG-005"
+    error, looked = await put_and_look_up_while_halted(ledger, key)
     for message in (error["message"], looked.json()["errors"][0]["message"]):
         assert message.startswith("halted: ledger history lost (")
         assert "gone from the log" in message and '"KdLedgerHalted"' in message
@@ -657,24 +668,11 @@ async def test_a_fence_halt_is_said_at_once_to_puts_and_lookups(
     """Redis and PostgreSQL both lost state (the fence halted leases and syncs): the
     ledger's history cannot be judged, and MOSIP's PUT and a lookup say so at once
     (IDG-019, the operator's command), not "being restored" or "behind"."""
-    wait_s = 30.0
-    mosip = {"mosip": {"uin": "farmer", "ledger_wait_s": wait_s}}
-    ledger = await ledger_of(servers, database, hot, sync, reissue=False, dispenser=mosip)
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False, dispenser=MOSIP_WAITING)
     key = await ledger.pop("client-a")
     await ledger.applied()
     await sync.halt("redis and postgres both lost state; postgres forked")
-    async with dispenser_over_http(ledger.settings) as http:
-        started = time.monotonic()
-        body = {"id": "mosip.kernel.uinservice", "version": "1.0"}
-        put = await http.put(
-            "/v1/idgenerator/uin", json=body | {"request": {"uin": key, "status": "ASSIGNED"}}
-        )
-        looked = await http.get(f"/v1/keys/farmer/{key}")
-        answered_s = time.monotonic() - started
-    assert answered_s < wait_s  # answered before ledger_wait_s elapsed
-    assert put.status_code == 200 and put.headers["Retry-After"] == "60"
-    (error,) = put.json()["errors"]
-    assert error["errorCode"] == "KER-UIG-005"
+    error, looked = await put_and_look_up_while_halted(ledger, key)
     assert looked.status_code == 503 and looked.headers["Retry-After"] == "60"
     assert looked.json()["errors"][0]["errorCode"] == "IDG-019"
     for message in (error["message"], looked.json()["errors"][0]["message"]):
