@@ -246,8 +246,8 @@ class LedgerDrain:
         """Why the guard refused, as this server says, and what comes first: a restore
         pending, the record taken up to this server's timeline, or the fence."""
         state = await self._state()
-        if state.restores.get(self.lane) or record.restore_from:
-            await self.restore(state.restores.get(self.lane) or record.restore_from)
+        if state.restore_to.get(self.lane) or record.restore_to:
+            await self.restore(state.restore_to.get(self.lane) or record.restore_to)
         else:
             await self._settle(state, record)
 
@@ -278,20 +278,20 @@ class LedgerDrain:
             self.halted = record.ledger_halt
             raise LedgerHalted(record.ledger_halt)
         self.halted = ""
-        if record.restore_from:
-            await self.restore(record.restore_from)
+        if record.restore_to:
+            await self.restore(record.restore_to)
             return
         if time.monotonic() - self._watched < self._watch_s:
             return
         self._watched = time.monotonic()
         state = await self._state()
-        if state.restores.get(self.lane):
-            await self.restore(state.restores[self.lane])
+        if state.restore_to.get(self.lane):
+            await self.restore(state.restore_to[self.lane])
         elif verdict(state, record) not in ("ok", "vouch"):
             await self._guard.fence()
             record = await self._sync.read()
-            if record.restore_from:
-                await self.restore(record.restore_from)
+            if record.restore_to:
+                await self.restore(record.restore_to)
 
     async def restore(self, target: str) -> int:
         """Write again every ledger link this server lacks up to ``target`` (the head the
@@ -351,7 +351,7 @@ class LedgerDrain:
     async def _pending(self, state: ClockRow) -> str:
         """The restore pending now: the record's, else this server's ("" : none)."""
         found = await self._sync.read() if self._sync is not None else None
-        return (found.restore_from if found else "") or state.restores.get(self.lane, "")
+        return (found.restore_to if found else "") or state.restore_to.get(self.lane, "")
 
     async def _chain(self, conn: asyncpg.Connection, target: str) -> list[Link]:
         """The links from the first one this server lacks up to ``target``, oldest

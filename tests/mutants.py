@@ -193,8 +193,8 @@ MUTANTS: Final = (
     Mutant(
         "a_fence_claims_only_the_first_group",
         "shared/stores/fence/postgres_fence.py",
-        "    for sync, record in read.items():\n        target = restores.get(",
-        "    for sync, record in list(read.items())[:1]:\n        target = restores.get(",
+        "    for sync, record in read.items():\n        target = restore_to.get(",
+        "    for sync, record in list(read.items())[:1]:\n        target = restore_to.get(",
         GROUP_TESTS,
     ),
     Mutant(
@@ -381,7 +381,7 @@ MUTANTS: Final = (
         # fenced server's own), not the restore the first fence found needed.
         "a_second_promotion_forgets_the_pending_restore",
         "shared/stores/fence/postgres_fence.py",
-        "    target = record.restore_from or record.head\n",
+        "    target = record.restore_to or record.head\n",
         "    target = record.head\n",
         (LEDGER_HISTORY_TESTS,),
     ),
@@ -390,8 +390,8 @@ MUTANTS: Final = (
         # the record moved past it (a promotion back to that fence's server).
         "a_fence_keeps_an_older_pending_restore",
         "shared/stores/fence/postgres_fence.py",
-        "    target = record.restore_from or record.head\n",
-        "    target = row.restores.get(lane) or record.restore_from or record.head\n",
+        "    target = record.restore_to or record.head\n",
+        "    target = row.restore_to.get(lane) or record.restore_to or record.head\n",
         (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(

@@ -223,7 +223,7 @@ async def postgres_fence_state(cold: ColdStore, sync: SyncRecords) -> dict[str, 
         # (after a fence found this server behind), and a halt an operator must end.
         "ledger": {
             ns: {
-                "restoring_to": r.restore_from or (row.restores.get(ns) if row else None) or None,
+                "restoring_to": r.restore_to or (row.restore_to.get(ns) if row else None) or None,
                 "halted": r.ledger_halt or None,
             }
             for ns, r in records.items()
@@ -291,7 +291,7 @@ async def resume_ledger(settings: Settings, quarantine_file: Path | None = None)
             ledgers = [n for n in groups.types.get(lane, ()) if types[n].config.ledger]
             async with cold.connection() as conn, conn.transaction():
                 row = ClockRow.of(await conn.fetchrow(fence_sql.LOCK_SYNC_CLOCK))
-                pending = row.restores.get(lane) or record.restore_from
+                pending = row.restore_to.get(lane) or record.restore_to
                 if not (pending or record.ledger_halt):
                     continue
                 await conn.execute(ledger_sql.CLEAR_RESTORE, lane)

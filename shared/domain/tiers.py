@@ -134,7 +134,7 @@ class FenceReport:
     # operator's fence only (an automatic one restores the ledger exactly instead)
     releases_settled: dict[str, int] = field(default_factory=dict)
     # lane -> the ledger link keysync restores this server up to
-    ledger_restores: dict[str, str] = field(default_factory=dict)
+    restore_to: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_discarded(self) -> int:

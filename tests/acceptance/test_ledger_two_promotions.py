@@ -7,7 +7,7 @@ A keysync that read a repeated ``PUT ASSIGNED`` is frozen (SIGSTOP, at the fault
 by another process, then the second (which never saw that fence) is promoted and
 fenced in turn; the keysync resumes. The fence of the second promotion must leave the
 restore the first one found needed pending on the server it fences (the record's
-``restore_from``, not only its head, which by then is the first fenced server's own):
+``restore_to``, not only its head, which by then is the first fenced server's own):
 otherwise the keysync decides the repeat on a history lacking the UIN's issue and
 answers "not found" after the same client was answered ASSIGNED
 (docs/reliability.md, "The ledger's one history").

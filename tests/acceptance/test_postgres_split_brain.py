@@ -236,13 +236,13 @@ class LeasesDuringTheClaim(SyncRecord):
         mode: str = "automatic",
         pending: bool = False,
         read: Record | None = None,
-        restore_from: str = "",
+        restore_to: str = "",
     ) -> str:
         while self.before_claim:
             step = self.before_claim.pop()
             assert callable(step)
             await step()
-        return await super().reset(stamp, floors, mode, pending, read, restore_from)
+        return await super().reset(stamp, floors, mode, pending, read, restore_to)
 
 
 async def test_a_lease_recorded_during_a_fence_moves_the_fence_past_it(

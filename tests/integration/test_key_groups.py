@@ -218,12 +218,12 @@ class ClaimFailsOnce(SyncRecord):
         mode: str = "automatic",
         pending: bool = False,
         read: Record | None = None,
-        restore_from: str = "",
+        restore_to: str = "",
     ) -> str:
         if not self.failed:
             self.failed = True
             raise StoreUnavailable("redis", "reset_record failed: the shard is down")
-        return await super().reset(stamp, floors, mode, pending, read, restore_from)
+        return await super().reset(stamp, floors, mode, pending, read, restore_to)
 
 
 async def test_a_claim_made_by_a_fence_that_rolled_back_is_not_taken_for_a_fence(

@@ -542,7 +542,7 @@ def _state(ctx: Context) -> list[Row]:
     return [
         {
             **_stamp(ctx),
-            "restores": json.dumps(clock["ledger_restore"]),
+            "restore_to": json.dumps(clock["ledger_restore"]),
             "here": ctx.server.timeline,
         }
     ]
@@ -622,7 +622,7 @@ def LOCK_SYNC_CLOCK(ctx: Context) -> list[Row]:
 
 def VOUCH(ctx: Context) -> list[Row]:
     _advance(ctx)
-    return [{**_stamp(ctx), "restores": json.dumps(ctx.tables.clock["ledger_restore"])}]
+    return [{**_stamp(ctx), "restore_to": json.dumps(ctx.tables.clock["ledger_restore"])}]
 
 
 def SELECT_FENCED_TYPES(ctx: Context) -> list[Row]:

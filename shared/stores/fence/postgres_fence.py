@@ -238,7 +238,7 @@ async def _vouch_stamp(conn: Any) -> tuple[Stamp, dict[str, int], dict[str, str]
     highs = {
         r["id_type"]: int(r["highest"]) for r in await conn.fetch(fence_sql.SELECT_LEASED_HIGHS)
     }
-    return Stamp.of(found), highs, json.loads(found["restores"] or "{}")
+    return Stamp.of(found), highs, json.loads(found["restore_to"] or "{}")
 
 
 async def _record_vouch(
@@ -246,13 +246,13 @@ async def _record_vouch(
     row: ClockRow,
     stamp: Stamp,
     highs: dict[str, int],
-    restores: dict[str, str],
+    restore_to: dict[str, str],
     *,
     epoch: str,
 ) -> None:
     """Rebuild the record from this server (lua/vouch_record.lua), if Redis has not lost
     state again since the record was read as of ``epoch`` (else settle again)."""
-    status = await sync.vouch(stamp, highs, restores.get(sync.namespace, ""), epoch)
+    status = await sync.vouch(stamp, highs, restore_to.get(sync.namespace, ""), epoch)
     if status in ("ok", "trusted"):
         log.info("postgres_vouched", extra={"status": status, "clock": stamp.clock})
         return
@@ -295,7 +295,7 @@ def _fields(report: FenceReport) -> dict[str, object]:
         "reason": report.reason,
         "keys_discarded": report.total_discarded,
         "releases_settled": report.releases_settled,
-        "ledger_restores": report.ledger_restores,
+        "restore_to": report.restore_to,
         "next_starts": report.next_starts,
         "clock": report.stamp.clock,
     }
@@ -331,10 +331,10 @@ async def _fence(
     # gone too): no release not requeued yet is ever requeued. An automatic one restores
     # the ledger's lost links exactly, requeues among them.
     settled = await _settle_releases(conn) if mode != "automatic" else {}
-    restores = {
+    restore_to = {
         sync.namespace: await _restore_target(conn, row, sync, rec) for sync, rec in read.items()
     }
-    restores = {lane: link for lane, link in restores.items() if link}
+    restore_to = {lane: link for lane, link in restore_to.items() if link}
     stamp_row = one_row(
         await conn.fetchrow(fence_sql.RESET_SYNC_CLOCK, row.here, max(row.clock, record_clock)),
         "reset_sync_clock",
@@ -345,7 +345,7 @@ async def _fence(
         fence_sql.INSERT_FENCE_EVENT, reason, sum(discarded.values()), json.dumps(detail)
     )
     for sync, record in read.items():
-        target = restores.get(sync.namespace, "")
+        target = restore_to.get(sync.namespace, "")
         claimed = await sync.reset(stamp, record.leased, mode, pending, record, target)
         if claimed == "moved":
             raise _Moved()
@@ -353,7 +353,7 @@ async def _fence(
             # claim and the commit that makes it true (a Redis error there would roll
             # the fence back after its record was claimed)
             _refuse(claimed, row, await sync.read(), sync.namespace)
-    return FenceReport(reason, discarded, starts, stamp, settled, restores)
+    return FenceReport(reason, discarded, starts, stamp, settled, restore_to)
 
 
 async def _restore_target(conn: Any, row: ClockRow, sync: SyncRecord, record: Record) -> str:
@@ -368,10 +368,10 @@ async def _restore_target(conn: Any, row: ClockRow, sync: SyncRecord, record: Re
     restore was done on a server this one never saw, and more was answered there).
     docs/reliability.md, "The ledger's one history"."""
     lane = sync.namespace
-    target = record.restore_from or record.head
+    target = record.restore_to or record.head
     if not target or await conn.fetchval(ledger_sql.HOLDS_LINK, target):
         return ""
-    if row.restores.get(lane) != target:
+    if row.restore_to.get(lane) != target:
         await conn.execute(ledger_sql.MARK_RESTORE, lane, target)
     return target
 

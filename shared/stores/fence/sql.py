@@ -110,7 +110,7 @@ GUARD_LEDGER: Final = (
 SELECT_LEDGER_STATE: Final = (
     """
 SELECT c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
-       c.ledger_restore::text AS restores, """
+       c.ledger_restore::text AS restore_to, """
     + TIMELINE
     + " AS here, "
     + DATABASE_IDENTITY
@@ -137,7 +137,7 @@ GUARD_TAKE: Final = GUARD + "\nSELECT timeline, fork, clock, fences, heads, data
 LOCK_SYNC_CLOCK: Final = (
     """
 SELECT c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
-       c.ledger_restore::text AS restores, """
+       c.ledger_restore::text AS restore_to, """
     + TIMELINE
     + " AS here, "
     + DATABASE_IDENTITY
@@ -159,7 +159,7 @@ FROM (SELECT """
     + """ AS tl) AS here
 WHERE c.id = 1
 RETURNING c.timeline, c.fork, c.clock, c.fences, c.ledger_heads::text AS heads,
-          c.ledger_restore::text AS restores, """
+          c.ledger_restore::text AS restore_to, """
     + DATABASE_IDENTITY
     + """ AS database
 """

@@ -50,7 +50,7 @@ class Record:
     # stamp named; the link a fence found this history behind and keysync restores up
     # to ("": none pending); why the ledger failed closed ("": it did not).
     head: str = ""
-    restore_from: str = ""
+    restore_to: str = ""
     ledger_halt: str = ""
     # When this Redis server's fence last took over (fence.lua; "": never): the epoch a
     # record read belongs to. A vouch decided on a record of one epoch is not written
@@ -86,7 +86,8 @@ class Record:
             database=fields.get("database", ""),
             claim_fences=int(fields.get("claim_fences", 0)),
             head=fields.get("head", ""),
-            restore_from=fields.get("restore_from", ""),
+            # stored under its first name: a rolling update and a rollback read it
+            restore_to=fields.get("restore_from", ""),
             ledger_halt=fields.get("ledger_halt", ""),
             fenced_at=fields.get("fenced_at", ""),
         )
@@ -155,7 +156,7 @@ class SyncRecord(RedisPort):
         mode: str = "automatic",
         pending: bool = False,
         read: Record | None = None,
-        restore_from: str = "",
+        restore_to: str = "",
     ) -> str:
         """A fence claims the record for its server: 'ok', or 'foreign', 'superseded',
         'moved' (a lease was recorded above ``floors``, or a ledger link, since the
@@ -163,7 +164,7 @@ class SyncRecord(RedisPort):
         (lua/reset_record.lua). ``mode``: 'automatic', 'adopt' (a new timeline taken
         up, nothing fenced: refused when any stamp was recorded since ``read``),
         'operator' (fence-postgres), 'take_over' (fence-postgres --take-over: database
-        and timeline are the operator's word). ``restore_from``: the ledger link
+        and timeline are the operator's word). ``restore_to``: the ledger link
         keysync must restore up to (kept when one is pending already)."""
         seen = read or Record()
         args = [
@@ -171,7 +172,7 @@ class SyncRecord(RedisPort):
             mode,
             stamp.fences if pending else 0,
             seen.head,
-            restore_from,
+            restore_to,
             f"{seen.timeline}/{seen.fork}/{seen.clock}",
             *_pairs(floors),
         ]

@@ -25,12 +25,12 @@ class ClockRow:
     fences: int = 0
 
     heads: dict[str, str] = field(default_factory=dict)  # lane -> newest ledger link
-    restores: dict[str, str] = field(default_factory=dict)  # lane -> link to restore to
+    restore_to: dict[str, str] = field(default_factory=dict)  # lane -> link to restore to
 
     @classmethod
     def of(cls, row: Any) -> ClockRow:
         """From LOCK_SYNC_CLOCK's row (or any row with its columns)."""
-        heads, restores = _column(row, "heads"), _column(row, "restores")
+        heads, restore_to = _column(row, "heads"), _column(row, "restore_to")
         return cls(
             int(row["timeline"]),
             int(row["fork"]),
@@ -39,7 +39,7 @@ class ClockRow:
             str(row["database"]),
             int(row["fences"]),
             json.loads(heads) if heads else {},
-            json.loads(restores) if restores else {},
+            json.loads(restore_to) if restore_to else {},
         )
 
     def history_start(self) -> int:

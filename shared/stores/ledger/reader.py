@@ -150,7 +150,7 @@ class LedgerReader:
         if record is not None:
             if record.halted:  # both tiers lost state: an operator fences first
                 raise FenceHalted(record.halt_reason or "halted")
-            _refuse_halted(record.ledger_halt, record.restore_from)
+            _refuse_halted(record.ledger_halt, record.restore_to)
         async with (
             store.connection() as conn,
             translated(operation),
@@ -165,7 +165,7 @@ class LedgerReader:
             if sync is None or record is None:
                 return found
             state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
-        _refuse_halted("", state.restores.get(sync.namespace, ""))
+        _refuse_halted("", state.restore_to.get(sync.namespace, ""))
         if verdict(state, record) != "ok" and not _never_guarded(state, record):
             raise StoreUnavailable(
                 "postgres", "the ledger is being restored after a PostgreSQL failover; retry"
@@ -182,7 +182,7 @@ class LedgerReader:
             if found_record is None:
                 raise StoreUnavailable("redis", "the sync record is gone; retry")
             record = found_record
-            _refuse_halted(record.ledger_halt, record.restore_from)
+            _refuse_halted(record.ledger_halt, record.restore_to)
             if (record.timeline, record.fork, record.database) != history:  # a fence since
                 raise StoreUnavailable(
                     "postgres", "the ledger is being restored after a PostgreSQL failover; retry"

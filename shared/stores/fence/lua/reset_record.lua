@@ -14,9 +14,10 @@
 -- expects) until settle sees the fence committed (confirm_record.lua).
 -- The ledger: the claim is also refused 'moved' when the record's head moved since the
 -- fence read it (a ledger transaction of the old primary recorded meanwhile: read
--- again, so that the restore covers it); restore_from is set to the head the fence
--- found this server lacks, unless a restore is pending already (its target covers
--- more: nothing was restored since), and head becomes this server's.
+-- again, so that the restore covers it); the restore target (stored as restore_from)
+-- is set to the head the fence found this server lacks, unless a restore is pending
+-- already (its target covers more: nothing was restored since), and head becomes this
+-- server's.
 -- An adoption ('adopt': a promoted server whose history covers the record takes up its
 -- new timeline, nothing fenced) is refused 'moved' when any stamp was recorded since the
 -- fence read the record: the old primary's late commit may be one this server lacks.
@@ -27,7 +28,7 @@ local head = ARGV[5]              -- the fenced server's ledger head of this lan
 local mode = ARGV[6]              -- 'automatic' | 'operator' | 'take_over'
 local pending = ARGV[7]           -- the fence count a pending claim expects ('0': none)
 local seen_head = ARGV[8]         -- the record's head when the fence read it
-local restore_from = ARGV[9]      -- the link to restore up to ('': none)
+local restore_to = ARGV[9]        -- the link to restore up to ('': none)
 local seen_at = ARGV[10]          -- 'timeline/fork/clock' as the fence read it
 local FIRST_FLOOR = 11            -- ARGV[11..]: leased:<type>, floor the fence used, ...
 
@@ -64,8 +65,8 @@ raise_leased(FIRST_FLOOR)
 redis.call('HSET', SYNC_RECORD, 'database', database, 'timeline', timeline, 'fork', fork,
            'clock', clock, 'head', head)
 redis.call('HDEL', SYNC_RECORD, 'untrusted', 'fence_needed', 'halted', 'halt_reason')
-if restore_from ~= '' and (rec[6] or '') == '' then
-  redis.call('HSET', SYNC_RECORD, 'restore_from', restore_from)
+if restore_to ~= '' and (rec[6] or '') == '' then
+  redis.call('HSET', SYNC_RECORD, 'restore_from', restore_to)
 end
 if pending ~= '0' then
   redis.call('HSET', SYNC_RECORD, 'claim_fences', pending)

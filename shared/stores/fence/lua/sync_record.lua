@@ -7,8 +7,9 @@
 -- history the record follows: a timeline, and the clock value that history started
 -- from on it); head (the ledger link the newest stamp named: this key group's lane);
 -- leased:<type> (highest counter ever leased); untrusted (set by the fence on a new
--- Redis server: rebuilt by a vouch); fence_needed; halted; restore_from (the ledger
--- link keysync must restore a fenced server up to); ledger_halt (why the ledger failed
+-- Redis server: rebuilt by a vouch); fence_needed; halted; restore_from (the
+-- restore target: the ledger link keysync must restore a fenced server up to; stored
+-- under its first name, kept so that a rolling update or a rollback reads it); ledger_halt (why the ledger failed
 -- closed).
 --
 -- record_stamp returns 'ok', or why the caller must not push or use what the stamp
