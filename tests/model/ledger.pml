@@ -53,9 +53,13 @@
  *                            blocked across a fence or a halt; a restore another keysync
  *                            finished first (its target held: a link of nothing); a batch
  *                            kept in memory across the restore its refusal ran; a lookup
- *                            refused by an error of its own. The search explores the
- *                            atomic forms; the replay checks that each split step is one
- *                            the model's rules allow.
+ *                            refused by an error of its own; a take's record read and
+ *                            its commit (A_TAKE_BEGIN, then A_TAKE judged against the
+ *                            record read: a Redis loss or a halt in between commutes
+ *                            with a commit that writes PostgreSQL only, so the search's
+ *                            take before them reaches the same states). The search
+ *                            explores the atomic forms; the replay checks that each
+ *                            split step is one the model's rules allow.
  */
 
 #define NONE 0
@@ -83,6 +87,7 @@
 #define BEGUN 2                 /* read the record its transaction is judged against */
 #define COMMITTED 3             /* committed a ledger transaction, not confirmed */
 #define TAKEN 4                 /* committed a take of K, not pushed */
+#define TAKE_BEGUN 5            /* a take: read the record it is judged against (REPLAY) */
 #define RQ_BEGUN 6              /* a requeue transaction: read the record */
 #define RS_BEGUN 7              /* a restore: read the record, took its target */
 
@@ -280,7 +285,7 @@ byte lprev[MAXN];               /* a ledger node: the head before it */
 int held[MAXN];                 /* the links this branch holds (kd_chain_links): its own
                                  * ledger nodes and those a restore wrote again */
 byte rest[MAXN];                /* a restore node: the head it restored up to */
-byte pfrom[MAXN];               /* a restore pending on this branch (kd_sync_clock.ledger_restore) */
+byte pto[MAXN];               /* a restore pending on this branch (kd_sync_clock.ledger_restore) */
 byte ents[MAXN];                /* a ledger node: the entries it applied (its log's too) */
 byte app[MAXN];                 /* every entry applied on this branch (what a read shows) */
 byte ops[MAXN * MAXOPS];        /* a ledger node: what it wrote, in order */
@@ -302,7 +307,7 @@ byte curtl = 1;                 /* the primary's timeline */
 /* ---- Redis: the sync record, the hot list, Idempotency-Key records ---- */
 byte rec = 0;                   /* the newest stamp recorded (a node) */
 byte rhead = 0;                 /* the ledger head that stamp carried */
-byte rfrom = 0;                 /* a restore pending: the head to restore (the claim) */
+byte rto = 0;                 /* a restore pending: the head to restore (the claim) */
 byte repoch = 0;                /* the record's history: moved by every claim and vouch */
 bit fhalted = 0;                /* the fence halted: both tiers lost state */
 bit lhalted = 0;                /* the ledger failed closed */
@@ -447,13 +452,14 @@ short step = 0;
 #define A_DROP 36
 #define A_RS_BEGIN 37
 #define A_VOUCH_COMMIT 38
+#define A_TAKE_BEGIN 39
 
 /* ---------------------------------------------------------------------------------- */
 
 inline newnode() {
   par[nn] = srv; tl[nn] = curtl; live[nn] = live[srv]; used[nn] = used[srv];
   hist[nn] = hist[srv]; req[nn] = req[srv]; cold[nn] = cold[srv]; lhead[nn] = lhead[srv];
-  pfrom[nn] = pfrom[srv]; app[nn] = app[srv]; held[nn] = held[srv]; dv[nn] = dv[srv];
+  pto[nn] = pto[srv]; app[nn] = app[srv]; held[nn] = held[srv]; dv[nn] = dv[srv];
   srv = nn; nn++
 }
 
@@ -510,7 +516,7 @@ inline derive() {
 #ifdef REPLAY_AFTER_NEXT_BATCH
 #define NO_RESTORE_HERE true
 #else
-#define NO_RESTORE_HERE (pfrom[srv] == 0)
+#define NO_RESTORE_HERE (pto[srv] == 0)
 #endif
 
 /* A ledger node on the primary's latest node: chained (GUARD_LEDGER moves the lane's
@@ -660,7 +666,7 @@ inline newest() {
 
 #define REQUEUE_DUE ((hist[srv] & ~req[srv]) != 0)
 #ifdef ADOPT_ONLY_WITHOUT_RESTORE
-#define ADOPT_PATH (rfrom == 0 && pfrom[srv] == 0)
+#define ADOPT_PATH (rto == 0 && pto[srv] == 0)
 #else
 #define ADOPT_PATH true
 #endif
@@ -783,7 +789,7 @@ inline look_answer(c, s) {
 #define GIVE_UP_ANY false
 #endif
 #define CAN_RETRY(c) (idem[c] != 0)
-#define CAN_LOOK(c) (lk[c] == 0 && !lhalted && rfrom == 0 && !untrusted)
+#define CAN_LOOK(c) (lk[c] == 0 && !lhalted && rto == 0 && !untrusted)
 #define IN_LOOK1(c) (lk[c] == 1)
 #define IN_LOOK2(c) (lk[c] == 2)
 #define CAN_READ(k) (ks[k] == IDLE && (unread || (est[1] == 2 + k) || (est[2] == 2 + k) || (est[3] == 2 + k) || (est[4] == 2 + k) || (est[5] == 2 + k) || (est[6] == 2 + k) || (est[7] == 2 + k)))
@@ -794,6 +800,8 @@ inline look_answer(c, s) {
 #define HOLDING_K(k) (IS(HOLDING, k) || IS(BEGUN, k))
 #define RQ_FREE(k) (IS(IDLE, k) || IS(RQ_BEGUN, k))
 #define RS_FREE(k) (IS(IDLE, k) || IS(RS_BEGUN, k))
+#define TAKE_FREE(k) (IS(IDLE, k) || IS(TAKE_BEGUN, k))
+#define TAKE_K(k) IS(TAKE_BEGUN, k)
 #else
 #define HOLDING_K(k) IS(HOLDING, k)
 #define RQ_FREE(k) IS(IDLE, k)
@@ -943,7 +951,7 @@ active proctype protocol() {
    * fence or a halt; what it delivers is judged at the commit, by the guard */
 #define READ_WATCHED true
 #else
-#define READ_WATCHED (!lhalted && rfrom == 0)
+#define READ_WATCHED (!lhalted && rto == 0)
 #endif
 #ifdef REPLAY
 #define CAN_READ_R(k) (CAN_READ(k) || (ks[k] == IDLE && kkeep[k] != 0))
@@ -1060,7 +1068,7 @@ active proctype protocol() {
 #ifdef LOG_AFTER_COMMIT
           inlog[n] = 1;
 #endif
-          if :: rest[n] != 0 && rfrom == rest[n] -> rfrom = 0 :: else -> skip fi;
+          if :: rest[n] != 0 && rto == rest[n] -> rto = 0 :: else -> skip fi;
           e = 1;
           do
           :: e < ne ->
@@ -1103,10 +1111,27 @@ active proctype protocol() {
    *      waits for a record Redis lost to be trusted again (Keysync.push: refused
    *      'untrusted', it vouches and tries again; refused by its pin, it pins the new
    *      server and tries again) ---- */
+#ifdef REPLAY
+  /* replaying, a take is the code's two steps: the record read (GuardedCold.record:
+   * halted, it refuses; untrusted, it vouches first), then the transaction, its guard
+   * judged against that record (a record Redis lost since, as a refill waiting for the
+   * clock row's lock behind another keysync's commit finds it) */
+  :: atomic { WHEN(A_TAKE_BEGIN, GUARD_PASSES && ANY_K(TAKE_FREE)) ->
+       PICK_K(TAKE_FREE);
+       krec[k] = rec; ks[k] = TAKE_BEGUN;
+       STEPPED; CLEAN }
+  :: atomic { WHEN(A_TAKE, nn < MAXN && ANY_K(TAKE_K)) ->
+       PICK_K(TAKE_K);
+       covers(srv, krec[k]); assert(r && cold[srv]);
+       newnode(); cold[srv] = 0; ks[k] = TAKEN; knode[k] = srv; krec[k] = 0;
+       printf("take: node %d\n", srv);
+       STEPPED; CLEAN }
+#else
   :: atomic { WHEN(A_TAKE, cold[srv] && GUARD_PASSES && !behind && nn < MAXN && ANY_K(IDLE_K)) ->
        PICK_K(IDLE_K);
        newnode(); cold[srv] = 0; ks[k] = TAKEN; knode[k] = srv; printf("take: node %d\n", srv);
        STEPPED; CLEAN }
+#endif
   :: atomic { WHEN(A_PUSH, !untrusted && ANY_K(TAKEN_K)) ->
        PICK_K(TAKEN_K);
        record(knode[k], ok);
@@ -1173,18 +1198,18 @@ active proctype protocol() {
 #ifdef HEAD_ONLY_TARGET
        x = rhead;
 #else
-       x = rfrom; if :: x == 0 -> x = rhead :: else -> skip fi;
+       x = rto; if :: x == 0 -> x = rhead :: else -> skip fi;
 #endif
 #ifdef PENDING_FIRST
-       if :: pfrom[srv] != 0 -> x = pfrom[srv] :: else -> skip fi;
+       if :: pto[srv] != 0 -> x = pto[srv] :: else -> skip fi;
 #endif
        if
-       :: x != 0 -> onchain(x); if :: r -> x = 0 :: else -> pfrom[srv] = x fi
+       :: x != 0 -> onchain(x); if :: r -> x = 0 :: else -> pto[srv] = x fi
        :: else -> skip
        fi;
-       if :: rfrom == 0 -> rfrom = x :: else -> skip fi;   /* reset_record.lua keeps one */
+       if :: rto == 0 -> rto = x :: else -> skip fi;   /* reset_record.lua keeps one */
        rec = srv; rhead = lhead[srv]; repoch++; rsref = 0; rflost = 0;
-       printf("fence: node %d restore pending %d (record %d)\n", srv, pfrom[srv], rfrom);
+       printf("fence: node %d restore pending %d (record %d)\n", srv, pto[srv], rto);
        STEPPED; CLEAN }
 
 #ifndef REPLAY_AFTER_NEXT_BATCH
@@ -1204,10 +1229,10 @@ active proctype protocol() {
 #else
 #define RS_RETRY (!rsref)     /* a refused restore begins again once something changed */
 #endif
-  :: atomic { WHEN(A_RS_BEGIN, (rfrom != 0 || pfrom[srv] != 0 || RS_HELD) && RS_RETRY && !fhalted && !untrusted && !lhalted && ANY_K(RS_FREE)) ->
+  :: atomic { WHEN(A_RS_BEGIN, (rto != 0 || pto[srv] != 0 || RS_HELD) && RS_RETRY && !fhalted && !untrusted && !lhalted && ANY_K(RS_FREE)) ->
        PICK_K(RS_FREE);
        krec[k] = rec; ks[k] = RS_BEGUN;
-       ktarget[k] = rfrom; if :: ktarget[k] == 0 -> ktarget[k] = pfrom[srv] :: else -> skip fi;
+       ktarget[k] = rto; if :: ktarget[k] == 0 -> ktarget[k] = pto[srv] :: else -> skip fi;
 #ifdef REPLAY
        if :: ktarget[k] == 0 -> ktarget[k] = tp2[step] :: else -> skip fi;
 #endif
@@ -1232,14 +1257,14 @@ active proctype protocol() {
        :: else ->
           covers(srv, krec[k]);
           if
-          :: r && ON_TIMELINE(krec[k]) && (pfrom[srv] == 0 || pfrom[srv] == ktarget[k]) && !fhalted && !lhalted ->
+          :: r && ON_TIMELINE(krec[k]) && (pto[srv] == 0 || pto[srv] == ktarget[k]) && !fhalted && !lhalted ->
              ledger_node();
 #ifdef REPLAY_REDECIDES
              redecide(n);
 #else
              restore_ops(n);
 #endif
-             rest[srv] = n; pfrom[srv] = 0;
+             rest[srv] = n; pto[srv] = 0;
              ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0; ktarget[k] = 0;
              printf("restore: node %d up to %d (live %d used %d hist %d)\n", srv, n, live[srv], used[srv], hist[srv])
           :: else ->     /* refused: settle, begin again (at once when the record moved since) */
@@ -1250,15 +1275,15 @@ active proctype protocol() {
        STEPPED; CLEAN }
 #else
   /* ---- round 4: the restore runs after a batch was acknowledged (and trimmed) ---- */
-  :: atomic { WHEN(A_RESTORE, (rfrom != 0 || pfrom[srv] != 0) && GUARD_PASSES && !behind && nn < MAXN && ks[1] == IDLE) ->
-       n = rfrom; if :: n == 0 -> n = pfrom[srv] :: else -> skip fi;
+  :: atomic { WHEN(A_RESTORE, (rto != 0 || pto[srv] != 0) && GUARD_PASSES && !behind && nn < MAXN && ks[1] == IDLE) ->
+       n = rto; if :: n == 0 -> n = pto[srv] :: else -> skip fi;
        chain_intact(n);
        if
-       :: !r -> rfrom = 0; pfrom[srv] = 0; rhead = lhead[srv]   /* nothing kept: none */
+       :: !r -> rto = 0; pto[srv] = 0; rhead = lhead[srv]   /* nothing kept: none */
        :: r ->
           ledger_node();
           restore_ops(n);
-          rest[srv] = n; pfrom[srv] = 0;
+          rest[srv] = n; pto[srv] = 0;
           ks[1] = COMMITTED; knode[1] = srv; kb[1] = 0
        fi;
        STEPPED; CLEAN }
@@ -1269,7 +1294,7 @@ active proctype protocol() {
 #ifdef TRIM_WHILE_PENDING
 #define TRIM_ALLOWED true
 #else
-#define TRIM_ALLOWED (rfrom == 0)
+#define TRIM_ALLOWED (rto == 0)
 #endif
   :: atomic { WHEN(A_TRIM, b_trim > 0 && TRIM_ALLOWED && anylog) ->
        b_trim--;
@@ -1287,8 +1312,8 @@ active proctype protocol() {
 #else
        inlog[t] = 0;
        if
-       :: rfrom == 0 && pfrom[srv] == 0 -> gone[t] = 1
-       :: rfrom == 0 && pfrom[srv] != 0 && rflost -> gone[t] = 3
+       :: rto == 0 && pto[srv] == 0 -> gone[t] = 1
+       :: rto == 0 && pto[srv] != 0 && rflost -> gone[t] = 3
        :: else -> gone[t] = 2
        fi;
 #endif
@@ -1346,8 +1371,8 @@ active proctype protocol() {
           :: t < MAXN -> if :: inlog[t] -> inlog[t] = 0; gone[t] = 3 :: else -> skip fi; t++
           :: t >= MAXN -> break
           od;
-          if :: rfrom != 0 -> rflost = 1 :: else -> skip fi;
-          rec = 0; rhead = 0; rfrom = 0; lhalted = 0
+          if :: rto != 0 -> rflost = 1 :: else -> skip fi;
+          rec = 0; rhead = 0; rto = 0; lhalted = 0
        :: x != 2 && x != 4 ->                        /* a lagging copy: the newest writes */
           if
           :: (m & 1) != 0 ->
@@ -1390,7 +1415,7 @@ active proctype protocol() {
           :: else -> skip
           fi;
           /* the record's newest change: its pending restore, or the ledger's halt */
-          if :: (m & 16) != 0 && rfrom != 0 -> rfrom = 0; rflost = 1 :: else -> skip fi;
+          if :: (m & 16) != 0 && rto != 0 -> rto = 0; rflost = 1 :: else -> skip fi;
           if :: (m & 16) != 0 -> lhalted = 0 :: else -> skip fi
        fi;
        /* keysyncs' reads and confirmations in flight fail: their batches stay pending */
@@ -1434,7 +1459,7 @@ active proctype protocol() {
   :: atomic { WHEN(A_LOSS_RESTORE, inloss) ->
        PARAM1(x);
        if
-       :: x == 0 -> assert(rfrom != 0); rfrom = 0; rflost = 1
+       :: x == 0 -> assert(rto != 0); rto = 0; rflost = 1
        :: x == 1 -> assert(lhalted); lhalted = 0    /* the ledger's halt (Redis only) */
        fi;
        STEPPED; CLEAN }
@@ -1464,7 +1489,7 @@ active proctype protocol() {
        fi;
        if
        :: !fhalted ->
-          rec = x; rhead = lhead[x]; rfrom = pfrom[x]; untrusted = 0; repoch++; rsref = 0;
+          rec = x; rhead = lhead[x]; rto = pto[x]; untrusted = 0; repoch++; rsref = 0;
           printf("vouch: node %d\n", x)
        :: else -> skip
        fi;
@@ -1509,7 +1534,7 @@ active proctype protocol() {
        PICK_C(IN_LOOK1);
        covers(srv, lr[c]);
        if
-       :: r && pfrom[srv] == 0 -> lk[c] = 2; ls[c] = srv
+       :: r && pto[srv] == 0 -> lk[c] = 2; ls[c] = srv
        :: else -> lk[c] = 0; lr[c] = 0; lre[c] = 0; lmin[c] = 0; lthen[c] = 0   /* 503 */
        fi;
        STEPPED; CLEAN }
@@ -1526,7 +1551,7 @@ active proctype protocol() {
        /* the record read first covered the snapshot: answered with nothing read again
         * (LedgerReader._read); else the record read again must cover it, the same
         * history, neither halted nor restoring */
-       :: x == 0 && (ls[c] == lr[c] || (LOOK_COVERED(c) && !lhalted && rfrom == 0 && !untrusted)) ->
+       :: x == 0 && (ls[c] == lr[c] || (LOOK_COVERED(c) && !lhalted && rto == 0 && !untrusted)) ->
           look_answer(c, ls[c]);
           printf("lookup: client %d answered from node %d\n", c, ls[c])
        :: else -> skip                                                   /* 503 */
@@ -1541,7 +1566,7 @@ active proctype protocol() {
   :: timeout ->
      if
      :: nn < MAXN && !lhalted && !fhalted ->
-        assert(rfrom == 0 && pfrom[srv] == 0 && !untrusted);
+        assert(rto == 0 && pto[srv] == 0 && !untrusted);
         assert(pu[CA] == 0 && pu[CB % 3] == 0);
         t = 1;
         do
@@ -1554,10 +1579,10 @@ active proctype protocol() {
 #else
   :: atomic { step >= NSTEPS ->
        printf("REPLAYED %d\n", step);
-       printf("STATE srv=%d nn=%d ne=%d rec=%d rhead=%d rfrom=%d curtl=%d hot=%d untrusted=%d lhalted=%d fhalted=%d\n",
-              srv, nn, ne, rec, rhead, rfrom, curtl, hot, untrusted, lhalted, fhalted);
-       printf("HERE live=%d used=%d hist=%d req=%d cold=%d lhead=%d pfrom=%d app=%d dv=%d\n",
-              live[srv], used[srv], hist[srv], req[srv], cold[srv], lhead[srv], pfrom[srv], app[srv], dv[srv]);
+       printf("STATE srv=%d nn=%d ne=%d rec=%d rhead=%d rto=%d curtl=%d hot=%d untrusted=%d lhalted=%d fhalted=%d\n",
+              srv, nn, ne, rec, rhead, rto, curtl, hot, untrusted, lhalted, fhalted);
+       printf("HERE live=%d used=%d hist=%d req=%d cold=%d lhead=%d pto=%d app=%d dv=%d\n",
+              live[srv], used[srv], hist[srv], req[srv], cold[srv], lhead[srv], pto[srv], app[srv], dv[srv]);
        break }
 #endif
   od

@@ -180,7 +180,7 @@ VARIANTS = {
     "pending_first": (("PENDING_FIRST", "W_TWICE"), "used[ls[c]]"),
     # Round 6 took a promoted server's timeline up only when no restore was pending: a
     # restore pending on a server promoted again without loss never passed (stuck).
-    "adopt_only_without_restore": (("ADOPT_ONLY_WITHOUT_RESTORE", "W_TWICE"), "rfrom==0"),
+    "adopt_only_without_restore": (("ADOPT_ONLY_WITHOUT_RESTORE", "W_TWICE"), "rto==0"),
     # The log trimmed while a restore waits: the restore then halts for nothing.
     "trim_while_pending": (("TRIM_WHILE_PENDING", "W_QUIET"), "gone[m]"),
     # A lookup answered before the record covers its snapshot: a later lookup shows less.

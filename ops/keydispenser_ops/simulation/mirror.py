@@ -23,7 +23,7 @@ ISSUE, USE, REL = 1, 2, 3
 UNREAD, ACKED, LOST = 1, 9, 10  # entry states; held by keysync k: 2 + k
 O_ASSIGNED, O_RELEASED, O_REFUSED, O_NOTFOUND = 1, 2, 3, 4
 T_ASSIGNED, T_RELEASED = 1, 2
-IDLE, HOLDING, BEGUN, COMMITTED, TAKEN, RQ_BEGUN, RS_BEGUN = 0, 1, 2, 3, 4, 6, 7
+IDLE, HOLDING, BEGUN, COMMITTED, TAKEN, TAKE_BEGUN, RQ_BEGUN, RS_BEGUN = 0, 1, 2, 3, 4, 5, 6, 7
 OP_ISSUE, OP_USED, OP_REL, OP_REQ, OP_OUT = 16, 32, 48, 64, 80
 
 # The action codes of ledger.pml (A_...), by name.
@@ -65,6 +65,7 @@ ACTIONS = {
     "drop": 36,
     "rs_begin": 37,
     "vouch_commit": 38,
+    "take_begin": 39,
 }
 
 
@@ -116,7 +117,7 @@ class Node:
     lhead: int = 0
     lprev: int = 0
     rest: int = 0
-    pfrom: int = 0
+    pto: int = 0
     ents: int = 0
     app: int = 0
     ops: list[int] = field(default_factory=list)
@@ -191,7 +192,7 @@ class Mirror:
         self.curtl = 1
         self.rec = 0
         self.rhead = 0
-        self.rfrom = 0
+        self.rto = 0
         self.repoch = 0
         self.fhalted = False
         self.lhalted = False
@@ -230,7 +231,7 @@ class Mirror:
             req=p.req,
             cold=p.cold,
             lhead=p.lhead,
-            pfrom=p.pfrom,
+            pto=p.pto,
             app=p.app,
             held=p.held,
             dv=dict(p.dv),
@@ -576,7 +577,7 @@ class Mirror:
         passes = (
             self.covers(self.srv, ks.krec)
             and self.on_timeline(ks.krec)
-            and self.here.pfrom == 0
+            and self.here.pto == 0
             and not self.fhalted
         )
         if not passes:
@@ -593,8 +594,8 @@ class Mirror:
         n = ks.knode
         ok = self.record(n)
         if ok:
-            if self.nodes[n].rest and self.rfrom == self.nodes[n].rest:
-                self.rfrom = 0
+            if self.nodes[n].rest and self.rto == self.nodes[n].rest:
+                self.rto = 0
             for e in range(1, self.ne):
                 entry = self.entries[e]
                 if ks.kb & bit(e):  # an entry Redis lost since it was read: published too
@@ -623,14 +624,25 @@ class Mirror:
         self.enabled(busy, "crash: nothing to lose")
         ks.ks, ks.kb, ks.krec, ks.knode, ks.ktarget = IDLE, 0, 0, 0, 0
 
-    def take(self, k: int) -> None:
+    def take_begin(self, k: int) -> None:
+        """A take's record read (GuardedCold.record), the record its guard is judged
+        against."""
         self.enabled(
-            self.here.cold and self.guard_passes and not self.behind and self.ks[k].ks == IDLE,
+            self.guard_passes and self.ks[k].ks in (IDLE, TAKE_BEGUN),
+            "take: the refill is busy, or the record is halted or untrusted",
+        )
+        self.ks[k].krec, self.ks[k].ks = self.rec, TAKE_BEGUN
+
+    def take(self, k: int) -> None:
+        """The take's transaction, its guard judged against the record read before."""
+        ks = self.ks[k]
+        self.enabled(
+            ks.ks == TAKE_BEGUN and self.here.cold and self.covers(self.srv, ks.krec),
             "take: K is not in the cold table, or the guard refuses",
         )
         self.newnode()
         self.here.cold = False
-        self.ks[k].ks, self.ks[k].knode = TAKEN, self.srv
+        ks.ks, ks.knode, ks.krec = TAKEN, self.srv, 0
 
     def push(self, k: int) -> bool:
         self.enabled(
@@ -657,7 +669,7 @@ class Mirror:
         passes = (
             self.covers(self.srv, ks.krec)
             and self.on_timeline(ks.krec)
-            and self.here.pfrom == 0
+            and self.here.pto == 0
             and not self.fhalted
         )
         if not passes:
@@ -689,13 +701,13 @@ class Mirror:
         self.newnode()
         h = self.here
         h.isfence, h.cold = True, False
-        x = self.rfrom or self.rhead
+        x = self.rto or self.rhead
         if x and self.onchain(x):
             x = 0
         elif x:
-            h.pfrom = x
-        if self.rfrom == 0:
-            self.rfrom = x
+            h.pto = x
+        if self.rto == 0:
+            self.rto = x
         self.rec, self.rhead = self.srv, h.lhead
         self.repoch += 1
         self.rflost = False
@@ -706,14 +718,14 @@ class Mirror:
         it pending (a link the server holds now: nothing to write)."""
         ks = self.ks[k]
         self.enabled(
-            (self.rfrom != 0 or self.here.pfrom != 0 or (held != 0 and self.onchain(held)))
+            (self.rto != 0 or self.here.pto != 0 or (held != 0 and self.onchain(held)))
             and not self.fhalted
             and not self.untrusted
             and not self.lhalted
             and ks.ks in (IDLE, RS_BEGUN),
             "restore: nothing pending, or the keysync is busy",
         )
-        ks.krec, ks.ks, ks.ktarget = self.rec, RS_BEGUN, self.rfrom or self.here.pfrom or held
+        ks.krec, ks.ks, ks.ktarget = self.rec, RS_BEGUN, self.rto or self.here.pto or held
 
     def restore(self, k: int) -> bool:
         """True when a restore's link committed (or the ledger halted), False when the
@@ -734,7 +746,7 @@ class Mirror:
         passes = (
             self.covers(self.srv, ks.krec)
             and self.on_timeline(ks.krec)
-            and self.here.pfrom in (0, ks.ktarget)
+            and self.here.pto in (0, ks.ktarget)
             and not self.fhalted
             and not self.lhalted
         )
@@ -743,17 +755,17 @@ class Mirror:
             return False
         self.ledger_node()
         self.restore_ops(n)
-        self.here.rest, self.here.pfrom = n, 0
+        self.here.rest, self.here.pto = n, 0
         ks.ks, ks.knode, ks.kb, ks.ktarget = COMMITTED, self.srv, 0, 0
         return True
 
     def trim(self) -> None:
-        self.enabled(self.rfrom == 0, "trim: a restore is pending")
+        self.enabled(self.rto == 0, "trim: a restore is pending")
         logged = [n for n in range(1, self.nn) if self.nodes[n].inlog]
         self.enabled(bool(logged), "trim: the log is empty")
         t = self.nodes[logged[0]]
         t.inlog = False
-        if self.here.pfrom == 0:
+        if self.here.pto == 0:
             t.gone = 1
         elif self.rflost:
             t.gone = 3
@@ -779,9 +791,9 @@ class Mirror:
             for node in self.nodes[1:]:
                 if node.inlog:
                     node.inlog, node.gone = False, 3
-            if self.rfrom:
+            if self.rto:
                 self.rflost = True
-            self.rec = self.rhead = self.rfrom = 0
+            self.rec = self.rhead = self.rto = 0
             self.lhalted = False
             return
         if lost & 1:
@@ -804,8 +816,8 @@ class Mirror:
                 if self.nodes[n].inlog:
                     self.nodes[n].inlog, self.nodes[n].gone = False, 3
                     break
-        if lost & 16 and self.rfrom:
-            self.rfrom, self.rflost = 0, True
+        if lost & 16 and self.rto:
+            self.rto, self.rflost = 0, True
         if lost & 16:
             self.lhalted = False
 
@@ -838,8 +850,8 @@ class Mirror:
             self.enabled(self.inloss and self.lhalted, "loss: the ledger is not halted")
             self.lhalted = False
             return
-        self.enabled(self.inloss and self.rfrom != 0, "loss: no restore pending")
-        self.rfrom, self.rflost = 0, True
+        self.enabled(self.inloss and self.rto != 0, "loss: no restore pending")
+        self.rto, self.rflost = 0, True
 
     def loss_end(self) -> None:
         self.enabled(self.inloss, "loss: not in a Redis loss")
@@ -862,7 +874,7 @@ class Mirror:
             node = self.newnode()
         n = self.nodes[node]
         n.isvouch = False  # its record written once
-        self.rec, self.rhead, self.rfrom = node, n.lhead, n.pfrom
+        self.rec, self.rhead, self.rto = node, n.lhead, n.pto
         self.untrusted = False
         self.repoch += 1
 
@@ -886,7 +898,7 @@ class Mirror:
     def look_record(self, c: int) -> None:
         cl = self.clients[c]
         self.enabled(
-            cl.lk == 0 and not self.lhalted and self.rfrom == 0 and not self.untrusted,
+            cl.lk == 0 and not self.lhalted and self.rto == 0 and not self.untrusted,
             "lookup: refused (halted, restoring or the record untrusted)",
         )
         cl.lk, cl.lr, cl.lre, cl.lmin = 1, self.rec, self.repoch, self.seen
@@ -895,7 +907,7 @@ class Mirror:
     def look_snapshot(self, c: int) -> bool:
         cl = self.clients[c]
         self.enabled(cl.lk == 1, "lookup: no record read")
-        if self.covers(self.srv, cl.lr) and self.here.pfrom == 0:
+        if self.covers(self.srv, cl.lr) and self.here.pto == 0:
             cl.lk, cl.ls = 2, self.srv
             return True
         self._look_done(cl)
@@ -915,7 +927,7 @@ class Mirror:
             self.repoch == cl.lre
             and self.covers(self.rec, cl.ls)
             and not self.lhalted
-            and self.rfrom == 0
+            and self.rto == 0
             and not self.untrusted
         )
         if answered:
@@ -945,7 +957,7 @@ class Mirror:
         if self.lhalted or self.fhalted:
             return []
         wrong = []
-        if self.rfrom or self.here.pfrom or self.untrusted:
+        if self.rto or self.here.pto or self.untrusted:
             wrong.append("a restore or a vouch is still pending")
         wrong += [
             f"client {c} never appended its PUT"
@@ -965,7 +977,7 @@ class Mirror:
         ks = " ".join(f"k{k}={s.ks}/{s.kb}" for k, s in enumerate(self.ks) if k)
         states = " ".join(f"{e}:{x.st}" for e, x in enumerate(self.entries) if e)
         return (
-            f"srv={self.srv} rec={self.rec} rfrom={self.rfrom} pfrom={self.here.pfrom} "
+            f"srv={self.srv} rec={self.rec} rto={self.rto} pto={self.here.pto} "
             f"untrusted={int(self.untrusted)} lhalted={int(self.lhalted)} {ks} entries {states}"
         )
 
@@ -975,11 +987,11 @@ class Mirror:
         dv = sum(o << (3 * e) for e, o in h.dv.items())
         return [
             f"STATE srv={self.srv} nn={self.nn} ne={self.ne} rec={self.rec} "
-            f"rhead={self.rhead} rfrom={self.rfrom} curtl={self.curtl} hot={int(self.hot)} "
+            f"rhead={self.rhead} rto={self.rto} curtl={self.curtl} hot={int(self.hot)} "
             f"untrusted={int(self.untrusted)} lhalted={int(self.lhalted)} "
             f"fhalted={int(self.fhalted)}",
             f"HERE live={h.live} used={int(h.used)} hist={h.hist} req={h.req} "
-            f"cold={int(h.cold)} lhead={h.lhead} pfrom={h.pfrom} app={h.app} dv={dv}",
+            f"cold={int(h.cold)} lhead={h.lhead} pto={h.pto} app={h.app} dv={dv}",
         ]
 
     # --- steps by name ----------------------------------------------------------------

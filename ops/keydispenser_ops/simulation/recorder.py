@@ -22,12 +22,15 @@ from dispenser import codes
 from keydispenser_ops.simulation.fake_postgres import Commit, SimConnection
 from keydispenser_ops.simulation.mirror import (
     ACKED,
+    IDLE,
     LOST,
     O_ASSIGNED,
     O_NOTFOUND,
     O_REFUSED,
     O_RELEASED,
     REL,
+    TAKE_BEGUN,
+    TAKEN,
     UNREAD,
     USE,
     Mirror,
@@ -332,7 +335,10 @@ class Recorder:
         """The record a ledger transaction is judged against (``_transact``, the
         restore's; read again after a fence): the model's begin of that transaction."""
         k = self.slot(actor)
-        if not k or k == REFILL_SLOT:
+        if k == REFILL_SLOT:
+            self.on_take_record(record)
+            return
+        if not k:
             return
         if record.get("untrusted") == "1" or not int(record.get("timeline", 0)):
             return  # GuardedCold.record fences (vouches) first, and reads it again
@@ -361,6 +367,18 @@ class Recorder:
             self.step("read", k, 3, note="its batch again, after a restore")
             self.step("begin", k)
 
+    def on_take_record(self, record: dict[str, str]) -> None:
+        """The record a refill's take is judged against: the model's take begun. Not one
+        GuardedCold.record fences on first (and reads again) or refuses (halted); not
+        one read for the next batch while the last is pushed (stepped at its commit)."""
+        settle_first = ("untrusted", "fence_needed", "halted")
+        if any(record.get(f) == "1" for f in settle_first) or int(record.get("claim_fences", 0)):
+            return
+        if not int(record.get("timeline", 0)):
+            return
+        if self.mirror.ks[REFILL_SLOT].ks in (IDLE, TAKE_BEGUN):
+            self.step("take_begin", REFILL_SLOT)
+
     def on_refused(self, conn: SimConnection) -> None:
         k = self.slot(conn.actor)
         if not k:
@@ -379,8 +397,11 @@ class Recorder:
             self._ledger_commit(commit, conn, ran)
         elif "TAKE_BATCH" in ran:
             if k == REFILL_SLOT:
-                if self.mirror.ks[REFILL_SLOT].ks != 0:
+                state = self.mirror.ks[REFILL_SLOT].ks
+                if state == TAKEN:
                     self.step("drop", REFILL_SLOT, note="the last batch was never pushed")
+                if state != TAKE_BEGUN:  # its record read while the last was pushed
+                    self.step("take_begin", REFILL_SLOT, note="read while pushing")
                 self.step("take", REFILL_SLOT)
                 self.node_of[commit.number] = self.mirror.srv
         elif "RESET_SYNC_CLOCK" in ran:
@@ -452,7 +473,7 @@ class Recorder:
             self.step("trim", note=f"link {node}")
 
     def on_push(self, actor: str, status: str) -> None:
-        if self.slot(actor) != REFILL_SLOT or self.mirror.ks[REFILL_SLOT].ks != 4:
+        if self.slot(actor) != REFILL_SLOT or self.mirror.ks[REFILL_SLOT].ks != TAKEN:
             return
         if status in ("untrusted", "refused"):
             return  # tried again (after a vouch; pinned to the new server): not a step
@@ -529,7 +550,7 @@ class Recorder:
                     self.deferred.add(link)  # stepped once that restore has ended
                 else:
                     self.step("loss_link", self.link_node[link])
-        if not after["restore_from"] and self.mirror.rfrom:  # the model's, gone from Redis
+        if not after["restore_from"] and self.mirror.rto:  # the model's, gone from Redis
             self.step("loss_restore", 0)
         if not after["ledger_halt"] and self.mirror.lhalted:
             self.step("loss_restore", 1, note="the ledger's halt")

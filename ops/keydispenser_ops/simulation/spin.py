@@ -148,7 +148,17 @@ def candidates(mirror: Mirror) -> Iterator[Step]:
     for k in keysyncs:
         yield ("read", k, 1)
         yield ("read", k, 2)
-        for action in ("claim", "begin", "commit", "confirm", "crash", "drop", "take", "push"):
+        for action in (
+            "claim",
+            "begin",
+            "commit",
+            "confirm",
+            "crash",
+            "drop",
+            "take_begin",
+            "take",
+            "push",
+        ):
             yield (action, k, 0)
         yield ("drop", k, 1)
         yield ("read", k, 3)
@@ -156,7 +166,7 @@ def candidates(mirror: Mirror) -> Iterator[Step]:
             yield (action, k, 0)
         yield ("rq_commit", k, 1)
         for n in range(1, mirror.nn):
-            if mirror.onchain(n) and not (mirror.rfrom or mirror.here.pfrom):
+            if mirror.onchain(n) and not (mirror.rto or mirror.here.pto):
                 yield ("rs_begin", k, n)
     yield ("fence", 0, 0)
     yield ("adopt", 0, 0)
