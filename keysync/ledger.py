@@ -268,9 +268,10 @@ class LedgerDrain:
     # --- watching, restoring ----------------------------------------------------------
 
     async def watch(self) -> None:
-        """Before every batch: a halt refuses; a restore pending runs now; and at most
-        every ``watch_s`` PostgreSQL is asked whether its history is still the
-        record's (a promotion with no traffic is fenced, then restored, at once)."""
+        """Check, before every batch, that the ledger may decide: a halt refuses; a
+        restore pending runs now; and at most every ``watch_s`` PostgreSQL is asked
+        whether its history is still the record's (a promotion with no traffic is
+        fenced, then restored, at once)."""
         if self._guard is None or self._sync is None:
             return
         record = await self._sync.read()
@@ -330,10 +331,10 @@ class LedgerDrain:
         return links
 
     def _restoring(self, target: str, restored: list[int]) -> Work:
-        """A restore's work: under the ledger's lock, the links this server lacks up to
-        ``target`` (``_chain``), their operations written again in order, and the links
-        recorded as this history's own (INSERT_LINKS). How many: appended to
-        ``restored``."""
+        """Return a restore's transaction body: under the ledger's lock, it finds the
+        links this server lacks up to ``target`` (``_chain``), writes their operations
+        again in order, and records the links as this history's own (INSERT_LINKS). How
+        many it wrote is appended to ``restored``."""
 
         async def work(conn: asyncpg.Connection) -> Applied:
             await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)

@@ -184,8 +184,8 @@ def _picked(marks: Used, rows: list[int]) -> Used:
 
 
 def in_stream_order(used: Used | None, released: Used | None) -> list[tuple[str, Used]]:
-    """One type's marks of a batch as the statements that apply them: the first mark of
-    a key wins, whatever the batch's bounds. A key marked once goes in the bulk
+    """Order one type's marks of a batch as the statements that apply them: the first
+    mark of a key wins, whatever the batch's bounds. A key marked once goes in the bulk
     statements (uses, then releases); a key marked more than once in the batch (a use
     and a release, or two of either) gets one statement per mark, in stream order, as
     batches of their own would have applied them."""

@@ -98,10 +98,11 @@ class LedgerReader:
         return await self._judged(name, "ledger_status", lambda conn: key_status(conn, name, key))
 
     async def _judged(self, name: str, operation: str, read: Callable[[Any], Awaitable[T]]) -> T:
-        """``read`` (``_read``), and what went wrong remembered for ``probe``; a
-        PostgreSQL this process cannot use (a wrong password, a missing privilege or
-        database, a bad DSN) is unavailable to the caller (503), never a fault of the
-        request: the operator's to fix, named in the detail."""
+        """Run ``read`` (through ``_read``) and return what it found, remembering what
+        went wrong for ``probe``. A PostgreSQL this process cannot use (a wrong
+        password, a missing privilege or database, a bad DSN) is unavailable to the
+        caller (503), never a fault of the request: the operator's to fix, named in the
+        detail."""
         try:
             found = await self._read(name, operation, read)
         except (ConfigError, SchemaError) as exc:

@@ -312,9 +312,9 @@ class LedgerStream(RedisPort):
         retain_ms: int,
         restored: str = "",
     ) -> str:
-        """A committed ledger transaction (``stamp`` names its link): its stamp
-        recorded, its outcomes published, its entries acknowledged and deleted, the log
-        trimmed (lua/ledger_confirm.lua). 'ok', or why the stamp was refused."""
+        """Confirm a committed ledger transaction (``stamp`` names its link): record
+        its stamp, publish its outcomes, acknowledge and delete its entries, trim the
+        log (lua/ledger_confirm.lua). Returns 'ok', or why the stamp was refused."""
         pairs = [item for pair in outcomes.items() for item in pair]
         args = [
             LEDGER_GROUP,
