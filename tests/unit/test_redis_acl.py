@@ -73,7 +73,7 @@ def test_waitaof_only_for_a_dispenser_whose_types_wait_for_it() -> None:
     types = small_types()
     dispenser = next(u for u in USERS if u.process == "dispenser")
     assert "waitaof" not in commands_of(dispenser, settings(id_types=types))
-    types["farmer"] |= {"ledger": True, "ledger_durability": "fsynced"}
+    types["farmer"] |= {"ledger": True, "ledger_durability": "fsynced", "ledger_wait_ms": 1_500}
     assert "waitaof" in commands_of(dispenser, settings(id_types=types))
 
 

@@ -87,6 +87,11 @@ def test_kd_config_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "ledger_replicas: 0",
         ),
         (
+            "id_types:\n  t:\n    kind: base62\n    length: 7\n    ledger: true\n"
+            "    ledger_durability: fsynced\n",
+            "ledger_wait_ms of at least 1100",
+        ),
+        (
             "keysync:\n  ledger_retain_s: 0\n"
             "id_types:\n  t:\n    kind: base62\n    length: 7\n    ledger: true\n",
             "keysync.ledger_retain_s",
