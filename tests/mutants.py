@@ -1608,6 +1608,13 @@ MUTANTS: Final = (
         (IMPORT_TESTS,),
     ),
     Mutant(
+        "a_killed_import_resumed_under_other_type_settings",
+        "shared/cli/imports.py",
+        "    run = await target.resume(_with_type(plan.origin, id_type), intake.counts())",
+        "    run = await target.resume(plan.origin, intake.counts())",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
         "import_leaves_excluded_ids_in_the_hot_list",
         "shared/cli/imports.py",
         "            if found:",

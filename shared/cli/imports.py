@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -263,11 +264,21 @@ class Done:
     resumed: dict[str, Any] | None
 
 
+def _with_type(origin: str | None, id_type: IdType) -> str | None:
+    """``origin`` and the type's settings as the rows were checked against them: a run
+    killed before the type's settings changed (its filters, say) is started over, not
+    resumed with rows staged under the old ones."""
+    if origin is None:
+        return None
+    settings = id_type.config.model_dump_json(exclude={"hot", "cold"})
+    return f"{origin} type:{hashlib.sha256(settings.encode()).hexdigest()[:16]}"
+
+
 async def _recorded(target: ImportTarget, id_type: IdType, plan: Plan, client: str) -> Done:
     """Read and stage what is left of the source's rows (all of them, unless a killed
     run of the same origin staged some), then record them; a refusal ends the run."""
     intake = Intake(id_type, plan.statuses)
-    run = await target.resume(plan.origin, intake.counts())
+    run = await target.resume(_with_type(plan.origin, id_type), intake.counts())
     if run.resumed:
         intake = Intake.resumed(id_type, plan.statuses, run.tally)
     resumed = _resuming(id_type.name, run, intake)

@@ -553,13 +553,22 @@ async def test_a_killed_import_resumes_where_it_stopped(
     assert report["resumed"] is None and {**resumed, "resumed": None} == report
 
 
-@pytest.mark.parametrize("changed", [False, True], ids=["same-file", "changed-file"])
+@pytest.mark.parametrize(
+    "changed", ["", "file", "type"], ids=["same-file", "changed-file", "changed-type"]
+)
 async def test_a_killed_import_of_a_file_changed_since_starts_over(
-    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: bool
+    servers: Servers,
+    database: str,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    changed: str,
 ) -> None:
     """The control: the run goes on from where a killed one stopped only when it reads
-    what that one read; a file changed since is read from its first line (an unchanged
-    one, only past the rows staged)."""
+    what that one read, checked as that one checked it; a file changed since is read
+    from its first line (an unchanged one, only past the rows staged), and so is one
+    whose type's settings changed since (its filters: rows staged under the old ones
+    are checked again)."""
     monkeypatch.setattr(imports, "CHUNK", 100)
     listing = tmp_path / "issued.txt"
     listing.write_text("".join(f"{key},TAKEN\n" for key in THIRD))
@@ -567,15 +576,21 @@ async def test_a_killed_import_of_a_file_changed_since_starts_over(
     stages = Stages(monkeypatch, left=2)
     with pytest.raises(Killed):
         await run_import(settings, *words)
-    if changed:
+    if changed == "file":
         with listing.open("a") as more:
             more.write(f"{EVERY_KEY[1]},TAKEN\n")
+    if changed == "type":  # the same keyspace, other filters: some IDs now invalid
+        filtered = {**TYPES, "uin": {**TYPES["uin"], "filter_profile": "openg2p"}}
+        settings = make_settings(servers, database, id_types=filtered)
     stages.rows, stages.left = 0, None
     (report,) = await run_import(settings, *words)
-    total = len(THIRD) + changed
+    total = len(THIRD) + (changed == "file")
+    invalid = report["invalid"] if changed == "type" else 0
+    assert changed != "type" or invalid > 0
     assert report["resumed"] == (None if changed else {"at_row": 200, "step": "reading"})
-    assert stages.rows == (total if changed else total - 200)
-    assert report["rows_read"] == report["excluded_added"] == report["ledger_added"] == total
+    assert stages.rows == (total - invalid if changed else total - 200)  # the rows staged
+    assert report["rows_read"] == total
+    assert report["excluded_added"] == report["ledger_added"] == total - invalid
 
 
 async def test_an_import_killed_before_its_sweep_only_sweeps_when_run_again(
