@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keydispenser_ops.drill.postgres import PostgresPair
 from keydispenser_ops.processes import cli_command, scrubbed_env, serving, spawn, stop_processes
+from shared.domain.apikeys import digest
 from shared.domain.config import Settings
 
 
@@ -53,3 +59,50 @@ class ChildProcesses:
 
 def wait_for_http(url: str, timeout_s: float = 20) -> None:
     assert serving(url, timeout_s), f"{url} did not answer within {timeout_s}s"
+
+
+# --- MOSIP's UIN type on a ledger, and a PostgreSQL primary with its replica -----------
+
+
+def uin_ledger_type(**extra: object) -> dict[str, object]:
+    """The UIN type the ledger's failover tests run: 10 digits, MOSIP's filters, a
+    ledger, small tiers (``extra`` adds or replaces fields)."""
+    return {
+        "kind": "numeric",
+        "length": 10,
+        "filter_profile": "mosip",
+        "ledger": True,
+        "range_size": 1_000,
+        "hot": {"low": 1, "high": 5},
+        "cold": {"low": 2, "high": 10},
+        "sync_batch": 5,
+    } | extra
+
+
+def mosip_dispenser(uin: str, wait_s: float, keys: dict[str, str]) -> dict[str, object]:
+    """The dispenser section: MOSIP's API on ``uin`` (a PUT waits ``wait_s``), an API
+    key per client of ``keys`` (name -> key; the one named 'auditor' may read the
+    ledger)."""
+    return {
+        "mosip": {"uin": uin, "ledger_wait_s": wait_s},
+        "auth": {
+            "api_keys": [
+                {"name": name, "sha256": digest(key), "ledger_admin": name == "auditor"}
+                for name, key in keys.items()
+            ]
+        },
+    }
+
+
+@contextlib.contextmanager
+def postgres_pair(prefix: str) -> Iterator[PostgresPair]:
+    """A PostgreSQL primary and its streaming replica in a scratch directory (a test
+    module's fixture)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
+        servers = PostgresPair(Path(tmp))
+        servers.start()
+        try:
+            yield servers
+        finally:
+            servers.stop()

@@ -50,7 +50,7 @@ from keydispenser_ops.drill.postgres import PostgresPair
 from keydispenser_ops.drill.proxy import Proxy, standalone
 from keydispenser_ops.embedded import EmbeddedRedis, free_port
 from keydispenser_ops.processes import run_cli
-from shared.domain.apikeys import digest, new_api_key
+from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.domain.tiers import not_issued
@@ -58,7 +58,15 @@ from shared.stores.fence.sync_record import SyncRecord
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
+from tests.acceptance.harness import (
+    ChildProcesses,
+    mosip_dispenser,
+    postgres_pair,
+    process_env,
+    uin_ledger_type,
+    wait_for_http,
+    write_config,
+)
 from tests.acceptance.test_ledger_failover import Mosip, replayed
 from tests.conftest import NS
 from tests.integration import test_replica_fence
@@ -78,14 +86,8 @@ HALTED = "IDG-017"
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresPair]:
-    with tempfile.TemporaryDirectory(prefix="kd-durability-failover-") as tmp:
-        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
-        servers = PostgresPair(Path(tmp))
-        servers.start()
-        try:
-            yield servers
-        finally:
-            servers.stop()
+    with postgres_pair("kd-durability-failover-") as servers:
+        yield servers
 
 
 @dataclass
@@ -191,28 +193,8 @@ def tier_settings(
         Servers(postgres.pair()[0].dsn(), redis_url),
         DATABASE,
         redis_url=redis_url,
-        id_types={
-            UIN: {
-                "kind": "numeric",
-                "length": 10,
-                "filter_profile": "mosip",
-                "ledger": True,
-                "ledger_durability": durability,
-                "range_size": 1_000,
-                "hot": {"low": 1, "high": 8},
-                "cold": {"low": 2, "high": 10},
-                "sync_batch": 5,
-            }
-        },
-        dispenser={
-            "mosip": {"uin": UIN, "ledger_wait_s": PUT_WAIT_S},
-            "auth": {
-                "api_keys": [
-                    {"name": name, "sha256": digest(keys[name]), "ledger_admin": name == "auditor"}
-                    for name in CLIENTS
-                ]
-            },
-        },
+        id_types={UIN: uin_ledger_type(ledger_durability=durability, hot={"low": 1, "high": 8})},
+        dispenser=mosip_dispenser(UIN, PUT_WAIT_S, keys),
         keysync={"poll_interval_s": 0.2, "ledger_batch": 100, "ledger_retain_s": 60},
         postgres_connect_timeout_s=0.5,
     )

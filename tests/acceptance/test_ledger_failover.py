@@ -10,8 +10,6 @@ answers after it (docs/reliability.md, "The ledger's one history").
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,13 +23,21 @@ import redis.asyncio as aioredis
 
 from keydispenser_ops.drill.postgres import PostgresPair
 from keydispenser_ops.embedded import free_port
-from shared.domain.apikeys import digest, new_api_key
+from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
+from tests.acceptance.harness import (
+    ChildProcesses,
+    mosip_dispenser,
+    postgres_pair,
+    process_env,
+    uin_ledger_type,
+    wait_for_http,
+    write_config,
+)
 from tests.conftest import NS
 from tests.integration.fixtures import Servers, make_settings
 
@@ -45,14 +51,8 @@ RETAIN_S = 1.5  # the ledger log's retention: the quiet spells are longer
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[PostgresPair]:
-    with tempfile.TemporaryDirectory(prefix="kd-ledger-failover-") as tmp:
-        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
-        servers = PostgresPair(Path(tmp))
-        servers.start()
-        try:
-            yield servers
-        finally:
-            servers.stop()
+    with postgres_pair("kd-ledger-failover-") as servers:
+        yield servers
 
 
 @dataclass
@@ -144,29 +144,8 @@ def stack_settings(
     settings = make_settings(
         Servers(pair.pair()[0].dsn(), servers.redis_url),
         DATABASE,
-        id_types={
-            UIN: {
-                "kind": "numeric",
-                "length": 10,
-                "filter_profile": "mosip",
-                "ledger": True,
-                "reissue_released": True,
-                "reissue_after_s": 1,
-                "range_size": 1_000,
-                "hot": {"low": 1, "high": 5},
-                "cold": {"low": 2, "high": 10},
-                "sync_batch": 5,
-            }
-        },
-        dispenser={
-            "mosip": {"uin": UIN, "ledger_wait_s": 15},
-            "auth": {
-                "api_keys": [
-                    {"name": name, "sha256": digest(keys[name]), "ledger_admin": name == "auditor"}
-                    for name in CLIENTS
-                ]
-            },
-        },
+        id_types={UIN: uin_ledger_type(reissue_released=True, reissue_after_s=1)},
+        dispenser=mosip_dispenser(UIN, 15, keys),
         keysync={
             "poll_interval_s": 0.2,
             "ledger_batch": keysyncs_batch,

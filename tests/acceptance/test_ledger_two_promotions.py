@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 
 from keydispenser_ops.drill.postgres import PostgresChain
 from keydispenser_ops.embedded import free_port
-from shared.domain.apikeys import digest, new_api_key
+from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
 from shared.stores.fence.postgres_fence import settle
@@ -44,7 +44,14 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
-from tests.acceptance.harness import ChildProcesses, process_env, wait_for_http, write_config
+from tests.acceptance.harness import (
+    ChildProcesses,
+    mosip_dispenser,
+    process_env,
+    uin_ledger_type,
+    wait_for_http,
+    write_config,
+)
 from tests.acceptance.test_ledger_failover import Mosip
 from tests.conftest import NS
 from tests.integration.fixtures import Servers, make_settings
@@ -72,27 +79,8 @@ def chain_settings(servers: Servers, chain: PostgresChain, keys: dict[str, str])
     settings = make_settings(
         Servers(chain.servers[0].dsn(), servers.redis_url),
         DATABASE,
-        id_types={
-            UIN: {
-                "kind": "numeric",
-                "length": 10,
-                "filter_profile": "mosip",
-                "ledger": True,
-                "range_size": 1_000,
-                "hot": {"low": 1, "high": 5},
-                "cold": {"low": 2, "high": 10},
-                "sync_batch": 5,
-            }
-        },
-        dispenser={
-            "mosip": {"uin": UIN, "ledger_wait_s": 60},
-            "auth": {
-                "api_keys": [
-                    {"name": name, "sha256": digest(keys[name]), "ledger_admin": name == "auditor"}
-                    for name in CLIENTS
-                ]
-            },
-        },
+        id_types={UIN: uin_ledger_type()},
+        dispenser=mosip_dispenser(UIN, 60, keys),
         keysync={"poll_interval_s": 0.2, "ledger_batch": 100, "ledger_retain_s": 300},
         postgres_connect_timeout_s=2,
     )

@@ -11,12 +11,9 @@ refused, and it never fences the record back. Each mechanism has its control.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -40,6 +37,7 @@ from shared.stores.hot.hot_store import HotStore
 from shared.stores.postgres.cold_store import ColdStore
 from shared.stores.postgres.databases import run_migrate, scratch_database
 from shared.stores.redis.endpoint import RedisEndpoint
+from tests.acceptance.harness import postgres_pair
 from tests.integration.fixtures import Servers, make_settings
 from tests.integration.test_key_groups import ClaimFailsOnce
 
@@ -50,14 +48,8 @@ CATCH_UP_S = 30.0
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[PostgresPair]:
-    with tempfile.TemporaryDirectory(prefix="kd-split-") as tmp:
-        os.chmod(tmp, 0o755)  # PostgreSQL runs unprivileged when we are root
-        servers = PostgresPair(Path(tmp))
-        servers.start()
-        try:
-            yield servers
-        finally:
-            servers.stop()
+    with postgres_pair("kd-split-") as servers:
+        yield servers
 
 
 @dataclass
