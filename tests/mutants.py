@@ -1615,6 +1615,20 @@ MUTANTS: Final = (
         (IMPORT_TESTS,),
     ),
     Mutant(
+        "the_excluded_ahead_not_counted_again_after_an_import",
+        "shared/stores/postgres/cold_store.py",
+        "        if cached is not None and cached[0] == epoch and cached[1] <= first:",
+        "        if cached is not None and cached[1] <= first:",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
+        "the_excluded_leased_past_still_counted_ahead",
+        "shared/stores/postgres/cold_store.py",
+        "            ahead = cached[2] - int(passed)",
+        "            ahead = cached[2]",
+        (IMPORT_TESTS,),
+    ),
+    Mutant(
         "import_leaves_excluded_ids_in_the_hot_list",
         "shared/cli/imports.py",
         "            if found:",

@@ -293,6 +293,9 @@ class ColdStore:
         self.connect_timeout_s = connect_timeout_s
         # How long a take's transaction may stay open and idle (0: no limit).
         self.open_take_idle_limit_s = OPEN_TAKE_IDLE_LIMIT_S
+        # type -> (import epoch, first counter not leased, excluded counters from it to
+        # the share's end) as last counted (``sequence_state``).
+        self._excluded_ahead: dict[str, tuple[int, int, int]] = {}
 
     @classmethod
     async def connect(
@@ -484,10 +487,25 @@ class ColdStore:
             end = int(row["last_value"]) + config.range_size if row["is_called"] else None
             leased = 0 if end is None else min(end, config.counter_stop) - config.counter_start
             first = config.counter_start + leased
-            ahead = await conn.fetchval(
-                sql.COUNT_EXCLUDED_BETWEEN, id_type.name, first, config.counter_stop
-            )
-        return SequenceState(leased, config.counter_share, int(ahead))
+            ahead = await self._count_excluded_ahead(conn, id_type, first)
+        return SequenceState(leased, config.counter_share, ahead)
+
+    async def _count_excluded_ahead(self, conn: Any, id_type: IdType, first: int) -> int:
+        """The excluded counters from ``first`` to the share's end. Counted whole once
+        per import epoch (a scan of every one: 10^7 after a large import, which took
+        keygen's rate down by 62% when counted after every range), then by what the
+        leases since passed over. The epoch is read before the count: an import
+        committed in between is seen by the next call, which counts whole again."""
+        name, stop = id_type.name, id_type.config.counter_stop
+        epoch = int(await conn.fetchval(sql.SELECT_IMPORT_EPOCH, name))
+        cached = self._excluded_ahead.get(name)
+        if cached is not None and cached[0] == epoch and cached[1] <= first:
+            passed = await conn.fetchval(sql.COUNT_EXCLUDED_BETWEEN, name, cached[1], first)
+            ahead = cached[2] - int(passed)
+        else:
+            ahead = int(await conn.fetchval(sql.COUNT_EXCLUDED_BETWEEN, name, first, stop))
+        self._excluded_ahead[name] = (epoch, first, ahead)
+        return ahead
 
     async def range_stats(self, name: str) -> dict[str, int]:
         async with self.connection() as conn, translated("range_stats"):
