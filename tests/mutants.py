@@ -383,7 +383,7 @@ MUTANTS: Final = (
         "shared/stores/fence/postgres_fence.py",
         "    target = record.restore_to or record.head\n",
         "    target = record.head\n",
-        (LEDGER_HISTORY_TESTS,),
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         # A fence keeps the restore its server had pending from an earlier fence, though
@@ -402,7 +402,7 @@ MUTANTS: Final = (
         "                state = await self._state()\n"
         "                await self._settle(state, record)\n",
         "                await self._guard.fence()\n",
-        ("tests/acceptance/test_ledger_two_promotions.py",),
+        ("tests/acceptance/test_ledger_two_promotions.py", SIMULATION_TESTS),
     ),
     Mutant(
         # A restore that never asks whether its server already holds the target: of two
@@ -442,7 +442,7 @@ MUTANTS: Final = (
         "                return list(reversed(found))\n",
         "            if await conn.fetchval(ledger_sql.HOLDS_LINK, want):\n"
         "                return found\n",
-        (SIMULATION_TESTS,),
+        (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
         # A confirmation that publishes its outcomes (and acknowledges its entries) even
@@ -462,7 +462,7 @@ MUTANTS: Final = (
         "shared/stores/ledger/decide.py",
         "        if rows:\n            found[name] =",
         "        if False:\n            found[name] =",
-        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
+        (LEDGER_HISTORY_TESTS,),
     ),
     Mutant(
         "the_dispenser_reads_keys_still_to_be_handed_out",

@@ -109,8 +109,12 @@ def settings(claim_idle_s: float = KEYSYNC_CONFIG["ledger_claim_idle_s"]) -> Set
 @dataclass
 class Fault:
     at: float  # seconds after the start
-    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause, stall
+    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause, freeze, stall
     arg: int = 0  # how far back (commits, writes), which keysync, how long (s)
+
+
+# The share of seeds that also draw two promotions in a row while the drains are frozen.
+TWO_PROMOTIONS = 0.2
 
 
 @dataclass
@@ -145,6 +149,16 @@ class Plan:
                 "stall": rng.choice((3, 5, 8, 12, 15)),
             }[kind]
             plan.faults.append(Fault(at, kind, arg))
+        if rng.random() < TWO_PROMOTIONS:
+            # Two promotions in a row while the ledger drains are frozen (the refills
+            # fence, nobody restores in between): the case a fence that restores only
+            # up to the record's head gets wrong, rare among independent faults.
+            at = rng.uniform(2, plan.active_s)
+            plan.faults += [
+                Fault(at, "freeze", rng.choice((5, 8, 12))),
+                Fault(at + rng.uniform(0.2, 1), "promote", rng.choice((1, 2, 3))),
+                Fault(at + rng.uniform(1.5, 4), "promote", rng.choice((1, 2, 3))),
+            ]
         plan.faults.sort(key=lambda f: f.at)
         return plan
 
@@ -418,6 +432,9 @@ class World:
             victims = [a for a in self.tasks if a != "faults"]
             actor = self.chance.rng.choice(sorted(victims))
             self.paused[actor] = loop.time() + fault.arg
+        elif fault.kind == "freeze":  # every ledger drain (their refills go on)
+            for k in range(1, self.plan.keysyncs + 1):
+                self.paused[f"keysync-{k}"] = loop.time() + fault.arg
         elif fault.kind == "stall":
             # Half the stalls wait for a restore's commit: its link committed, the
             # record still naming the restore pending, while the other keysync works.
