@@ -22,7 +22,8 @@ Who writes what, and why:
 - the dispenser reads the ledger (lookups, MOSIP's statuses) and the sync clock (a
   lookup is judged against the fence's record): never a cold table or a range.
 - keygen and keysync read the IDs an import excluded (``kd_excluded``: never
-  generated, never put back), keysync the import epochs its batches carry.
+  generated, never put back) and the import epochs (``kd_import_epochs``: keysync's
+  batches carry them; keygen's headroom counts the excluded again when one moved).
 - status reads everything but the keys still to be handed out: it counts them through
   ``kd_cold_depth``.
 - Nothing but the owner (migrate, retire, fence-postgres) creates, alters, truncates
@@ -65,7 +66,7 @@ TABLES: Final[dict[str, dict[str, str]]] = {
     "kd_outcomes": {"keysync": "SELECT, INSERT, UPDATE, DELETE", "status": _READ},
     "kd_quarantined_keys": {"keysync": "SELECT, INSERT", "dispenser": _READ, "status": _READ},
     "kd_excluded": {"keygen": _READ, "keysync": _READ, "status": _READ},
-    "kd_import_epochs": {"keysync": _READ, "status": _READ},
+    "kd_import_epochs": {"keygen": _READ, "keysync": _READ, "status": _READ},
 }
 SEQUENCES: Final[dict[str, dict[str, str]]] = {
     "kd_fence_events_id_seq": {"keygen": "USAGE", "keysync": "USAGE"},
