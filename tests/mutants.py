@@ -1629,6 +1629,15 @@ MUTANTS: Final = (
         (IMPORT_TESTS,),
     ),
     Mutant(
+        # fsynced counts the primary's own append-only file only: a replica that
+        # copies the record but writes no AOF is taken for one that does.
+        "fsynced_counts_no_replica",
+        "shared/stores/ledger/stream.py",
+        "            return local >= 1 and remote >= replicas",
+        "            return local >= 1",
+        ("tests/integration/test_ledger_durability.py",),
+    ),
+    Mutant(
         "import_leaves_excluded_ids_in_the_hot_list",
         "shared/cli/imports.py",
         "            if found:",
