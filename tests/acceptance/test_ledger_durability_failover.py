@@ -16,16 +16,19 @@ every commit since its WAL stopped. Seconds apart (the processes reach the old
 PostgreSQL primary through the promoted Redis first), or at once (a site holding both
 primaries lost).
 
-- ``replicated``: nothing is acknowledged while the replica is frozen (the answers wait
-  for it), and every answer acknowledged before stands afterwards, the ledger running;
-  at once, the PostgreSQL fence cannot tell what the record lost and halts leases and
-  syncs until the runbook's ``fence-postgres``, after which every answer stands.
+- ``replicated``, and ``fsynced`` (on servers with WAITAOF, each writing its
+  append-only file): nothing is acknowledged while the replica is frozen (the answers
+  wait for it), and every answer acknowledged before stands afterwards, the ledger
+  running; at once, the PostgreSQL fence cannot tell what the record lost and halts
+  leases and syncs until the runbook's ``fence-postgres``, after which every answer
+  stands.
 - ``async`` (the control): the answers given while the replica was frozen are
   acknowledged at once, and their ledger links die with both primaries: the ledger
   halts (its history cannot be restored) and answers nothing until an operator accepts
   the loss.
 - A Redis primary restarted without persistence loses, whatever the mode, the issues
-  keysync had not applied yet (answered status changes were applied first).
+  keysync had not applied yet (answered status changes were applied first); restarted
+  from its append-only file, ``fsynced`` keeps them.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ import redis.asyncio as aioredis
 
 from keydispenser_ops.drill.postgres import PostgresPair
 from keydispenser_ops.drill.proxy import Proxy, standalone
-from keydispenser_ops.embedded import EmbeddedRedis, free_port
+from keydispenser_ops.embedded import EmbeddedRedis, free_port, waitaof_server_binary
 from keydispenser_ops.processes import run_cli
+from shared.domain import redis_keys
 from shared.domain.apikeys import new_api_key
 from shared.domain.config import Settings
 from shared.domain.idtypes import build_id_types
@@ -71,10 +75,10 @@ from tests.acceptance.test_ledger_failover import Mosip, replayed
 from tests.conftest import NS
 from tests.integration import test_replica_fence
 from tests.integration.fixtures import Servers, make_settings
+from tests.integration.test_ledger_durability import FSYNC_WAIT_MS, replica_fsyncs
 from tests.integration.test_replica_fence import Pair, replicaof, synced
 
 pytestmark = pytest.mark.acceptance
-redis_pair = test_replica_fence.pair  # a fixture: an embedded Redis primary and its replica
 
 DATABASE = "kd_durability_failover"
 CLIENTS = ("client-a", "client-b", "client-c", "client-d", "auditor")
@@ -90,15 +94,53 @@ def postgres() -> Iterator[PostgresPair]:
         yield servers
 
 
+# Every Redis server of an ``fsynced`` test writes its append-only file, fsynced at each
+# write (with ``everysec`` a WAITAOF may wait a second for a replica's acknowledgement).
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+def durability_of(request: pytest.FixtureRequest) -> str:
+    """The durability the test's ``stack`` is parametrized with."""
+    return str(request.node.callspec.params["stack"])
+
+
+@pytest.fixture
+async def redis_pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    """An embedded Redis primary and its replica, caught up. For an ``fsynced`` test,
+    servers that have WAITAOF (Redis 7.2 or later, Valkey), both writing their
+    append-only file: once the replica's is written, every write reaches it."""
+    if durability_of(request) != "fsynced":
+        async with test_replica_fence.started_pair() as found:
+            yield found
+        return
+    async with test_replica_fence.started_pair(waitaof_server_binary(), *AOF) as found:
+        await found.replica_client.config_set("appendfsync", "always")
+        await found.replica_client.config_set("appendonly", "yes")
+        await test_replica_fence.until(
+            lambda: replica_fsyncs(found.primary_client), "the replica's AOF written"
+        )
+        yield found
+
+
 @dataclass
 class RedisFailover:
     """Both Redis servers, the one address the processes use (a proxy in front of the
-    primary), and the failover done by hand."""
+    primary), and the failover done by hand; every server it starts runs ``binary``
+    with ``options`` (the pair's)."""
 
     pair: Pair
     front: Proxy
     base: Path
+    binary: str = ""
+    options: tuple[str, ...] = ()
     spares: list[EmbeddedRedis] = field(default_factory=list)
+
+    def spare(self) -> EmbeddedRedis:
+        """A new server started as the pair's are, empty."""
+        server = EmbeddedRedis(self.base / f"spare-{len(self.spares)}", binary=self.binary)
+        self.spares.append(server)
+        server.start(*self.options)
+        return server
 
     @property
     def url(self) -> str:
@@ -126,9 +168,7 @@ class RedisFailover:
         os.kill(self.pid(self.pair.replica), signal.SIGCONT)
         await replicaof(self.pair.replica_client, "NO", "ONE")
         self.front.retarget(self.pair.replica.port)
-        spare = EmbeddedRedis(self.base / f"spare-{len(self.spares)}")
-        self.spares.append(spare)
-        spare.start()
+        spare = self.spare()
         async with aioredis.Redis.from_url(spare.url, decode_responses=True) as client:
             await replicaof(client, "127.0.0.1", str(self.pair.replica.port))
             await synced(self.pair.replica_client, client)
@@ -137,13 +177,24 @@ class RedisFailover:
         """The primary restarted without persistence, before anyone fails over: the
         front reaches a new empty server, and the replica resyncs from it (empty)."""
         os.kill(self.pid(self.pair.primary), signal.SIGKILL)
-        spare = EmbeddedRedis(self.base / f"spare-{len(self.spares)}")
-        self.spares.append(spare)
-        spare.start()
+        spare = self.spare()
         self.front.retarget(spare.port)
         async with aioredis.Redis.from_url(spare.url, decode_responses=True) as client:
             await client.config_set("repl-diskless-sync-delay", 0)
             await replicaof(self.pair.replica_client, "127.0.0.1", str(spare.port))
+            await synced(client, self.pair.replica_client)
+
+    async def restart_from_its_file(self) -> None:
+        """The primary SIGKILLed and started again in its own data directory on its own
+        port (the front's target): it loads its append-only file, and its replica,
+        reconnected, resyncs from it."""
+        process = self.pair.primary.process
+        assert process is not None
+        process.kill()
+        process.wait()
+        self.pair.primary.start(*self.options)
+        async with aioredis.Redis.from_url(self.pair.primary.url, decode_responses=True) as client:
+            await client.config_set("repl-diskless-sync-delay", 0)
             await synced(client, self.pair.replica_client)
 
     async def halted(self) -> str:
@@ -173,10 +224,12 @@ class RedisFailover:
 
 
 @pytest.fixture
-async def redis(redis_pair: Pair) -> AsyncIterator[RedisFailover]:
+async def redis(request: pytest.FixtureRequest, redis_pair: Pair) -> AsyncIterator[RedisFailover]:
     front = standalone("127.0.0.1", redis_pair.primary.port)
+    fsynced = durability_of(request) == "fsynced"
+    binary, options = (waitaof_server_binary(), AOF) if fsynced else ("", ())
     with tempfile.TemporaryDirectory(prefix="kd-durability-redis-") as tmp:
-        found = RedisFailover(redis_pair, front, Path(tmp))
+        found = RedisFailover(redis_pair, front, Path(tmp), binary, options)
         try:
             yield found
         finally:
@@ -186,6 +239,13 @@ async def redis(redis_pair: Pair) -> AsyncIterator[RedisFailover]:
             front.hub.close()
 
 
+def durable(durability: str) -> dict[str, object]:
+    """The type's durability fields: ``fsynced`` waits long enough for a replica's
+    acknowledgement of its fsync (config refuses less)."""
+    wait = {"ledger_wait_ms": FSYNC_WAIT_MS} if durability == "fsynced" else {}
+    return {"ledger_durability": durability, **wait}
+
+
 def tier_settings(
     servers: Servers, postgres: PostgresPair, redis_url: str, keys: dict[str, str], durability: str
 ) -> Settings:
@@ -193,7 +253,7 @@ def tier_settings(
         Servers(postgres.pair()[0].dsn(), redis_url),
         DATABASE,
         redis_url=redis_url,
-        id_types={UIN: uin_ledger_type(ledger_durability=durability, hot={"low": 1, "high": 8})},
+        id_types={UIN: uin_ledger_type(hot={"low": 1, "high": 8}, **durable(durability))},
         dispenser=mosip_dispenser(UIN, PUT_WAIT_S, keys),
         keysync={"poll_interval_s": 0.2, "ledger_batch": 100, "ledger_retain_s": 60},
         postgres_connect_timeout_s=0.5,
@@ -237,6 +297,16 @@ class Service(Mosip):
             return None
         body = reply.json()
         return None if body["response"] is None else str(body["response"]["uin"])
+
+    async def drained(self) -> None:
+        """Until keysync has applied every entry of the ledger stream: a lookup shows an
+        issue only once its entry is applied (docs/api.md, "Lag"), and an entry left
+        pending by a failover is applied once the ledger is restored."""
+        async with aioredis.Redis.from_url(self.settings.redis_url) as client:
+            deadline = time.monotonic() + WAIT_S
+            while await client.xlen(redis_keys.ledger_stream_key(NS)):
+                assert time.monotonic() < deadline, "keysync did not drain the stream"
+                await asyncio.sleep(0.1)
 
     async def settled(self, uin: str) -> dict[str, Any]:
         """The ledger's answer for ``uin`` once it answers (a failover's restore done),
@@ -388,6 +458,7 @@ def contradictions(answered: Answered, ledger: dict[str, dict[str, Any]]) -> lis
 async def stands(service: Service, answered: Answered) -> None:
     """Every acknowledged answer, as the ledger's lookup and MOSIP's PUT report it; the
     ledger running."""
+    await service.drained()
     ledger = {uin: await service.settled(uin) for uin in answered.issued}
     assert [found for found in ledger.values() if "halted" in found] == []
     assert contradictions(answered, ledger) == []
@@ -396,8 +467,8 @@ async def stands(service: Service, answered: Answered) -> None:
         assert await service.put(client, uin, "ASSIGNED") == expected
 
 
-@pytest.mark.parametrize("stack", ["replicated"], indirect=True)
-async def test_replicated_both_tiers_failed_over_keep_every_answer(
+@pytest.mark.parametrize("stack", ["replicated", "fsynced"], indirect=True)
+async def test_both_tiers_failed_over_keep_every_answer(
     stack: Service, postgres: PostgresPair, redis: RedisFailover
 ) -> None:
     answered = await fail_over(stack, postgres, redis, "both")
@@ -406,8 +477,8 @@ async def test_replicated_both_tiers_failed_over_keep_every_answer(
     assert stack.restored() > 0  # the promotion lost links: written again from Redis's
 
 
-@pytest.mark.parametrize("stack", ["replicated"], indirect=True)
-async def test_replicated_a_postgres_promotion_keeps_every_answer(
+@pytest.mark.parametrize("stack", ["replicated", "fsynced"], indirect=True)
+async def test_a_postgres_promotion_keeps_every_answer(
     stack: Service, postgres: PostgresPair, redis: RedisFailover
 ) -> None:
     answered = await fail_over(stack, postgres, redis, "postgres")
@@ -415,8 +486,8 @@ async def test_replicated_a_postgres_promotion_keeps_every_answer(
     assert stack.restored() > 0
 
 
-@pytest.mark.parametrize("stack", ["replicated"], indirect=True)
-async def test_replicated_both_primaries_lost_at_once_halt_until_an_operator_fences(
+@pytest.mark.parametrize("stack", ["replicated", "fsynced"], indirect=True)
+async def test_both_primaries_lost_at_once_halt_until_an_operator_fences(
     stack: Service, postgres: PostgresPair, redis: RedisFailover
 ) -> None:
     """No process saw the promoted Redis before PostgreSQL's promotion: the fence cannot
@@ -458,7 +529,36 @@ async def test_control_async_both_tiers_failed_over_halt_the_ledger(
     assert stack.restored() == 0
 
 
-@pytest.mark.parametrize("stack", ["async", "replicated"], indirect=True)
+@pytest.mark.parametrize("stack", ["async"], indirect=True)
+async def test_control_async_both_primaries_lost_at_once_lose_what_the_replica_lagged(
+    stack: Service, postgres: PostgresPair, redis: RedisFailover
+) -> None:
+    """What ``replicated`` prevents, at once: the fence halts leases and syncs as it does
+    for ``replicated``; once an operator fences, the ledger answers again, without the
+    answers given while Redis's replica was frozen. Their links died with both primaries
+    and the promoted Redis's record never saw them, so the restore walks a log that
+    looks complete: nothing halts, nothing says which answers were lost."""
+    answered = await fail_over(stack, postgres, redis, "both-at-once")
+    assert len(answered.issued) == 5  # acknowledged at once, replica or not
+    reason = await redis.halted()
+    assert "both lost state" in reason, reason
+    env = process_env(stack.settings, stack.keysync_log.parent / "config.yaml")
+    fenced = await asyncio.to_thread(run_cli, "fence-postgres", "--skip-ranges", "1", env=env)
+    assert fenced.returncode == 0, fenced.stderr
+    await stack.drained()
+    ledger = {uin: await stack.settled(uin) for uin in answered.issued}
+    assert [found for found in ledger.values() if "halted" in found] == []
+    fifth = list(answered.issued)[-1]  # issued while frozen
+    fourth = next(u for u, c in answered.issued.items() if c == "client-d")  # ASSIGNED then
+    assert sorted(contradictions(answered, ledger)) == sorted(
+        [
+            f"{fourth}: ASSIGNED by client-d, the ledger has it unused",
+            f"{fifth}: issued to client-a, the ledger says {not_issued(UIN, fifth)}",
+        ]
+    )
+
+
+@pytest.mark.parametrize("stack", ["async", "replicated", "fsynced"], indirect=True)
 async def test_redis_restarted_empty_loses_the_issues_not_yet_applied(
     stack: Service, postgres: PostgresPair, redis: RedisFailover
 ) -> None:
@@ -476,3 +576,21 @@ async def test_redis_restarted_empty_loses_the_issues_not_yet_applied(
     stack.start_keysync()
     await stands(stack, answered)
     assert await stack.settled(lost) == not_issued(UIN, lost)
+
+
+@pytest.mark.parametrize("stack", ["fsynced"], indirect=True)
+async def test_fsynced_redis_restarted_from_its_append_only_file_keeps_every_answer(
+    stack: Service, postgres: PostgresPair, redis: RedisFailover
+) -> None:
+    """What ``fsynced`` is for: a UIN answered while keysync had not applied its issue,
+    then Redis's primary killed and restarted from its append-only file (no failover):
+    the issue was in the file before the answer, so it stands, as every earlier answer
+    (the restart empty, above, loses it)."""
+    answered = Answered()
+    first = await issue(stack, "client-a", answered)
+    await put(stack, "client-a", first, "ASSIGNED", answered)
+    await asyncio.to_thread(stack.stop_keysync)
+    await issue(stack, "client-b", answered)
+    await redis.restart_from_its_file()
+    stack.start_keysync()
+    await stands(stack, answered)
