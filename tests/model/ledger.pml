@@ -331,6 +331,9 @@ byte ktarget[4];                /* a restore's target */
 bit isvouch[MAXN];              /* a node VOUCH committed (its record may follow) */
 byte kkeep[4];                  /* a batch kept in memory across a restore its turn ran */
 #endif
+bit isadopt[MAXN];              /* an adoption's commit (VOUCH: no ledger change); its
+                                 * claim of the record comes first (postgres_fence._adopt),
+                                 * so a lookup's snapshot may be taken between the two */
 byte kso[MAXE];                 /* outcomes decided by the batch, until confirmed */
 #ifdef REPLAY_AFTER_NEXT_BATCH
 bit old[MAXN];                  /* log entries older than the retention */
@@ -1180,7 +1183,7 @@ active proctype protocol() {
    *      (postgres_fence.settle(adopt=True), _adopt: a guarded write, and the record
    *      claimed for it before it commits; a claim refused, 'moved', rolls it back) ---- */
   :: atomic { WHEN(A_ADOPT, ADOPT_PATH && tl[rec] != curtl && GUARD_PASSES && !behind && nn < MAXN) ->
-       newnode(); rec = srv; rhead = lhead[srv]; repoch++; rsref = 0;
+       newnode(); isadopt[srv] = 1; rec = srv; rhead = lhead[srv]; repoch++; rsref = 0;
        printf("adopt: node %d\n", srv);
        STEPPED; CLEAN }
 
@@ -1532,9 +1535,18 @@ active proctype protocol() {
        STEPPED; CLEAN }
   :: atomic { WHEN(A_LOOK_SNAPSHOT, ANY_C(IN_LOOK1)) ->
        PICK_C(IN_LOOK1);
-       covers(srv, lr[c]);
+       /* x 1: the snapshot taken after an adoption's claim and before its commit: the
+        * server as it was before the adoption's node (which writes nothing of the
+        * ledger) */
+#ifdef REPLAY
+       PARAM2(x); assert(x == 0 || isadopt[srv]);
+#else
+       if :: x = 0 :: isadopt[srv] -> x = 1 fi;
+#endif
+       if :: x == 1 -> n = par[srv] :: else -> n = srv fi;
+       covers(n, lr[c]);
        if
-       :: r && pto[srv] == 0 -> lk[c] = 2; ls[c] = srv
+       :: r && pto[n] == 0 -> lk[c] = 2; ls[c] = n
        :: else -> lk[c] = 0; lr[c] = 0; lre[c] = 0; lmin[c] = 0; lthen[c] = 0   /* 503 */
        fi;
        STEPPED; CLEAN }

@@ -74,6 +74,7 @@ TWO_PARAMS = (
     "read",
     "rloss",
     "loss_entry",
+    "look_snapshot",
     "look_answer",
     "rs_begin",
     "rq_commit",
@@ -127,6 +128,7 @@ class Node:
     gone: int = 0
     isfence: bool = False
     isvouch: bool = False  # made by VOUCH (a record may be rebuilt from it)
+    isadopt: bool = False  # an adoption's commit (its claim came first)
     dv: dict[int, int] = field(default_factory=dict)
 
 
@@ -693,6 +695,7 @@ class Mirror:
             "adopt: nothing to take up",
         )
         self.newnode()
+        self.here.isadopt = True
         self.rec, self.rhead = self.srv, self.here.lhead
         self.repoch += 1
 
@@ -904,11 +907,16 @@ class Mirror:
         cl.lk, cl.lr, cl.lre, cl.lmin = 1, self.rec, self.repoch, self.seen
         cl.lthen = self.truth.get(cl.hand, 0)
 
-    def look_snapshot(self, c: int) -> bool:
+    def look_snapshot(self, c: int, before_adopt: int = 0) -> bool:
+        """The lookup's snapshot with the clock row; ``before_adopt`` 1: taken after an
+        adoption's claim and before its commit (the server as it was before the
+        adoption's node, which writes nothing of the ledger)."""
         cl = self.clients[c]
         self.enabled(cl.lk == 1, "lookup: no record read")
-        if self.covers(self.srv, cl.lr) and self.here.pto == 0:
-            cl.lk, cl.ls = 2, self.srv
+        self.enabled(not before_adopt or self.here.isadopt, "lookup: no adoption in flight")
+        n = self.nodes[self.srv].par if before_adopt else self.srv
+        if self.covers(n, cl.lr) and self.nodes[n].pto == 0:
+            cl.lk, cl.ls = 2, n
             return True
         self._look_done(cl)
         return False

@@ -309,8 +309,17 @@ class Recorder:
         c = self.client(conn.actor)
         if not c or not readonly or self.mirror.clients[c].lk != 1:
             return
+        # An adoption claimed and not committed yet (its transaction holds the clock
+        # row): the snapshot sees the server as it was before the adoption's node.
+        before = any(
+            mode == "adopt" and self.adopted.get(actor) == self.mirror.srv
+            for actor, mode in self.claims.items()
+        )
         self.step(
-            "look_snapshot", c, note=f"commit {conn.snapshot.number if conn.snapshot else -1}"
+            "look_snapshot",
+            c,
+            int(before),
+            note=f"commit {conn.snapshot.number if conn.snapshot else -1}",
         )
 
     # --- keysync --------------------------------------------------------------------------
@@ -454,7 +463,12 @@ class Recorder:
         k = self.slot(actor)
         now = self.log_ids()
         before, self._log = self._log, now
-        if not k or status == "untrusted" or self.mirror.ks[k].ks != 3:
+        if not k or self.mirror.ks[k].ks != 3:
+            return
+        if status == "untrusted" or (status == "halted" and self.mirror.untrusted):
+            # Refused by a record Redis lost (to be rebuilt, or halted by the fence when
+            # both tiers lost state): the model's confirmation is not enabled there, and
+            # nothing changed.
             return
         ok = self.step("confirm", k, note=status)
         self.expect(bool(ok) == (status == "ok"), f"confirm said {status}, the model {ok}")

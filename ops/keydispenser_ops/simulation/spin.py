@@ -138,6 +138,7 @@ def candidates(mirror: Mirror) -> Iterator[Step]:
         yield ("put_append", c, 0)
         yield ("look_record", c, 0)
         yield ("look_snapshot", c, 0)
+        yield ("look_snapshot", c, 1)
         yield ("look_answer", c, 0)
         yield ("look_answer", c, 1)
         yield ("retry", c, 0)
