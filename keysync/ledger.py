@@ -15,8 +15,10 @@ published, its entries acknowledged). So:
   written (``restore``), before the ledger decides anything else, as soon as the fence
   is seen: the loop looks at the record and the server at every turn, even with no
   entry to apply;
-- the log is trimmed only once no restore is pending; a restore that finds a link gone
-  fails the ledger closed (``LedgerHalted``) instead of deciding again.
+- the log is trimmed only by a confirmation the record accepts, which clears the
+  restore pending (the guard passed nothing before it on that history); a restore that
+  finds a link gone fails the ledger closed (``LedgerHalted``) instead of deciding
+  again.
 """
 
 from __future__ import annotations
@@ -190,12 +192,15 @@ class LedgerDrain:
         raise PostgresBehind(f"ledger transaction of lane {self.lane} refused {ATTEMPTS} times")
 
     async def _once(
-        self, record: Record, work: Work, entry_ids: list[str], restored: str = ""
+        self, record: Record, work: Work, entry_ids: list[str], restoring: str = ""
     ) -> Applied:
+        """One ledger transaction: ``work``, the guard, the link logged, the commit, the
+        confirmation. ``restoring``: a restore's target (the guard passes the restore
+        pending only for it), '' for any other."""
         link = str(uuid.uuid4())
         async with self._cold.connection() as conn, translated("ledger"), conn.transaction():
             applied = await work(conn)
-            args = [*record.guard_args(ledger=True), self.lane, link, restored]
+            args = [*record.guard_args(ledger=True), self.lane, link, restoring]
             row = await conn.fetchrow(fence_sql.GUARD_LEDGER, *args)
             if row is None:
                 raise _Refused()
@@ -205,7 +210,7 @@ class LedgerDrain:
             # in the log (a restore never finds it missing unless trimmed or lost).
             await self._stream.add_link(link, prev, applied.ops)
             await self._link_durable()
-        await self._confirm(Stamp.of(row), applied, entry_ids, restored)
+        await self._confirm(Stamp.of(row), applied, entry_ids)
         return applied
 
     async def _link_durable(self) -> None:
@@ -223,10 +228,8 @@ class LedgerDrain:
                 f"ledger link not {mode} on {replicas} replica(s) within {wait_ms} ms",
             )
 
-    async def _confirm(
-        self, stamp: Stamp, applied: Applied, entry_ids: list[str], restored: str
-    ) -> None:
-        args = (stamp, applied.outcomes, entry_ids, self._retain_ms, restored)
+    async def _confirm(self, stamp: Stamp, applied: Applied, entry_ids: list[str]) -> None:
+        args = (stamp, applied.outcomes, entry_ids, self._retain_ms)
         status = await self._stream.confirm_link(*args)
         if status == "untrusted" and self._guard is not None:
             await self._guard.vouch()  # Redis lost the record: rebuilt from PostgreSQL
@@ -305,7 +308,8 @@ class LedgerDrain:
         another keysync committed meanwhile is seen (its links are held), so no link is
         written twice over what was decided since. Refused (this server lost its place
         again, or was promoted again: the fence or the timeline's adoption settles it
-        first), it restores what is pending then: a fence may have replaced the target."""
+        first), it restores what is pending then (a fence may have replaced the target),
+        or nothing when nothing is."""
         assert self._guard is not None
         restored: list[int] = []
         for _ in range(ATTEMPTS):
@@ -314,12 +318,17 @@ class LedgerDrain:
                 self.halted = record.ledger_halt
                 raise LedgerHalted(record.ledger_halt)
             try:
-                await self._once(record, self._restoring(target, restored), [], restored=target)
+                await self._once(record, self._restoring(target, restored), [], restoring=target)
                 break
             except _Refused:
                 state = await self._state()
                 await self._settle(state, record)
-                target = (await self._pending(await self._state())) or target
+                pending = await self._pending(await self._state())
+                if not pending:
+                    # Restored meanwhile (by another keysync): nothing is asked for now,
+                    # and a target no longer pending may not be this history's at all.
+                    return 0
+                target = pending
         else:
             raise PostgresBehind(f"the ledger restore of lane {self.lane} was refused")
         links = restored[-1] if restored else 0
@@ -338,7 +347,7 @@ class LedgerDrain:
 
         async def work(conn: asyncpg.Connection) -> Applied:
             await conn.execute(ledger_sql.LOCK_LEDGER, LEDGER_LOCK)
-            chain = await self._chain(conn, target)
+            chain = await self._chain(conn, target) if await self._asked(conn, target) else []
             ops = [op for link in chain for op in link.ops]
             await apply_ops(conn, ops)
             if chain:
@@ -348,6 +357,18 @@ class LedgerDrain:
             return Applied(ops=ops, restored=len(chain))
 
         return work
+
+    async def _asked(self, conn: asyncpg.Connection, target: str) -> bool:
+        """Whether a restore up to ``target`` is still asked for: pending on this server
+        or in the record. Not, once another keysync restored it, or a fence put another
+        in its place that was restored since (a server promoted back keeps the mark an
+        earlier fence left it): walking to it then would find links this server holds
+        only inside a restore's link, and halt for nothing."""
+        state = ClockRow.of(await conn.fetchrow(fence_sql.SELECT_LEDGER_STATE))
+        if state.restore_to.get(self.lane, "") == target:
+            return True
+        record = await self._sync.read() if self._sync is not None else None
+        return record is not None and record.restore_to == target
 
     async def _pending(self, state: ClockRow) -> str:
         """The restore pending now: the record's, else this server's ("" : none)."""

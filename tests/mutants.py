@@ -442,7 +442,7 @@ MUTANTS: Final = (
         "                return list(reversed(found))\n",
         "            if await conn.fetchval(ledger_sql.HOLDS_LINK, want):\n"
         "                return found\n",
-        (LEDGER_HISTORY_TESTS,),
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         # A confirmation that publishes its outcomes (and acknowledges its entries) even
@@ -462,7 +462,7 @@ MUTANTS: Final = (
         "shared/stores/ledger/decide.py",
         "        if rows:\n            found[name] =",
         "        if False:\n            found[name] =",
-        (LEDGER_HISTORY_TESTS,),
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
     ),
     Mutant(
         "the_dispenser_reads_keys_still_to_be_handed_out",
@@ -509,11 +509,45 @@ MUTANTS: Final = (
         ("tests/integration/test_headroom_agrees.py",),
     ),
     Mutant(
+        # The log trimmed by every confirmation, the refused ones too (an old primary's
+        # keysync still confirming after the fence): trimmed while the restore waits.
         "the_log_trimmed_while_a_restore_waits",
         "shared/stores/ledger/lua/ledger_confirm.lua",
-        "if redis.call('HEXISTS', SYNC_RECORD, 'restore_from') == 0 then",
-        "if true then",
+        "if status ~= 'ok' then\n  return {status, 0}\nend\n",
+        "local now0 = redis.call('TIME')\n"
+        "redis.call('XTRIM', log, 'MINID', '~', "
+        "string.format('%d', math.max(tonumber(now0[1]) * 1000 - retain_ms, 0)))\n"
+        "if status ~= 'ok' then\n  return {status, 0}\nend\n",
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
+    ),
+    Mutant(
+        # The restore pending kept when a later link is confirmed (cleared by nobody):
+        # the ledger stays restoring (and a later fence restores only up to it).
+        "a_restore_pending_kept_past_the_links_that_follow_it",
+        "shared/stores/ledger/lua/ledger_confirm.lua",
+        "redis.call('HDEL', SYNC_RECORD, 'restore_from')\n",
+        "",
+        (LEDGER_HISTORY_TESTS, SIMULATION_TESTS),
+    ),
+    Mutant(
+        # A restore that walks to the target it began with though nobody asks for it any
+        # more (restored by another keysync, or replaced by a later fence's, restored
+        # since): it halts the ledger for nothing.
+        "a_restore_walks_to_a_target_no_longer_asked_for",
+        "keysync/ledger.py",
+        "if await self._asked(conn, target) else []",
+        "if True else []",
         (LEDGER_HISTORY_TESTS,),
+    ),
+    Mutant(
+        # A replayed issue's skip naming the key, not the issue: a restore of a link
+        # that held a released issue applied again beside the key's next issue skips
+        # the next one too.
+        "a_restore_skips_every_issue_of_a_key_one_entry_replayed",
+        "shared/stores/ledger/sql.py",
+        "SELECT b.entry_id || ' ' || b.key AS issue FROM batch AS b",
+        "SELECT b.key AS issue FROM batch AS b",
+        (LEDGER_RECORD_TESTS,),
     ),
     Mutant(
         "a_restore_waits_for_the_next_entry",
@@ -944,7 +978,7 @@ MUTANTS: Final = (
     Mutant(
         "ledger_issue_ignores_the_uses_that_came_first",
         "shared/stores/ledger/decide.py",
-        "        await _apply_early_marks(conn, name, set(rows.all_keys()) - set(skipped), done)",
+        "        await _apply_early_marks(conn, name, inserted_keys, done)",
         "        pass",
         ("tests/integration/test_ledger.py",),
     ),

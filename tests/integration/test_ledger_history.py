@@ -12,7 +12,9 @@ tests/acceptance/test_ledger_failover.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,11 +344,33 @@ async def test_a_restore_refuses_a_ledger_another_keysync_halted(
         await ledger.lookup(key)  # the halt said at once
 
 
-async def test_nothing_trims_the_log_while_a_restore_waits(
+async def test_a_restore_no_longer_asked_for_writes_nothing_and_never_halts(
+    servers: Servers, database: str, hot: HotStore, sync: SyncRecord
+) -> None:
+    """A keysync's restore whose target is pending no more, neither on the server nor in
+    the record: another keysync restored it, or a later fence put another in its place
+    that was restored since (a server promoted back keeps the mark an earlier fence left
+    it; the model's two-keysync world with a second promotion). It writes nothing; it
+    walked the log to that target before, found the links the server holds only inside
+    a restore's own link, and halted the ledger for nothing."""
+    ledger = await ledger_of(servers, database, hot, sync, reissue=False)
+    key = await ledger.pop("client-a")
+    await ledger.applied()
+    assert not (await sync.read()).restore_to
+    async with cold(ledger.settings) as store:
+        drain = ledger.drain(store)
+        assert await drain.restore(str(uuid.uuid4())) == 0  # a link id no one asks for
+    assert not (await sync.read()).ledger_halt
+    assert (await ledger.lookup(key))["client"] == "client-a"
+
+
+async def test_a_refused_confirmation_neither_trims_nor_clears_the_restore_pending(
     servers: Servers, database: str, hot: HotStore, sync: SyncRecord, redis_client: Any
 ) -> None:
-    """A confirmation trims the log to its retention, but never while the record says
-    a restore is pending (the restore still needs what the log holds)."""
+    """A confirmation trims the log to its retention and clears the restore pending only
+    when the record accepts its stamp (its link is the restore or follows it, on the
+    fenced server's history). A refused one, an old primary's still confirming after the
+    fence, leaves both: the restore still needs what the log holds."""
     ledger = await ledger_of(servers, database, hot, sync, reissue=False, retain_s=1.0)
     await ledger.pop("client-a")
     await ledger.applied()
@@ -357,11 +381,13 @@ async def test_nothing_trims_the_log_while_a_restore_waits(
     await redis_client.hset(record_key, "restore_from", "a-link-to-restore")
     await asyncio.sleep(1.2)  # older than the retention now
     stamp = await _stamp_of(sync)
-    assert await ledger.stream.confirm_link(stamp, {}, [], 1_000) == "ok"
+    stale = dataclasses.replace(stamp, fork=stamp.fork + 1)  # another server, same timeline
+    assert await ledger.stream.confirm_link(stale, {}, [], 1_000) == "stale"
     assert await redis_client.xlen(log) == kept
-    await redis_client.hdel(record_key, "restore_from")
+    assert (await sync.read()).restore_to == "a-link-to-restore"
     assert await ledger.stream.confirm_link(stamp, {}, [], 1_000) == "ok"
     assert await redis_client.xlen(log) < kept
+    assert (await sync.read()).restore_to == ""
 
 
 async def test_a_client_waiting_for_an_outcome_is_woken_by_its_confirmation(

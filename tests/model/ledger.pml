@@ -42,7 +42,12 @@
  *                            earlier fence, even when the record has moved past it.
  *   ADOPT_ONLY_WITHOUT_RESTORE  a promoted server's timeline is taken up only when no
  *                            restore is pending (round 6: a restore then never passes).
- *   TRIM_WHILE_PENDING       the log is trimmed while a restore is pending.
+ *   TRIM_WHEN_REFUSED        a confirmation the record refuses trims the log too (an
+ *                            old primary's, after the fence: while the restore waits).
+ *   CLEAR_ONLY_ITS_RESTORE   the restore pending is cleared only by the restore's own
+ *                            confirmation (not by a later link's: round 7's rule).
+ *   STALE_TARGET             a restore walks to the target it began with, pending no
+ *                            more (another restored it, or a later fence's since).
  *   LOOKUP_NO_WAIT           a lookup answers its snapshot without waiting for the
  *                            record to cover it.
  *   REPLAY                   replay one trace (trace.pml, written by the simulation's
@@ -156,7 +161,11 @@
 #define PUTS 2
 #define PAIRS 0
 #define REPEATS 0
+#ifdef SECOND_PROMOTION          /* a variant's search: a restore promoted away */
+#define PROMOTIONS 2
+#else
 #define PROMOTIONS 1
+#endif
 #define CRASHES 0
 #define REQUEUES 1
 #define TRIMS 1
@@ -308,7 +317,9 @@ byte curtl = 1;                 /* the primary's timeline */
 byte rec = 0;                   /* the newest stamp recorded (a node) */
 byte rhead = 0;                 /* the ledger head that stamp carried */
 byte rto = 0;                 /* a restore pending: the head to restore (the claim) */
-byte repoch = 0;                /* the record's history: moved by every claim and vouch */
+bit trimok = 0;               /* the step before was an accepted confirmation (or its trim):
+                                 ledger_confirm.lua trims in the confirmation's own script */
+bit trimnext = 0;             /* set by the confirmation being taken (always 0 between steps) */
 bit fhalted = 0;                /* the fence halted: both tiers lost state */
 bit lhalted = 0;                /* the ledger failed closed */
 bit hot = 0;                    /* K is in the hot list */
@@ -348,8 +359,7 @@ byte truth[MAXE];               /* per issue: what an answer said (T_ASSIGNED, T
 byte pu[3];                     /* a PUT begun: the op; pw: the newest entry it waits for */
 byte pw[3];
 byte lk[3];                     /* a lookup: 1 read the record, 2 took its snapshot */
-byte lr[3];                     /* the record it read, its history (repoch), its snapshot */
-byte lre[3];
+byte lr[3];                     /* the record it read (its history: tl[lr]), its snapshot */
 byte ls[3];
 byte lmin[3];                   /* what every lookup answered before it began showed */
 byte lthen[3];                  /* what its client had been answered when it began */
@@ -384,7 +394,7 @@ byte b_claim = CLAIMS;
 byte t, u, o, i, j, k, c, m, w, q, e, n, x;
 int lostset;
 bit r, ok;
-#define CLEAN derive(); t = 0; u = 0; o = 0; i = 0; j = 0; k = 0; c = 0; m = 0; w = 0; q = 0; e = 0; n = 0; x = 0; lostset = 0; r = 0; ok = 0
+#define CLEAN trimok = 0; derive(); t = 0; u = 0; o = 0; i = 0; j = 0; k = 0; c = 0; m = 0; w = 0; q = 0; e = 0; n = 0; x = 0; lostset = 0; r = 0; ok = 0
 
 /* ---- replaying a trace (REPLAY): each step must be the action the trace names ----
  * WHEN(code, cond): the action's guard. Searching, the action is enabled exactly when
@@ -456,6 +466,7 @@ short step = 0;
 #define A_RS_BEGIN 37
 #define A_VOUCH_COMMIT 38
 #define A_TAKE_BEGIN 39
+#define A_PUT_CAUGHT 40
 
 /* ---------------------------------------------------------------------------------- */
 
@@ -539,8 +550,10 @@ inline wrote(op) {
 }
 
 /* Record a stamp (lua/sync_record.lua record_stamp): a newer commit of the record's
- * history moves it; an older one of the same history (no fence since) leaves it, and is
- * fine; any other is stale (its commit may be lost, or is from before a fence). */
+ * history moves it; an older one of the same history and timeline (no fence or
+ * adoption since) leaves it, and is fine; any other is stale (its commit may be lost,
+ * or is from before a fence, or from an older timeline: a straggler, even when its
+ * commit survived the promotion). */
 inline record(n, ok) {
   covers(n, rec);
   if
@@ -548,7 +561,7 @@ inline record(n, ok) {
   :: else ->
      t = rec; ok = 0;
      do
-     :: t == n -> ok = 1; break
+     :: t == n -> ok = (tl[n] == tl[rec]); break   /* an older timeline's: 'stale' */
      :: t != n && (t == 0 || isfence[t]) -> break
      :: t != n && t != 0 && !isfence[t] -> t = par[t]
      od
@@ -784,7 +797,8 @@ inline look_answer(c, s) {
 /* ---- the enabling condition of each action, per client c or keysync k ---- */
 #define CAN_PUT(c) (hold[c] == 1 && pu[c] == 0)
 #define CAN_REPEAT(c) (c == CA && hold[c] == 1 && pu[c] == 0 && lastans[c] != 0 && eiss[lastans[c]] == hand[c])
-#define CAN_APPEND(c) (pu[c] != 0 && pw[c] <= frontier)
+#define CAN_CATCH_UP(c) (pu[c] != 0 && pw[c] != 0 && pw[c] <= frontier)
+#define CAN_APPEND(c) (pu[c] != 0 && pw[c] == 0)
 #define HAS_PUT(c) (pu[c] != 0)
 #ifdef REPLAY
 #define GIVE_UP_ANY true
@@ -861,7 +875,7 @@ active proctype protocol() {
 #else
        if :: pu[c] = USE :: pu[c] = REL fi;
 #endif
-       newest(); pw[c] = x;
+       newest(); pw[c] = x;   /* 0: nothing to wait for */
        printf("put: client %d begins op %d, waits for entry %d\n", c, pu[c], x);
        STEPPED; CLEAN }
 
@@ -871,8 +885,18 @@ active proctype protocol() {
        printf("repeat: entry %d again\n", e);
        STEPPED; CLEAN }
 
-  /* ---- a PUT appends its change once every entry it saw is applied (record_used,
-   *      record_released: the release forgets the Idempotency-Key record) ---- */
+  /* ---- a PUT's wait ends: every entry up to the one it saw is applied (_caught_up:
+   *      LedgerStream.applied finds none of them left in the stream); it waits for
+   *      nothing more (pw 0), whatever happens before its append ---- */
+  :: atomic { WHEN(A_PUT_CAUGHT, ANY_C(CAN_CATCH_UP)) ->
+       PICK_C(CAN_CATCH_UP);
+       pw[c] = 0;
+       printf("caught up: client %d\n", c);
+       STEPPED; CLEAN }
+
+  /* ---- then it appends its change (record_used, record_released: the release
+   *      forgets the Idempotency-Key record); a Redis lost in between may have brought
+   *      back an entry it waited for ---- */
   :: atomic { WHEN(A_PUT_APPEND, ne < MAXE && ANY_C(CAN_APPEND)) ->
        PICK_C(CAN_APPEND);
        eop[ne] = pu[c]; ecli[ne] = c; eiss[ne] = hand[c]; est[ne] = UNREAD;
@@ -1071,7 +1095,15 @@ active proctype protocol() {
 #ifdef LOG_AFTER_COMMIT
           inlog[n] = 1;
 #endif
+#ifdef CLEAR_ONLY_ITS_RESTORE
           if :: rest[n] != 0 && rto == rest[n] -> rto = 0 :: else -> skip fi;
+#else
+          /* any link the record accepts follows the restore pending (the guard passes
+           * nothing else on that history before it): the restore is done, and the
+           * record's head, not the restore's target, is what a later fence restores */
+          rto = 0;
+#endif
+          trimnext = 1;
           e = 1;
           do
           :: e < ne ->
@@ -1094,10 +1126,14 @@ active proctype protocol() {
           :: t >= MAXN -> break
           od
 #endif
-       :: else -> skip
+       :: else ->
+#ifdef TRIM_WHEN_REFUSED
+          trimnext = 1;
+#endif
+          skip
        fi;
        ks[k] = IDLE; kb[k] = 0; krec[k] = 0; knode[k] = 0;
-       STEPPED; CLEAN }
+       STEPPED; CLEAN; trimok = trimnext; trimnext = 0 }
 
   /* ---- a keysync dies: what it read stays pending under it (the stream's pending
    *      list), read first by itself restarted (the same consumer name) or claimed by
@@ -1183,7 +1219,7 @@ active proctype protocol() {
    *      (postgres_fence.settle(adopt=True), _adopt: a guarded write, and the record
    *      claimed for it before it commits; a claim refused, 'moved', rolls it back) ---- */
   :: atomic { WHEN(A_ADOPT, ADOPT_PATH && tl[rec] != curtl && GUARD_PASSES && !behind && nn < MAXN) ->
-       newnode(); isadopt[srv] = 1; rec = srv; rhead = lhead[srv]; repoch++; rsref = 0;
+       newnode(); isadopt[srv] = 1; rec = srv; rhead = lhead[srv]; rsref = 0;
        printf("adopt: node %d\n", srv);
        STEPPED; CLEAN }
 
@@ -1211,7 +1247,7 @@ active proctype protocol() {
        :: else -> skip
        fi;
        if :: rto == 0 -> rto = x :: else -> skip fi;   /* reset_record.lua keeps one */
-       rec = srv; rhead = lhead[srv]; repoch++; rsref = 0; rflost = 0;
+       rec = srv; rhead = lhead[srv]; rsref = 0; rflost = 0;
        printf("fence: node %d restore pending %d (record %d)\n", srv, pto[srv], rto);
        STEPPED; CLEAN }
 
@@ -1246,10 +1282,21 @@ active proctype protocol() {
    *      again as written, in one ledger transaction that is itself a link; it passes the
    *      guard for its own target only (another a later fence put in its place refuses
    *      it); a link gone from the log halts the ledger ---- */
+#ifdef STALE_TARGET
+#define RS_MOOT false
+#else
+#define RS_MOOT (n != rto && n != pto[srv])
+#endif
   :: atomic { WHEN(A_RESTORE, nn < MAXN && ANY_K(RS_K)) ->
        PICK_K(RS_K);
        n = ktarget[k];
-       chain_intact(n);      /* the walk comes first, in the transaction, the guard after */
+       /* its target pending no more (neither the record's nor the server's: another
+        * keysync restored it, or a fence put another in its place, restored since):
+        * nothing to walk or write, a link of no operations (LedgerDrain._restoring) */
+       if
+       :: RS_MOOT -> r = 1; o = 1
+       :: else -> chain_intact(n); o = 0   /* the walk first, in the transaction, the guard after */
+       fi;
        if
        :: !r && !fhalted && !lhalted ->
           /* a link is gone: fail closed. Only a link trimmed before the fence, or lost
@@ -1265,7 +1312,7 @@ active proctype protocol() {
 #ifdef REPLAY_REDECIDES
              redecide(n);
 #else
-             restore_ops(n);
+             if :: o == 0 -> restore_ops(n) :: else -> skip fi;
 #endif
              rest[srv] = n; pto[srv] = 0;
              ks[k] = COMMITTED; knode[k] = srv; kb[k] = 0; ktarget[k] = 0;
@@ -1292,14 +1339,10 @@ active proctype protocol() {
        STEPPED; CLEAN }
 #endif
 
-  /* ---- time passes: the log's oldest entry is trimmed by a confirmation
-   *      (ledger_confirm.lua: never while the record has a restore pending) ---- */
-#ifdef TRIM_WHILE_PENDING
-#define TRIM_ALLOWED true
-#else
-#define TRIM_ALLOWED (rto == 0)
-#endif
-  :: atomic { WHEN(A_TRIM, b_trim > 0 && TRIM_ALLOWED && anylog) ->
+  /* ---- time passes: the log's oldest entry is trimmed by the confirmation just
+   *      accepted, in its own script (ledger_confirm.lua: after it cleared the restore
+   *      pending; a refused one trims nothing); one confirmation may trim several ---- */
+  :: atomic { WHEN(A_TRIM, b_trim > 0 && trimok && anylog) ->
        b_trim--;
        t = 1;
        do
@@ -1314,13 +1357,18 @@ active proctype protocol() {
        od;
 #else
        inlog[t] = 0;
+       /* why it left: 1 with no restore pending, or before the fence saw a promotion
+        * (the log's retention outlives the fence's detection time: settings.py
+        * promotion_detected_s); 3 lost with Redis state; 2 else (a halt for it later
+        * is a needless one) */
        if
-       :: rto == 0 && pto[srv] == 0 -> gone[t] = 1
-       :: rto == 0 && pto[srv] != 0 && rflost -> gone[t] = 3
+       :: tl[rec] != curtl -> gone[t] = 1
+       :: tl[rec] == curtl && rto == 0 && pto[srv] == 0 -> gone[t] = 1
+       :: tl[rec] == curtl && rto == 0 && pto[srv] != 0 && rflost -> gone[t] = 3
        :: else -> gone[t] = 2
        fi;
 #endif
-       STEPPED; CLEAN }
+       STEPPED; CLEAN; trimok = 1 }
 
   /* ---- a client retries its pop with the same Idempotency-Key: the same answer
    *      (pop_idempotent.lua; a record older than the fence is never replayed) ---- */
@@ -1492,7 +1540,7 @@ active proctype protocol() {
        fi;
        if
        :: !fhalted ->
-          rec = x; rhead = lhead[x]; rto = pto[x]; untrusted = 0; repoch++; rsref = 0;
+          rec = x; rhead = lhead[x]; rto = pto[x]; untrusted = 0; rsref = 0;
           printf("vouch: node %d\n", x)
        :: else -> skip
        fi;
@@ -1530,7 +1578,7 @@ active proctype protocol() {
    *      the record, on the same history, covers the snapshot ---- */
   :: atomic { WHEN(A_LOOK_RECORD, b_look > 0 && ANY_C(CAN_LOOK)) ->
        PICK_C(CAN_LOOK);
-       b_look--; lk[c] = 1; lr[c] = rec; lre[c] = repoch; lmin[c] = seen;
+       b_look--; lk[c] = 1; lr[c] = rec; lmin[c] = seen;
        lthen[c] = truth[hand[c]];
        STEPPED; CLEAN }
   :: atomic { WHEN(A_LOOK_SNAPSHOT, ANY_C(IN_LOOK1)) ->
@@ -1547,13 +1595,13 @@ active proctype protocol() {
        covers(n, lr[c]);
        if
        :: r && pto[n] == 0 -> lk[c] = 2; ls[c] = n
-       :: else -> lk[c] = 0; lr[c] = 0; lre[c] = 0; lmin[c] = 0; lthen[c] = 0   /* 503 */
+       :: else -> lk[c] = 0; lr[c] = 0; lmin[c] = 0; lthen[c] = 0   /* 503 */
        fi;
        STEPPED; CLEAN }
 #ifdef LOOKUP_NO_WAIT
 #define LOOK_COVERED(c) true
 #else
-#define LOOK_COVERED(c) (repoch == lre[c] && r)
+#define LOOK_COVERED(c) (tl[rec] == tl[lr[c]] && r)
 #endif
   :: atomic { WHEN(A_LOOK_ANSWER, ANY_C(IN_LOOK2)) ->
        PICK_C(IN_LOOK2);
@@ -1561,14 +1609,15 @@ active proctype protocol() {
        covers(rec, ls[c]);
        if
        /* the record read first covered the snapshot: answered with nothing read again
-        * (LedgerReader._read); else the record read again must cover it, the same
-        * history, neither halted nor restoring */
+        * (LedgerReader._read); else the record read again must cover it, on the same
+        * history (its timeline and fork: a Redis loss and its vouch keep them, a fence
+        * or an adoption moves them), neither halted nor restoring */
        :: x == 0 && (ls[c] == lr[c] || (LOOK_COVERED(c) && !lhalted && rto == 0 && !untrusted)) ->
           look_answer(c, ls[c]);
           printf("lookup: client %d answered from node %d\n", c, ls[c])
        :: else -> skip                                                   /* 503 */
        fi;
-       lk[c] = 0; lr[c] = 0; lre[c] = 0; ls[c] = 0; lmin[c] = 0; lthen[c] = 0;
+       lk[c] = 0; lr[c] = 0; ls[c] = 0; lmin[c] = 0; lthen[c] = 0;
        STEPPED; CLEAN }
 
 #ifndef REPLAY

@@ -34,21 +34,21 @@ COMPILE = ["gcc", "-w", "-DSAFETY", "-DCOLLAPSE", "-DVECTORSZ=4096"]
 # gcc -O2 takes about 15 s on pan.c and -O0 about 2 s, while an -O0 pan searches at
 # about half the speed: optimised only where the search outweighs the compile.
 OPTIMISE_FROM_STATES = 1_000_000
-MEMLIM_MB = 6_000  # a world needing more fails (incomplete), it does not swap
+MEMLIM_MB = 8_000  # a world needing more fails (incomplete), it does not swap
 DEPTH = 400_000  # far above every world's depth (about 2,500 steps)
 RUN_DEADLINE_S = 600
 
 # Each world and the states its complete search stores (pinned: see the docstring).
 WORLDS = {
-    "W_PAIR": 89_063,
-    "W_REISSUE": 695_239,
-    "W_QUIET": 2_706,
-    "W_TWICE": 3_172_588,
-    "W_REDIS": 9_104_512,
-    "W_MIXED": 2_663_417,
-    "W_CLAIM": 74_902,
-    "W_LOSS": 5_082_421,
-    "W_LOOK": 34_782,
+    "W_PAIR": 114_411,
+    "W_REISSUE": 934_868,
+    "W_QUIET": 4_616,
+    "W_TWICE": 4_214_449,
+    "W_REDIS": 11_586_528,
+    "W_MIXED": 3_422_384,
+    "W_CLAIM": 95_096,
+    "W_LOSS": 6_249_186,
+    "W_LOOK": 42_027,
 }
 
 pytestmark = pytest.mark.model
@@ -181,8 +181,17 @@ VARIANTS = {
     # Round 6 took a promoted server's timeline up only when no restore was pending: a
     # restore pending on a server promoted again without loss never passed (stuck).
     "adopt_only_without_restore": (("ADOPT_ONLY_WITHOUT_RESTORE", "W_TWICE"), "rto==0"),
-    # The log trimmed while a restore waits: the restore then halts for nothing.
-    "trim_while_pending": (("TRIM_WHILE_PENDING", "W_QUIET"), "gone[m]"),
+    # The log trimmed while a restore waits, by a confirmation the record refuses (an
+    # old primary's keysync confirming after the fence): the restore then halts for
+    # nothing.
+    "trim_when_refused": (("TRIM_WHEN_REFUSED", "W_QUIET"), "gone[m]"),
+    # A restore that walks to the target it began with, pending no more: on a server
+    # promoted back that kept an earlier fence's mark, after the later fence's target
+    # was restored, the walk finds that mark's links only inside a restore's own link
+    # and halts for nothing (LedgerDrain._asked).
+    # (W_MIXED with a second promotion: two keysyncs and two promotions; its whole
+    # search is too large for CI, docs/reliability.md gives it.)
+    "stale_target": (("STALE_TARGET", "W_MIXED", "SECOND_PROMOTION"), "gone[m]"),
     # A lookup answered before the record covers its snapshot: a later lookup shows less.
     "lookup_no_wait": (("LOOKUP_NO_WAIT", "W_LOOK"), "lmin[c]"),
 }

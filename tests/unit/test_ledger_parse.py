@@ -1,4 +1,4 @@
-"""Ledger stream entries -> rows: grouping, client lists, in-batch duplicates."""
+"""Ledger stream entries -> rows: grouping, client lists, keys an entry lists twice."""
 
 from __future__ import annotations
 
@@ -39,23 +39,27 @@ def test_issue_entries_stay_one_item_per_entry() -> None:
     assert rows.clients == ["x y", "z"]
     assert rows.idempotency_keys == [None, "k1"]
     assert rows.entries == ["1-0", "2-0"]
-    assert rows.all_keys() == ["a", "b", "c", "d"]
+    assert rows.issues() == ["1-0 a", "1-0 b", "2-0 c", "2-0 d"]
     assert not batch.duplicates
 
 
-def test_a_key_issued_twice_within_a_batch_is_a_duplicate() -> None:
+def test_a_key_one_entry_lists_twice_is_a_duplicate_two_entries_are_for_the_ledger() -> None:
+    """A key twice in one entry is a duplicate at once; a key issued by two entries is
+    left to the decision: the earlier may be a released issue applied again
+    (decide._issue; test_ledger_record.py)."""
     batch = parse(
         [
             ("1-0", {"op": "issue", "type": "link", "keys": "a b", "clients": "-"}),
             ("2-0", {"op": "issue", "type": "link", "keys": "b c", "clients": "p q"}),
-            ("3-0", {"op": "issue", "type": "link", "keys": "d d", "clients": "r"}),
+            ("3-0", {"op": "issue", "type": "link", "keys": "d d", "clients": "r s"}),
         ],
         types(),
     )
     rows = batch.issued["link"]
-    assert rows.keys == ["a b", "c", "d"] and rows.count == 4
-    assert rows.clients == ["-", "q", "r"]  # each kept key keeps its own client
-    assert batch.duplicates == {"link": ["b", "d"]}
+    assert rows.keys == ["a b", "b c", "d"] and rows.count == 5
+    assert rows.clients == ["-", "p q", "r"]  # each kept key keeps its own client
+    assert rows.issues() == ["1-0 a", "1-0 b", "2-0 b", "2-0 c", "3-0 d"]
+    assert batch.duplicates == {"link": ["d"]}
 
 
 def test_used_entries_and_entries_of_types_without_a_ledger() -> None:

@@ -795,7 +795,7 @@ def SELECT_NOT_INSERTED(ctx: Context, *args: Any) -> list[Row]:
     for row in _issue_batch(*args):
         held = ctx.ledger.get(row["key"])
         if held is None or held["entry_id"] != row["entry_id"]:
-            found.append({"key": row["key"]})
+            found.append({"issue": f"{row['entry_id']} {row['key']}"})
     return found
 
 
@@ -1028,7 +1028,8 @@ def SELECT_RELEASED_ISSUE(ctx: Context, type_name: str, key: str) -> list[Row]:
 def FORCE_ISSUED(ctx: Context, *args: Any) -> list[Row]:
     *batch, skip = args
     for row in _issue_batch(*batch):
-        if row["key"] in skip or row["key"] in ctx.ledger:
+        issue = f"{row['entry_id']} {row['key']}"
+        if issue in skip or row["key"] in skip or row["key"] in ctx.ledger:
             continue
         ctx.ledger[row["key"]] = {
             **row,

@@ -66,6 +66,7 @@ ACTIONS = {
     "rs_begin": 37,
     "vouch_commit": 38,
     "take_begin": 39,
+    "put_caught": 40,
 }
 
 
@@ -161,7 +162,6 @@ class Client:
     pw: int = 0
     lk: int = 0
     lr: int = 0
-    lre: int = 0
     ls: int = 0
     lmin: int = 0
     lthen: int = 0
@@ -195,13 +195,15 @@ class Mirror:
         self.rec = 0
         self.rhead = 0
         self.rto = 0
-        self.repoch = 0
         self.fhalted = False
         self.lhalted = False
         self.hot = False
         self.twice = False
         self.untrusted = False
         self.rflost = False
+        # The step before was an accepted confirmation or one of its trims
+        # (ledger_confirm.lua trims in the confirmation's own script).
+        self.trimok = False
         self.inloss = False
         self.seen = 0
 
@@ -319,8 +321,8 @@ class Mirror:
             return True
         t = self.rec
         while True:
-            if t == n:
-                return True
+            if t == n:  # recorded before: on the record's timeline only ('stale' else)
+                return self.nodes[n].tl == self.nodes[self.rec].tl
             if t == 0 or self.nodes[t].isfence:
                 return False
             t = self.nodes[t].par
@@ -474,9 +476,17 @@ class Mirror:
         self.enabled(cl.hold == 1 and cl.pu == 0, "put: the client does not hold K")
         cl.pu, cl.pw = op, self.newest()
 
+    def put_caught(self, c: int) -> None:
+        """A PUT's wait ends (``_caught_up``): every entry up to the one it saw is
+        applied; it waits for nothing more."""
+        cl = self.clients[c]
+        self.enabled(cl.pu != 0 and cl.pw != 0, "caught up: not waiting")
+        self.enabled(cl.pw <= self.frontier, "caught up: an entry it waits for is pending")
+        cl.pw = 0
+
     def put_append(self, c: int) -> None:
         cl = self.clients[c]
-        self.enabled(cl.pu != 0 and cl.pw <= self.frontier, "append: before its wait ended")
+        self.enabled(cl.pu != 0 and cl.pw == 0, "append: before its wait ended")
         self.entries.append(Entry(cl.pu, c, cl.hand))
         if cl.pu == REL:
             cl.hold, cl.idem = 2, 0
@@ -596,8 +606,8 @@ class Mirror:
         n = ks.knode
         ok = self.record(n)
         if ok:
-            if self.nodes[n].rest and self.rto == self.nodes[n].rest:
-                self.rto = 0
+            # Any link the record accepts is the restore pending or follows it.
+            self.rto = 0
             for e in range(1, self.ne):
                 entry = self.entries[e]
                 if ks.kb & bit(e):  # an entry Redis lost since it was read: published too
@@ -697,7 +707,6 @@ class Mirror:
         self.newnode()
         self.here.isadopt = True
         self.rec, self.rhead = self.srv, self.here.lhead
-        self.repoch += 1
 
     def fence(self) -> None:
         self.enabled(self.guard_passes and self.behind, "fence: the primary is not behind")
@@ -712,7 +721,6 @@ class Mirror:
         if self.rto == 0:
             self.rto = x
         self.rec, self.rhead = self.srv, h.lhead
-        self.repoch += 1
         self.rflost = False
 
     def rs_begin(self, k: int, held: int = 0) -> None:
@@ -736,8 +744,10 @@ class Mirror:
         ks = self.ks[k]
         self.enabled(ks.ks == RS_BEGUN, "restore: not begun")
         n = ks.ktarget
-        # The walk comes first, in the transaction; the guard after.
-        intact, m = self.chain_intact(n)
+        # Its target pending no more (LedgerDrain._asked): nothing to walk or write.
+        # Else the walk comes first, in the transaction; the guard after.
+        moot = n not in (self.rto, self.here.pto)
+        intact, m = (True, n) if moot else self.chain_intact(n)
         if not intact and not self.fhalted and not self.lhalted:
             self.check(
                 self.nodes[m].gone in (1, 3),
@@ -757,19 +767,21 @@ class Mirror:
             ks.ks, ks.krec, ks.ktarget = IDLE, 0, 0
             return False
         self.ledger_node()
-        self.restore_ops(n)
+        if not moot:
+            self.restore_ops(n)
         self.here.rest, self.here.pto = n, 0
         ks.ks, ks.knode, ks.kb, ks.ktarget = COMMITTED, self.srv, 0, 0
         return True
 
     def trim(self) -> None:
+        self.enabled(self.trimok, "trim: no confirmation just accepted")
         self.enabled(self.rto == 0, "trim: a restore is pending")
         logged = [n for n in range(1, self.nn) if self.nodes[n].inlog]
         self.enabled(bool(logged), "trim: the log is empty")
         t = self.nodes[logged[0]]
         t.inlog = False
-        if self.here.pto == 0:
-            t.gone = 1
+        if self.nodes[self.rec].tl != self.curtl or self.here.pto == 0:
+            t.gone = 1  # no restore pending, or before the fence saw a promotion
         elif self.rflost:
             t.gone = 3
         else:
@@ -879,7 +891,6 @@ class Mirror:
         n.isvouch = False  # its record written once
         self.rec, self.rhead, self.rto = node, n.lhead, n.pto
         self.untrusted = False
-        self.repoch += 1
 
     def vouch_commit(self) -> int:
         """VOUCH committed: the verdict (no fork since the server's last guarded write)
@@ -904,7 +915,7 @@ class Mirror:
             cl.lk == 0 and not self.lhalted and self.rto == 0 and not self.untrusted,
             "lookup: refused (halted, restoring or the record untrusted)",
         )
-        cl.lk, cl.lr, cl.lre, cl.lmin = 1, self.rec, self.repoch, self.seen
+        cl.lk, cl.lr, cl.lmin = 1, self.rec, self.seen
         cl.lthen = self.truth.get(cl.hand, 0)
 
     def look_snapshot(self, c: int, before_adopt: int = 0) -> bool:
@@ -932,7 +943,7 @@ class Mirror:
         # The record read first covered the snapshot: answered with nothing read again
         # (LedgerReader._read); else the record read again must cover it.
         answered = cl.ls == cl.lr or (
-            self.repoch == cl.lre
+            self.nodes[self.rec].tl == self.nodes[cl.lr].tl
             and self.covers(self.rec, cl.ls)
             and not self.lhalted
             and self.rto == 0
@@ -950,7 +961,7 @@ class Mirror:
         return answered
 
     def _look_done(self, cl: Client) -> None:
-        cl.lk = cl.lr = cl.lre = cl.ls = cl.lmin = cl.lthen = 0
+        cl.lk = cl.lr = cl.ls = cl.lmin = cl.lthen = 0
 
     def retry(self, c: int) -> None:
         cl = self.clients[c]
@@ -1006,4 +1017,6 @@ class Mirror:
 
     def step(self, action: str, *params: int) -> Any:
         method: Callable[..., Any] = getattr(self, action)
-        return method(*params)
+        result = method(*params)
+        self.trimok = action == "trim" or (action == "confirm" and bool(result))
+        return result

@@ -186,6 +186,13 @@ class Recorder:
         ):  # the PUT's look at the newest entry (not at the newest confirmation)
             newest = result[0][0] if result else None
             self.on_put_begin(actor, INTENT.get(), newest)
+        elif (
+            name == "xrange"
+            and INTENT.get() in ("used", "release")
+            and _text(args[0]) == redis_keys.ledger_stream_key(self._ns())
+            and not result
+        ):  # the PUT's wait ended (LedgerStream.applied: none of its entries left)
+            self.on_put_caught(actor)
         elif script == "ledger_confirm":
             self.on_confirm(actor, str(result[0]))
         elif script == "push":
@@ -221,6 +228,11 @@ class Recorder:
             if fields.get("op") == "issue":
                 self.step("pop", c, note=f"entry {entry}")
             elif c and self.mirror.clients[c].pu:
+                if self.mirror.clients[c].pw:
+                    # The PUT saw no entry to wait for (the model did: one acknowledged
+                    # since, on the Redis the PUT read), so it did not read: its wait
+                    # ends here.
+                    self.step("put_caught", c, note="nothing to wait for")
                 self.step("put_append", c, note=f"entry {entry}")
                 self.put_entry[c] = self.mirror.ne - 1
             else:
@@ -242,6 +254,11 @@ class Recorder:
                 self.mirror.clients[c].pw >= seen,
                 f"a PUT waits for entry {seen}, the model for {self.mirror.clients[c].pw}",
             )
+
+    def on_put_caught(self, actor: str) -> None:
+        c = self.client(actor)
+        if c and self.mirror.clients[c].pu and self.mirror.clients[c].pw:
+            self.step("put_caught", c)
 
     def on_put_done(self, actor: str, answer: str) -> None:
         c = self.client(actor)
@@ -463,6 +480,11 @@ class Recorder:
         k = self.slot(actor)
         now = self.log_ids()
         before, self._log = self._log, now
+        # A refused confirmation changes nothing (ledger_confirm.lua), whatever the
+        # model's keysync is doing: above all, it trims nothing.
+        self.expect(
+            status == "ok" or not before - now, f"a confirmation refused ({status}) trimmed the log"
+        )
         if not k or self.mirror.ks[k].ks != 3:
             return
         if status == "untrusted" or (status == "halted" and self.mirror.untrusted):

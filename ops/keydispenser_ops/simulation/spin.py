@@ -135,6 +135,7 @@ def candidates(mirror: Mirror) -> Iterator[Step]:
         yield ("pop", c, 0)
         yield ("put_begin", c, USE)
         yield ("put_begin", c, REL)
+        yield ("put_caught", c, 0)
         yield ("put_append", c, 0)
         yield ("look_record", c, 0)
         yield ("look_snapshot", c, 0)

@@ -5,8 +5,9 @@ cold table, two API clients, one or two keysyncs (each a ledger drain and a refi
 keysync's process runs them), and the faults a seed draws: PostgreSQL promotions that
 lose commits, Redis failovers, restarts empty or from an older copy, keysyncs killed
 and restarted, processes frozen past every timeout (so that another keysync claims
-their batch), and keysyncs stalled just after a commit, before its confirmation (their
-batch applied again by another, a restore's link committed but not yet recorded).
+their batch), keysyncs stalled just after a commit, before its confirmation (their
+batch applied again by another, a restore's link committed but not yet recorded), and
+keysyncs killed there (restarted, they read their own pending batch again).
 
 The code is the service's own: ``keysync.ledger.LedgerDrain`` and
 ``keysync.main.drain_ledger``, ``Keysync.refill``, the fence (``settle``), the hot
@@ -109,10 +110,21 @@ def settings(claim_idle_s: float = KEYSYNC_CONFIG["ledger_claim_idle_s"]) -> Set
 @dataclass
 class Fault:
     at: float  # seconds after the start
-    kind: str  # promote, redis_failover, redis_empty, redis_old, crash, pause, freeze, stall
-    arg: int = 0  # how far back (commits, writes), which keysync, how long (s)
+    # promote, redis_failover, redis_empty, redis_old, crash, pause, freeze, stall, die,
+    # stall_answered
+    kind: str
+    # how far back (ledger transactions lost, Redis writes), which keysync, how long (s)
+    arg: int = 0
 
 
+KINDS = ("promote", "redis_failover", "redis_empty", "redis_old", "crash", "pause", "stall", "die")
+WEIGHTS = (5, 3, 1, 1, 3, 3, 3, 3)  # each kind's weight among those a seed draws
+# Each fault kind is drawn by a seed with this chance (swarm testing), and so many
+# faults of the kinds drawn.
+SWARM_KEEP = 0.5
+FAULTS_PER_SEED = (0, 1, 2, 2, 3, 4)
+# The share of seeds that also draw a keysync stalled across a promotion.
+STALL_ACROSS_PROMOTION = 0.15
 # The share of seeds that also draw two promotions in a row while the drains are frozen.
 TWO_PROMOTIONS = 0.2
 
@@ -134,19 +146,25 @@ class Plan:
         rng = chance.rng
         plan = cls(keysyncs=rng.choice((1, 2)), active_s=rng.uniform(10, 40))
         plan.claim_idle_s = rng.choice((2.0, 2.0, 8.0))
-        kinds = ("promote", "redis_failover", "redis_empty", "redis_old", "crash", "pause", "stall")
-        weights = (5, 3, 1, 1, 3, 3, 3)
-        for _ in range(rng.choice((0, 1, 2, 2, 3, 4))):
+        # Swarm testing: each seed draws from a random subset of the kinds, so that a
+        # run often repeats one or two kinds of fault instead of mixing every kind once
+        # (a fault that needs another of its kind first is then met far more often).
+        swarm = [(k, w) for k, w in zip(KINDS, WEIGHTS, strict=True) if rng.random() < SWARM_KEEP]
+        if not swarm:
+            swarm = [(rng.choice(KINDS), 1)]
+        kinds, weights = [k for k, _ in swarm], [w for _, w in swarm]
+        for _ in range(rng.choice(FAULTS_PER_SEED)):
             kind = rng.choices(kinds, weights)[0]
             at = rng.uniform(2, plan.active_s)
             arg = {
-                "promote": rng.choice((0, 1, 2, 3, 5, 8)),
+                "promote": rng.choice((0, 1, 1, 2, 3, 5)),
                 "redis_failover": rng.choice((0, 1, 2, 4, 8)),
                 "redis_empty": 0,
                 "redis_old": rng.choice((10, 30, 60)),
                 "crash": rng.randint(1, plan.keysyncs),
                 "pause": rng.choice((1, 3, 5, 12, 30)),
                 "stall": rng.choice((3, 5, 8, 12, 15)),
+                "die": rng.choice((8, 12, 15)),
             }[kind]
             plan.faults.append(Fault(at, kind, arg))
         if rng.random() < TWO_PROMOTIONS:
@@ -156,11 +174,36 @@ class Plan:
             at = rng.uniform(2, plan.active_s)
             plan.faults += [
                 Fault(at, "freeze", rng.choice((5, 8, 12))),
-                Fault(at + rng.uniform(0.2, 1), "promote", rng.choice((1, 2, 3))),
-                Fault(at + rng.uniform(1.5, 4), "promote", rng.choice((1, 2, 3))),
+                Fault(at + rng.uniform(0.2, 1), "promote", rng.choice((1, 2))),
+                Fault(at + rng.uniform(1.5, 4), "promote", rng.choice((0, 1, 2))),
             ]
+        if rng.random() < STALL_ACROSS_PROMOTION:
+            # A keysync stalled between a commit it knows of and its confirmation while
+            # PostgreSQL is promoted: its confirmation comes after the fence (refused,
+            # it must change nothing: above all, trim nothing the restore needs).
+            at = rng.uniform(2, plan.active_s)
+            plan.faults += [
+                Fault(at, "stall_answered", rng.choice((3, 5, 8))),
+                Fault(at + rng.uniform(0.3, 2), "promote", rng.choice((0, 1, 2))),
+            ]
+        if any(f.kind == "die" for f in plan.faults):
+            # Its batch is applied again after the ledger moved on (the release
+            # requeued, the key issued anew), not claimed at once by the other keysync.
+            plan.claim_idle_s = 8.0
         plan.faults.sort(key=lambda f: f.at)
         return plan
+
+
+def lost_ledger_transactions(head: Any, lost: int) -> Any:
+    """The commit a replica promoted now stops at when it lacks the primary's last
+    ``lost`` ledger transactions (and every commit after the first of them)."""
+    ancestors = head.ancestors()
+    for commit in ancestors:
+        if lost == 0:
+            return commit
+        if "GUARD_LEDGER" in commit.statements:
+            lost -= 1
+    return ancestors[-1]
 
 
 # --- the stores, traced -----------------------------------------------------------------
@@ -220,9 +263,14 @@ class World:
         self.settings = settings(self.plan.claim_idle_s)
         self.types = build_id_types(self.settings, generating=False)
         self.paused: dict[str, float] = {}  # actor -> frozen until (loop time)
+        # actor -> (how long it freezes, round trips let through first): a stall that
+        # lets its commit's answer through freezes before its confirmation
+        self.answered: dict[str, tuple[float, int]] = {}
         # actor -> (how long it freezes just after its next commit, the phase that
-        # commit must be in: "restore" or any, "") (a "stall" fault)
-        self.stalls: dict[str, tuple[float, str]] = {}
+        # commit must be in: "restore", "change" or any, "", whether it is killed there,
+        # whether the commit's answer reaches it first) (a "stall" or "die" fault;
+        # killed, it is restarted that long after)
+        self.stalls: dict[str, tuple[float, str, bool, bool]] = {}
         self.loop: VirtualLoop | None = None
         self.redis = SimRedis(self._latency, self.chance.hex40)
         self.postgres = SimPostgres({TYPE: 1000}, self._latency)
@@ -244,8 +292,17 @@ class World:
         a frozen actor's next one lasts until it thaws."""
         rng = self.chance.rng
         delay = rng.expovariate(2000.0) if rng.random() < 0.97 else rng.uniform(0.005, 0.2)
-        frozen = self.paused.get(ACTOR.get(), 0.0)
         assert self.loop is not None
+        actor = ACTOR.get()
+        armed = self.answered.get(actor)
+        if armed is not None:
+            duration, through = armed
+            if through:
+                self.answered[actor] = (duration, through - 1)
+            else:
+                del self.answered[actor]
+                self.paused[actor] = self.loop.time() + duration
+        frozen = self.paused.get(actor, 0.0)
         return max(delay, frozen - self.loop.time())
 
     def _stall_after_commit(self, commit: Any, conn: Any) -> None:
@@ -254,10 +311,42 @@ class World:
         others act; its batch may be claimed and applied again meanwhile."""
         actor = ACTOR.get()
         stall = self.stalls.get(actor)
-        if stall is not None and stall[1] in ("", PHASE.get()):
+        if stall is None or "GUARD_LEDGER" not in commit.statements:
+            return  # not a ledger transaction (a batch, a requeue, a restore)
+        if stall[1] == "release":  # one that gave a key back (a PUT's release)
+            before = commit.parent.tables.released if commit.parent else {}
+            here = "release" if len(commit.tables.released) > len(before) else ""
+        else:
+            here = PHASE.get()
+        if stall[1] in ("", here):
             del self.stalls[actor]
+            if stall[2]:  # one death: the other keysyncs' arming goes with it
+                for other in [a for a, armed in self.stalls.items() if armed is stall]:
+                    del self.stalls[other]
             assert self.loop is not None
+            if stall[3]:  # its commit's answer comes back first (one round trip)
+                self.answered[actor] = (stall[0], 1)
+                return
             self.paused[actor] = self.loop.time() + stall[0]
+            if stall[2]:
+                killer = contextvars.Context()
+                self.loop.create_task(self._kill(actor, stall[0]), context=killer)
+
+    async def _kill(self, actor: str, restart_after_s: float) -> None:
+        """A keysync killed just after a commit, before it heard the commit's answer
+        (its confirmation never sent); restarted under its name that long after."""
+        ACTOR.set("faults")
+        k = int(actor.rsplit("-", 1)[1])
+        task = self.tasks.get(actor)
+        if task is None or task.done() or self.stop.is_set():
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self.paused.pop(actor, None)
+        self.recorder.on_crash(k)
+        await asyncio.sleep(restart_after_s)
+        if not self.stop.is_set():
+            self.start(actor, self.drain(k))
 
     # --- the stores of each process -------------------------------------------------
 
@@ -281,6 +370,7 @@ class World:
         self.start("faults", self.faults())
         await asyncio.sleep(self.plan.active_s)
         self.recorder.clients_stop()
+        self.stalls.clear()  # no fault from now on: a stall or death not yet met never is
         # The quiet end: everything pending must be done within QUIET_S (the model's
         # liveness); it ends as soon as it is (the rest would only idle).
         quiet_until = asyncio.get_running_loop().time() + QUIET_S
@@ -406,8 +496,7 @@ class World:
         if fault.kind == "promote":
             if self.recorder.mirror.srv == 0:
                 return  # nothing the model's promotion starts from (ledger.pml: srv != 0)
-            ancestors = self.postgres.head.ancestors()
-            target = ancestors[min(fault.arg, len(ancestors) - 1)]
+            target = lost_ledger_transactions(self.postgres.head, fault.arg)
             self.recorder.on_promote(target)
             self.postgres.promote(target)
         elif fault.kind.startswith("redis_"):
@@ -422,7 +511,7 @@ class World:
         elif fault.kind == "crash":
             actor = f"keysync-{fault.arg}"
             task = self.tasks.get(actor)
-            if task is not None:
+            if task is not None and not task.done():  # (not one killed, to be restarted)
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 self.recorder.on_crash(fault.arg)
@@ -435,12 +524,28 @@ class World:
         elif fault.kind == "freeze":  # every ledger drain (their refills go on)
             for k in range(1, self.plan.keysyncs + 1):
                 self.paused[f"keysync-{k}"] = loop.time() + fault.arg
-        elif fault.kind == "stall":
+        elif fault.kind in ("stall", "die", "stall_answered"):
             # Half the stalls wait for a restore's commit: its link committed, the
             # record still naming the restore pending, while the other keysync works.
             actor = f"keysync-{self.chance.rng.randint(1, self.plan.keysyncs)}"
-            phase = self.chance.rng.choice(("", "restore"))
-            self.stalls[actor] = (float(fault.arg), phase)
+            # A keysync dies after a transaction that decided a PUT's release (its
+            # outcome not yet published); restarted, it applies its batch again.
+            if fault.kind == "stall":
+                phase = self.chance.rng.choice(("", "restore"))
+            else:
+                phase = "release" if fault.kind == "die" else ""
+            # Half the stalls freeze once the commit's answer came back (the process
+            # knows it committed: its confirmation waits), half while it is in flight
+            # (a promotion meanwhile loses the answer too).
+            answered = fault.kind == "stall_answered" or (
+                fault.kind == "stall" and self.chance.rng.random() < 0.5
+            )
+            stall = (float(fault.arg), phase, fault.kind == "die", answered)
+            if fault.kind == "die":  # whichever keysync gives a key back first
+                for k in range(1, self.plan.keysyncs + 1):
+                    self.stalls[f"keysync-{k}"] = stall
+            else:
+                self.stalls[actor] = stall
 
     # --- one run --------------------------------------------------------------------
 

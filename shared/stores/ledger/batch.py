@@ -41,8 +41,12 @@ class Issued:
     def arrays(self) -> tuple[list[str], list[datetime], list[str], list[str | None], list[str]]:
         return self.keys, self.times, self.clients, self.idempotency_keys, self.entries
 
-    def all_keys(self) -> list[str]:
-        return " ".join(self.keys).split()
+    def issues(self) -> list[str]:
+        """Each issue of a key as ``"<entry> <key>"`` (as SELECT_NOT_INSERTED names
+        the ones not inserted)."""
+        return [
+            f"{e} {k}" for e, ks in zip(self.entries, self.keys, strict=True) for k in ks.split()
+        ]
 
 
 @dataclass
@@ -77,9 +81,13 @@ class Batch:
 
 
 def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
-    """Group stream entries by type and operation; flag keys issued twice in the batch."""
+    """Group stream entries by type and operation; flag keys an entry lists twice.
+
+    A key issued by two entries of one batch is left to the decision: the earlier entry
+    may be one applied again whose issue was released since, the key given out anew by
+    the later (a Redis failover brought the earlier back unacknowledged), and only the
+    ledger knows (``decide._issue``: INSERT_LEDGER_ISSUED, SELECT_ISSUED_TWICE)."""
     batch = Batch()
-    seen: dict[str, set[str]] = defaultdict(set)  # keys issued in this batch, per type
     for entry_id, fields in entries:
         name, op = fields.get("type", ""), fields.get("op", "")
         id_type = types.get(name)
@@ -91,7 +99,7 @@ def parse(entries: list[LedgerEntry], types: dict[str, IdType]) -> Batch:
         if op in ("used", "release"):
             _add_mark(batch, name, op, entry_id, fields, keys, id_type)
             continue
-        _add_issue(batch, name, entry_id, fields, keys, seen[name])
+        _add_issue(batch, name, entry_id, fields, keys)
     return batch
 
 
@@ -123,14 +131,10 @@ def _add_issue(
     entry_id: str,
     fields: dict[str, str],
     keys: list[str],
-    held: set[str],
 ) -> None:
     clients = fields.get("clients") or ANONYMOUS
-    fresh = set(keys)
-    if len(fresh) != len(keys) or not held.isdisjoint(fresh):
-        keys, clients = _without_repeats(keys, clients, held, batch.duplicates[name])
-        fresh = set(keys)
-    held |= fresh
+    if len(set(keys)) != len(keys):
+        keys, clients = _without_repeats(keys, clients, batch.duplicates[name])
     if not keys:
         return
     issued = batch.issued[name]
@@ -142,17 +146,15 @@ def _add_issue(
     issued.count += len(keys)
 
 
-def _without_repeats(
-    keys: list[str], clients: str, held: set[str], repeats: list[str]
-) -> tuple[list[str], str]:
-    """An entry's keys less those already issued in the batch (added to ``repeats``),
-    with their clients (one per key, or one for all)."""
+def _without_repeats(keys: list[str], clients: str, repeats: list[str]) -> tuple[list[str], str]:
+    """An entry's keys less those it lists twice (added to ``repeats``), with their
+    clients (one per key, or one for all)."""
     names = clients.split() or [ANONYMOUS]
     if len(names) != len(keys):
         names = [names[0]] * len(keys)
     kept, kept_names, mine = [], [], set()
     for key, client in zip(keys, names, strict=True):
-        if key in held or key in mine:
+        if key in mine:
             repeats.append(key)
             continue
         mine.add(key)

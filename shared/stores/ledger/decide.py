@@ -90,10 +90,10 @@ async def _issue(conn: asyncpg.Connection, name: str, rows: Issued, done: Applie
         )
     )
     done.issued += inserted
-    skipped: list[str] = []
+    skipped: list[str] = []  # "<entry> <key>": issues not inserted
     if inserted < rows.count:  # redelivered, released since, or issued twice
         found = await conn.fetch(sql.for_type(ledger_sql.SELECT_NOT_INSERTED, name), *rows.arrays())
-        skipped = [r["key"] for r in found]
+        skipped = [r["issue"] for r in found]
         twice = await conn.fetch(
             sql.for_type(ledger_sql.SELECT_ISSUED_TWICE, name), *rows.arrays(), name
         )
@@ -111,7 +111,8 @@ async def _issue(conn: asyncpg.Connection, name: str, rows: Issued, done: Applie
         }
     )
     if await conn.fetchval(ledger_sql.HAS_EARLY_MARKS, name):
-        await _apply_early_marks(conn, name, set(rows.all_keys()) - set(skipped), done)
+        inserted_keys = {i.split(" ")[1] for i in set(rows.issues()) - set(skipped)}
+        await _apply_early_marks(conn, name, inserted_keys, done)
 
 
 async def _apply_early_marks(

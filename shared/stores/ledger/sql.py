@@ -10,15 +10,17 @@ from typing import Final
 
 # Issue entries as keysync passes them, one array item per entry: $1 its keys
 # (space-separated), $2 its time, $3 its clients (space-separated, one per key, or one
-# for all), $4 its Idempotency-Key, $5 its entry ID. One row per key.
+# for all), $4 its Idempotency-Key, $5 its entry ID. One row per key; ``nth`` and
+# ``kth`` its place in stream order (of two entries issuing one key, the earlier is
+# inserted first).
 _ISSUE_BATCH: Final = """
 batch AS (
     SELECT k.key, e.issued_at, coalesce(k.client, split_part(e.clients, ' ', 1)) AS client,
-           e.idempotency_key, e.entry_id
+           e.idempotency_key, e.entry_id, e.nth, k.kth
     FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[])
-        AS e(keys, issued_at, clients, idempotency_key, entry_id)
+        WITH ORDINALITY AS e(keys, issued_at, clients, idempotency_key, entry_id, nth)
     CROSS JOIN LATERAL unnest(string_to_array(e.keys, ' '), string_to_array(e.clients, ' '))
-        AS k(key, client)
+        WITH ORDINALITY AS k(key, client, kth)
     WHERE k.key IS NOT NULL
 )"""
 
@@ -37,6 +39,7 @@ inserted AS (
         SELECT 1 FROM kd_released_issues AS r
         WHERE r.id_type = $6 AND r.key = b.key AND r.entry_id = b.entry_id
     )
+    ORDER BY b.nth, b.kth
     ON CONFLICT (key) DO NOTHING
     RETURNING 1
 )
@@ -62,13 +65,14 @@ WHERE l.entry_id <> b.entry_id
 )
 
 # $1-$5: the issue entries (_ISSUE_BATCH). Run after INSERT_LEDGER_ISSUED when it
-# inserted fewer keys than the entries hold: the keys no row holds under their entry
-# (issued twice, or released since): what a restore must not insert (FORCE_ISSUED).
+# inserted fewer keys than the entries hold: the issues ("<entry> <key>") no row holds
+# under their entry (issued twice, or released since): what a restore must not insert
+# (FORCE_ISSUED).
 SELECT_NOT_INSERTED: Final = (
     "WITH"
     + _ISSUE_BATCH
     + """
-SELECT b.key FROM batch AS b
+SELECT b.entry_id || ' ' || b.key AS issue FROM batch AS b
 WHERE NOT EXISTS (SELECT 1 FROM {ledger} AS l WHERE l.key = b.key AND l.entry_id = b.entry_id)
 """
 )
@@ -297,14 +301,17 @@ WHERE id_type = $1 AND key = $2 ORDER BY released_at DESC LIMIT 1
 # nothing (the rows it finds are the ones the decision found: the restore starts from
 # the link the lost ones followed).
 
-# $1-$5: the issue entries (_ISSUE_BATCH), $6: keys not to insert (SELECT_NOT_INSERTED).
+# $1-$5: the issue entries (_ISSUE_BATCH), $6: issues not to insert
+# (SELECT_NOT_INSERTED's "<entry> <key>"; a bare key, as links logged by earlier
+# versions name them, skips every issue of that key).
 FORCE_ISSUED: Final = (
     "WITH"
     + _ISSUE_BATCH
     + """
 INSERT INTO {ledger} (key, issued_at, client, idempotency_key, entry_id)
 SELECT b.key, b.issued_at, b.client, b.idempotency_key, b.entry_id FROM batch AS b
-WHERE NOT (b.key = ANY($6::text[]))
+WHERE NOT (b.entry_id || ' ' || b.key = ANY($6::text[]) OR b.key = ANY($6::text[]))
+ORDER BY b.nth, b.kth
 ON CONFLICT (key) DO NOTHING
 """
 )

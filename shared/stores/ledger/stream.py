@@ -310,11 +310,11 @@ class LedgerStream(RedisPort):
         outcomes: dict[str, str],
         entry_ids: Sequence[str],
         retain_ms: int,
-        restored: str = "",
     ) -> str:
         """Confirm a committed ledger transaction (``stamp`` names its link): record
-        its stamp, publish its outcomes, acknowledge and delete its entries, trim the
-        log (lua/ledger_confirm.lua). Returns 'ok', or why the stamp was refused."""
+        its stamp, clear the restore pending (this link is it or follows it), publish
+        its outcomes, acknowledge and delete its entries, trim the log
+        (lua/ledger_confirm.lua). Returns 'ok', or why the stamp was refused."""
         pairs = [item for pair in outcomes.items() for item in pair]
         args = [
             LEDGER_GROUP,
@@ -323,7 +323,6 @@ class LedgerStream(RedisPort):
             OUTCOME_TTL_S,
             CONFIRMED_KEPT,
             *stamp.args(self.namespace),
-            restored,
             len(outcomes),
             *pairs,
             *entry_ids,
