@@ -192,6 +192,14 @@ VARIANTS = {
     # (W_MIXED with a second promotion: two keysyncs and two promotions; its whole
     # search is too large for CI, docs/reliability.md gives it.)
     "stale_target": (("STALE_TARGET", "W_MIXED", "SECOND_PROMOTION"), "gone[m]"),
+    # The restore pending cleared only by the restore's own confirmation (round 7): a
+    # later link confirmed first leaves it pending, so its trim meets a waiting restore
+    # that a second promotion then needs (and, with the script's old check against that
+    # trim, the fence restored only up to the old target: an ASSIGNED answer lost).
+    "clear_only_its_restore": (
+        ("CLEAR_ONLY_ITS_RESTORE", "W_MIXED", "SECOND_PROMOTION"),
+        "gone[m]",
+    ),
     # A lookup answered before the record covers its snapshot: a later lookup shows less.
     "lookup_no_wait": (("LOOKUP_NO_WAIT", "W_LOOK"), "lmin[c]"),
 }
