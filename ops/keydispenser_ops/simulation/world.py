@@ -267,7 +267,8 @@ class World:
         # lets its commit's answer through freezes before its confirmation
         self.answered: dict[str, tuple[float, int]] = {}
         # actor -> (how long it freezes just after its next commit, the phase that
-        # commit must be in: "restore", "change" or any, "", whether it is killed there,
+        # commit must be in: "restore", "release" (it gave a key back) or any, "",
+        # whether it is killed there,
         # whether the commit's answer reaches it first) (a "stall" or "die" fault;
         # killed, it is restarted that long after)
         self.stalls: dict[str, tuple[float, str, bool, bool]] = {}
@@ -525,11 +526,11 @@ class World:
             for k in range(1, self.plan.keysyncs + 1):
                 self.paused[f"keysync-{k}"] = loop.time() + fault.arg
         elif fault.kind in ("stall", "die", "stall_answered"):
+            actor = f"keysync-{self.chance.rng.randint(1, self.plan.keysyncs)}"
             # Half the stalls wait for a restore's commit: its link committed, the
             # record still naming the restore pending, while the other keysync works.
-            actor = f"keysync-{self.chance.rng.randint(1, self.plan.keysyncs)}"
-            # A keysync dies after a transaction that decided a PUT's release (its
-            # outcome not yet published); restarted, it applies its batch again.
+            # A keysync dies after a transaction that gave a key back (its outcome not
+            # yet published); restarted, it applies its batch again.
             if fault.kind == "stall":
                 phase = self.chance.rng.choice(("", "restore"))
             else:
